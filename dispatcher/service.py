@@ -1,0 +1,54 @@
+"""`DispatcherService`: the dispatcher's parts, wired from its settings."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from msgbus.delivery.sender import HttpSender
+from msgbus.delivery.trace import QUEUE as TRACE_QUEUE
+from msgbus.delivery.trace import TraceWriter
+from msgbus.localqueue import LocalQueue
+from msgbus.registry import Registry
+from msgbus.settings import DispatcherSettings
+from msgbus.store import MongoStore
+from dispatcher.supervisor import WorkerSupervisor
+
+TRACE_BUFFER_MAX_BYTES = 1024**3
+
+
+class DispatcherService:
+    def __init__(self, settings: DispatcherSettings) -> None:
+        conn = settings.connections
+        if not conn.internal_token.get_secret_value():
+            raise ValueError("MSGBUS_INTERNAL_TOKEN is not set (the direct path needs it)")
+        self.settings = settings
+        self.instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
+        self.store = MongoStore(conn.mongo_uri, conn.mongo_db)
+        self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
+        trace_dir = settings.trace_dir or conn.state_dir / "dispatcher-trace"
+        self.trace_buffer = LocalQueue(trace_dir, (TRACE_QUEUE,),
+                                       max_bytes=TRACE_BUFFER_MAX_BYTES)
+        self.trace = TraceWriter(self.trace_buffer, self.store,
+                                 batch_size=settings.trace_batch_size)
+        self.sender = HttpSender(instance=self.instance)
+        self.supervisor = WorkerSupervisor(settings, self.registry, self.sender, self.trace)
+
+    async def start(self) -> None:
+        await self.store.ensure_indexes()
+        await self.sender.start()
+        self.trace.start()
+        await self.registry.start()
+        await self.supervisor.sync()
+
+    async def close(self) -> None:
+        await self.registry.close()
+        await self.supervisor.close()
+        await self.trace.close()
+        try:
+            await self.trace.flush()
+        except Exception:  # MongoDB down: the outcomes stay in the local buffer for next start
+            pass
+        await self.sender.close()
+        await self.store.close()
+        self.trace_buffer.close()

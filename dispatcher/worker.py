@@ -1,0 +1,132 @@
+"""`SubscriptionWorker`: everything one subscription needs, isolated from the others — its own
+consumer, direct-path queue, concurrency limit (semaphore) and in-flight tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from msgbus.brokers.base import SubscriptionConsumer
+from msgbus.delivery.retry import decide_retry
+from msgbus.delivery.sender import HttpSender
+from msgbus.delivery.trace import TraceWriter
+from msgbus.metrics import IN_FLIGHT, PUSH_LATENCY, PUSHES
+from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
+
+log = logging.getLogger(__name__)
+
+RECEIVE_BATCH = 256
+RECEIVE_WAIT_S = 0.5
+
+
+def is_for(subscription: Subscription, envelope: Envelope) -> bool:
+    """A subscription gets the messages accepted after it was created, not the history."""
+    accepted = envelope.received_at or envelope.created_at
+    return accepted >= subscription.created_at
+
+
+class SubscriptionWorker:
+    def __init__(
+        self, subscription: Subscription, consumer: SubscriptionConsumer | None,
+        sender: HttpSender, trace: TraceWriter, *, direct_queue_size: int,
+    ) -> None:
+        self.subscription = subscription
+        self._consumer = consumer
+        self._sender = sender
+        self._trace = trace
+        self._limit = asyncio.Semaphore(subscription.max_concurrency)
+        self._direct: asyncio.Queue[Envelope] = asyncio.Queue(maxsize=direct_queue_size)
+        self._loops: list[asyncio.Task[None]] = []
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._gauge = IN_FLIGHT.labels(subscription.id)
+
+    async def start(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.start()
+            self._loops.append(asyncio.create_task(self._consume_loop(self._consumer),
+                                                   name=f"consume-{self.subscription.id}"))
+        self._loops.append(asyncio.create_task(self._direct_loop(),
+                                               name=f"direct-{self.subscription.id}"))
+
+    def offer_direct(self, envelope: Envelope) -> bool:
+        """Queue a message handed over by the receiver; False when this worker is full."""
+        try:
+            self._direct.put_nowait(envelope)
+            return True
+        except asyncio.QueueFull:
+            return False
+
+    async def close(self, grace_s: float = 10.0) -> None:
+        """Stop taking messages, let in-flight pushes finish within `grace_s`, close."""
+        for task in self._loops:
+            task.cancel()
+        for task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._in_flight:
+            _, pending = await asyncio.wait(self._in_flight, timeout=grace_s)
+            for task in pending:
+                task.cancel()
+        if self._consumer is not None:
+            await self._consumer.close()
+        if not self._direct.empty():
+            log.warning("%s: %d direct messages not pushed at close; they stay pending for "
+                        "the compensator", self.subscription.id, self._direct.qsize())
+
+    async def _consume_loop(self, consumer: SubscriptionConsumer) -> None:
+        while True:
+            try:
+                batch = await consumer.receive(RECEIVE_BATCH, RECEIVE_WAIT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: receive failed; retrying", self.subscription.id)
+                await asyncio.sleep(1.0)
+                continue
+            for received in batch:
+                if not is_for(self.subscription, received.envelope):
+                    consumer.ack(received)
+                    continue
+                await self._limit.acquire()
+                self._spawn(received.envelope, lambda r=received: consumer.ack(r))
+
+    async def _direct_loop(self) -> None:
+        while True:
+            envelope = await self._direct.get()
+            await self._limit.acquire()
+            self._spawn(envelope, None)
+
+    def _spawn(self, envelope: Envelope, ack: Callable[[], None] | None) -> None:
+        task = asyncio.create_task(self._deliver(envelope, ack))
+        self._in_flight.add(task)
+        self._gauge.inc()
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._limit.release()
+        self._gauge.dec()
+
+    async def _deliver(self, envelope: Envelope, ack: Callable[[], None] | None) -> None:
+        sub = self.subscription
+        result = await self._sender.push(envelope, sub, attempt=1)
+        PUSHES.labels(sub.id, "ok" if result.ok else "error").inc()
+        PUSH_LATENCY.labels(sub.id).observe(result.latency_ms / 1000)
+        outcome = DeliveryOutcome(result=result, destination=envelope.destination,
+                                  created_at=envelope.created_at, biz_id=envelope.biz_id)
+        if not result.ok:
+            decision = decide_retry(sub.retry_policy, result, attempts_so_far=1,
+                                    first_created_at=envelope.created_at, now=utcnow())
+            outcome.parked, outcome.next_attempt_at = decision.park, decision.next_attempt_at
+        while True:  # the broker is acked only once the outcome is durable
+            try:
+                await self._trace.record(outcome)
+                break
+            except Exception:
+                log.exception("%s: recording an outcome failed; retrying", sub.id)
+                await asyncio.sleep(1.0)
+        if ack is not None:
+            ack()
+

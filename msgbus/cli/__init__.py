@@ -1,0 +1,1 @@
+"""The `msgbus` command line: the composition root."""

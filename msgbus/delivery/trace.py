@@ -1,0 +1,70 @@
+"""`TraceWriter`: records delivery outcomes durably on local disk first, then in MongoDB in
+batches, so that a MongoDB outage never stops deliveries and a crash never loses a trace."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from msgbus.drain import Drainer
+from msgbus.localqueue import LocalQueue
+from msgbus.models import AttemptResult, DeliveryOutcome
+from msgbus.store import MongoStore
+
+QUEUE = "outcomes"
+
+
+def _dt(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value).astimezone(UTC)
+
+
+def encode_outcome(outcome: DeliveryOutcome) -> bytes:
+    r = outcome.result
+    return orjson.dumps({
+        "m": r.message_id, "s": r.subscription, "n": r.attempt, "t": r.started_at,
+        "l": r.latency_ms, "c": r.status_code, "e": r.error, "i": r.instance,
+        "ra": r.retry_after_s, "d": outcome.destination, "ca": outcome.created_at,
+        "b": outcome.biz_id, "na": outcome.next_attempt_at, "p": outcome.parked,
+    })
+
+
+def decode_outcome(data: bytes) -> DeliveryOutcome:
+    d: dict[str, Any] = orjson.loads(data)
+    started, created = _dt(d["t"]), _dt(d["ca"])
+    assert started is not None and created is not None
+    result = AttemptResult(
+        message_id=d["m"], subscription=d["s"], attempt=d["n"], started_at=started,
+        latency_ms=d["l"], status_code=d["c"], error=d["e"], instance=d["i"],
+        retry_after_s=d["ra"],
+    )
+    return DeliveryOutcome(result=result, destination=d["d"], created_at=created,
+                           biz_id=d["b"], next_attempt_at=_dt(d["na"]), parked=d["p"])
+
+
+class TraceWriter:
+    def __init__(self, buffer: LocalQueue, store: MongoStore, *, batch_size: int) -> None:
+        self._buffer = buffer
+        self._store = store
+        self._drainer = Drainer(buffer, QUEUE, self._write, batch_size=batch_size)
+
+    def start(self) -> None:
+        self._drainer.start()
+
+    async def close(self) -> None:
+        await self._drainer.close()
+
+    async def record(self, outcome: DeliveryOutcome) -> None:
+        """Returns once the outcome is durable locally (fsync, shared with concurrent calls)."""
+        await self._buffer.append([(QUEUE, encode_outcome(outcome))])
+
+    def backlog(self) -> int:
+        return self._buffer.depth(QUEUE)
+
+    async def flush(self) -> None:
+        while await self._drainer.drain_once():
+            pass
+
+    async def _write(self, entries: list[bytes]) -> None:
+        await self._store.record_outcomes([decode_outcome(e) for e in entries])

@@ -1,0 +1,87 @@
+"""The core's error hierarchy.
+
+    MsgbusError
+    ├── InvalidInput            bad data from a caller; maps to a 4xx
+    │   ├── InvalidMessage        envelope or body is malformed (400/422)
+    │   ├── MessageTooLarge       body over the configured limit (413)
+    │   └── InvalidConfig         destination/subscription definition is invalid (422)
+    ├── NotFound                unknown destination, subscription, message (404)
+    ├── Conflict                already exists (409)
+    ├── Unauthorized            missing or wrong credentials (401)
+    ├── Forbidden               authenticated but not allowed (403)
+    ├── Unavailable             a dependency is down or a local buffer is full (503)
+    │   └── BufferFull
+    └── BrokerError             a broker refused or failed an operation
+"""
+
+
+class MsgbusError(Exception):
+    """Base of every error the core raises on purpose."""
+
+    status_code = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def to_json(self) -> dict[str, str]:
+        body = {"error": self.code, "message": self.message}
+        if self.field:
+            body["field"] = self.field
+        return body
+
+
+class InvalidInput(MsgbusError):
+    status_code = 400
+    code = "invalid_input"
+
+
+class InvalidMessage(InvalidInput):
+    status_code = 422
+    code = "invalid_message"
+
+
+class MessageTooLarge(InvalidInput):
+    status_code = 413
+    code = "message_too_large"
+
+
+class InvalidConfig(InvalidInput):
+    status_code = 422
+    code = "invalid_config"
+
+
+class NotFound(MsgbusError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(MsgbusError):
+    status_code = 409
+    code = "conflict"
+
+
+class Unauthorized(MsgbusError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(MsgbusError):
+    status_code = 403
+    code = "forbidden"
+
+
+class Unavailable(MsgbusError):
+    status_code = 503
+    code = "unavailable"
+
+
+class BufferFull(Unavailable):
+    code = "buffer_full"
+
+
+class BrokerError(MsgbusError):
+    status_code = 503
+    code = "broker_error"

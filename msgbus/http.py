@@ -1,0 +1,44 @@
+"""Shared FastAPI plumbing: JSON errors from the error hierarchy, and the /metrics response."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from msgbus import metrics
+from msgbus.errors import MsgbusError, Unavailable
+
+
+def install_error_handlers(
+    app: FastAPI, *, on_error: Callable[[MsgbusError], None] | None = None
+) -> None:
+    """Every error answers JSON `{"error", "message", "field"?}`; 503s carry Retry-After."""
+
+    @app.exception_handler(MsgbusError)
+    async def _bus_error(_: Request, exc: MsgbusError) -> JSONResponse:
+        if on_error is not None:
+            on_error(exc)
+        headers = {"retry-after": "1"} if isinstance(exc, Unavailable) else None
+        return JSONResponse(exc.to_json(), status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        field = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        body = {"error": "invalid_input", "message": str(first.get("msg", "invalid request")),
+                "field": field}
+        return JSONResponse(body, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": "http_error", "message": str(exc.detail)},
+                              status_code=exc.status_code, headers=exc.headers)
+
+
+def metrics_response() -> Response:
+    body, content_type = metrics.render()
+    return Response(body, media_type=content_type)

@@ -1,0 +1,154 @@
+"""Durable local FIFO queues on LMDB, with group commit.
+
+One LMDB environment holds several named queues. `append()` is the durability point: it returns
+only after the entries are fsync'd. Concurrent appends share one transaction and one fsync
+(group commit): while a commit is on disk, new appends gather for the next one.
+
+Deletes are not fsync'd on their own; after a crash a deleted entry may come back once, which
+the consumers of these queues tolerate (every write they make is idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import lmdb
+
+from msgbus.errors import BufferFull, Unavailable
+
+log = logging.getLogger(__name__)
+
+_KEY = struct.Struct(">Q")
+_DEFAULT_MAP_SIZE = 64 * 1024**3  # address space only; the file grows with use
+
+
+class LocalQueue:
+    """Named FIFO queues in one LMDB environment. Reads run on the caller's thread; writes on
+    one dedicated writer thread."""
+
+    def __init__(
+        self, path: Path, queues: Sequence[str], *, max_bytes: int,
+        map_size: int = _DEFAULT_MAP_SIZE,
+    ) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.max_bytes = max_bytes
+        # sync=False: commits are flushed explicitly by append(), deletes lazily.
+        self._env = lmdb.open(
+            str(path), map_size=max(map_size, max_bytes * 2), max_dbs=len(queues) + 1,
+            sync=False, metasync=True, readahead=False,
+        )
+        self._dbs = {name: self._env.open_db(name.encode()) for name in queues}
+        self._next_seq = {name: self._last_seq(name) + 1 for name in queues}
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lmdb-{path.name}")
+        self._pending: list[tuple[list[tuple[str, bytes]], asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._used_bytes = self._measure_bytes()
+        self._appended = {name: asyncio.Event() for name in queues}
+
+    def _last_seq(self, queue: str) -> int:
+        with self._env.begin(db=self._dbs[queue]) as txn:
+            cursor = txn.cursor()
+            return _KEY.unpack(cursor.key())[0] if cursor.last() else 0
+
+    def _measure_bytes(self) -> int:
+        with self._env.begin() as txn:
+            total = 0
+            for db in self._dbs.values():
+                st = txn.stat(db)
+                total += st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
+            return total
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used_bytes
+
+    def depth(self, queue: str) -> int:
+        with self._env.begin() as txn:
+            return int(txn.stat(self._dbs[queue])["entries"])
+
+    async def append(self, entries: list[tuple[str, bytes]]) -> None:
+        """Durably append (queue, value) entries, all or nothing. Raises BufferFull when the
+        queue is over its size limit."""
+        if self._used_bytes >= self.max_bytes:
+            raise BufferFull(f"local buffer {self.path} is full ({self._used_bytes} bytes)")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((entries, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_pending())
+        await future
+
+    async def _flush_pending(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await loop.run_in_executor(self._writer, self._commit, [e for e, _ in batch])
+            except Exception as exc:  # disk full, map full: every waiter learns why
+                error = exc if isinstance(exc, BufferFull) else Unavailable(
+                    f"local buffer {self.path} write failed: {exc}")
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(error)
+                continue
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_result(None)
+            for queue in {q for entries, _ in batch for q, _ in entries}:
+                self._appended[queue].set()
+
+    async def wait_for_entries(self, queue: str, timeout_s: float) -> None:
+        """Return when something was appended to `queue` since the last call, or on timeout."""
+        event = self._appended[queue]
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            pass
+        event.clear()
+
+    def _commit(self, groups: list[list[tuple[str, bytes]]]) -> None:
+        seqs = dict(self._next_seq)
+        try:
+            with self._env.begin(write=True) as txn:
+                for entries in groups:
+                    for queue, value in entries:
+                        txn.put(_KEY.pack(seqs[queue]), value, db=self._dbs[queue], append=True)
+                        seqs[queue] += 1
+        except lmdb.MapFullError as exc:
+            raise BufferFull(f"local buffer {self.path} is full: {exc}") from exc
+        self._env.sync(True)
+        self._next_seq = seqs
+        self._used_bytes = self._measure_bytes()
+
+    def read(self, queue: str, limit: int, after: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` oldest (key, value) entries of a queue, optionally after a key."""
+        out: list[tuple[bytes, bytes]] = []
+        with self._env.begin(db=self._dbs[queue], buffers=False) as txn:
+            cursor = txn.cursor()
+            found = cursor.set_range(after + b"\x00") if after else cursor.first()
+            while found and len(out) < limit:
+                out.append((cursor.key(), cursor.value()))
+                found = cursor.next()
+        return out
+
+    async def delete(self, queue: str, keys: Iterable[bytes]) -> None:
+        keys = list(keys)
+        if keys:
+            await asyncio.get_running_loop().run_in_executor(
+                self._writer, self._delete, queue, keys)
+
+    def _delete(self, queue: str, keys: list[bytes]) -> None:
+        with self._env.begin(write=True, db=self._dbs[queue]) as txn:
+            for key in keys:
+                txn.delete(key)
+        self._used_bytes = self._measure_bytes()
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        self._env.sync(True)
+        self._env.close()

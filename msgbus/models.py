@@ -1,0 +1,145 @@
+"""Domain model: the message envelope, destinations, subscriptions and delivery state."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, Field, HttpUrl, field_validator
+
+CODE_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+_CODE_RE = re.compile(CODE_PATTERN)
+
+JSON_CONTENT_TYPE = "application/json"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def is_destination_code(value: str) -> bool:
+    return _CODE_RE.match(value) is not None
+
+
+class BrokerKind(StrEnum):
+    KAFKA = "kafka"
+    RABBITMQ = "rabbitmq"
+    DIRECT = "direct"
+
+
+class DeliveryStatus(StrEnum):
+    PENDING = "pending"  # accepted, no outcome yet
+    DELIVERED = "delivered"  # the subscriber answered 2xx
+    FAILED = "failed"  # last attempt failed; the compensator retries it
+    PARKED = "parked"  # gave up by policy (dead letter); re-driven by hand
+
+
+@dataclass(slots=True)
+class Envelope:
+    """One message as the bus carries it. `body` is opaque bytes of `content_type`."""
+
+    message_id: str
+    destination: str
+    body: bytes
+    content_type: str = JSON_CONTENT_TYPE
+    biz_id: str | None = None
+    source_app: str | None = None
+    created_at: datetime = field(default_factory=utcnow)
+    received_at: datetime | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class RetryPolicy(BaseModel):
+    """How the compensator retries a failed delivery (delays in seconds, RocketMQ-style)."""
+
+    delays_s: list[float] = Field(
+        default_factory=lambda: [10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600,
+                                 1200, 1800, 3600, 7200]
+    )
+    max_attempts: int | None = Field(default=None, ge=1, description="None: until success")
+    max_age_s: float | None = Field(default=None, gt=0)
+    permanent_status_codes: list[int] = Field(default_factory=list)
+
+
+class Destination(BaseModel):
+    code: Annotated[str, Field(pattern=CODE_PATTERN)]
+    broker: BrokerKind = BrokerKind.DIRECT
+    description: str = ""
+    partitions: int = Field(default=4, ge=1, le=256, description="Kafka topic partitions")
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+def new_signing_secret() -> str:
+    """A Standard Webhooks secret: `whsec_` + base64 of 24 random bytes."""
+    import base64
+
+    return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+
+
+class Subscription(BaseModel):
+    destination: Annotated[str, Field(pattern=CODE_PATTERN)]
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    url: HttpUrl
+    max_concurrency: int = Field(default=16, ge=1, le=1024)
+    timeout_ms: int = Field(default=5000, ge=10, le=300_000)
+    retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
+    paused: bool = False
+    signing_secrets: list[str] = Field(default_factory=lambda: [new_signing_secret()])
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+    @field_validator("signing_secrets")
+    @classmethod
+    def _secrets_have_prefix(cls, value: list[str]) -> list[str]:
+        if not value or not all(s.startswith("whsec_") for s in value):
+            raise ValueError("signing secrets must be a non-empty list of 'whsec_...' values")
+        return value
+
+    @property
+    def id(self) -> str:
+        return subscription_id(self.destination, self.name)
+
+
+def subscription_id(destination: str, name: str) -> str:
+    return f"{destination}/{name}"
+
+
+def delivery_id(message_id: str, sub_id: str) -> str:
+    return f"{message_id}|{sub_id}"
+
+
+@dataclass(slots=True)
+class AttemptResult:
+    """The outcome of one push of one message to one subscriber. Never an exception."""
+
+    message_id: str
+    subscription: str
+    attempt: int
+    started_at: datetime
+    latency_ms: float
+    status_code: int | None = None
+    error: str | None = None
+    instance: str = ""
+    retry_after_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+
+@dataclass(slots=True)
+class DeliveryOutcome:
+    """What a delivery attempt changes in the delivery state: the attempt itself, and when to
+    retry (`next_attempt_at`) or that the policy gave up (`parked`)."""
+
+    result: AttemptResult
+    destination: str
+    created_at: datetime
+    biz_id: str | None = None
+    next_attempt_at: datetime | None = None
+    parked: bool = False

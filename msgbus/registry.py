@@ -1,0 +1,88 @@
+"""`Registry`: an in-memory copy of destinations and subscriptions, refreshed from MongoDB.
+
+Services read configuration from here on their hot paths; a change made through the admin API
+reaches them within `refresh_s` (or at once for a destination the registry has not seen yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from msgbus.errors import NotFound
+from msgbus.models import Destination, Subscription
+from msgbus.store import MongoStore
+
+log = logging.getLogger(__name__)
+
+ChangeListener = Callable[[], Awaitable[None]]
+
+
+class Registry:
+    def __init__(self, store: MongoStore, *, refresh_s: float) -> None:
+        self._store = store
+        self._refresh_s = refresh_s
+        self._destinations: dict[str, Destination] = {}
+        self._subscriptions: dict[str, list[Subscription]] = {}
+        self._listeners: list[ChangeListener] = []
+        self._task: asyncio.Task[None] | None = None
+        self._last_miss_reload = 0.0
+        self.loaded = False
+
+    def on_change(self, listener: ChangeListener) -> None:
+        self._listeners.append(listener)
+
+    async def start(self) -> None:
+        await self.reload()
+        self._task = asyncio.create_task(self._refresh_loop(), name="registry-refresh")
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def reload(self) -> None:
+        destinations = {d.code: d for d in await self._store.list_destinations()}
+        subscriptions: dict[str, list[Subscription]] = {}
+        for sub in await self._store.list_subscriptions():
+            subscriptions.setdefault(sub.destination, []).append(sub)
+        changed = (destinations != self._destinations or subscriptions != self._subscriptions)
+        self._destinations, self._subscriptions = destinations, subscriptions
+        self.loaded = True
+        if changed:
+            for listener in self._listeners:
+                await listener()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            try:
+                await self.reload()
+            except Exception:  # MongoDB down: keep serving the last known configuration
+                log.warning("registry refresh failed; keeping the last configuration",
+                            exc_info=True)
+
+    async def destination(self, code: str) -> Destination:
+        """The destination, reloading once a second at most when it is not known yet."""
+        found = self._destinations.get(code)
+        if found is None and time.monotonic() - self._last_miss_reload > 1.0:
+            self._last_miss_reload = time.monotonic()
+            with contextlib.suppress(Exception):
+                await self.reload()
+            found = self._destinations.get(code)
+        if found is None:
+            raise NotFound(f"unknown destination {code!r}", field="destination")
+        return found
+
+    def destinations(self) -> list[Destination]:
+        return list(self._destinations.values())
+
+    def subscriptions_of(self, destination: str) -> list[Subscription]:
+        return self._subscriptions.get(destination, [])
+
+    def all_subscriptions(self) -> list[Subscription]:
+        return [s for subs in self._subscriptions.values() for s in subs]

@@ -1,0 +1,101 @@
+"""Conversions between domain objects and MongoDB documents."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from bson import Binary
+
+from msgbus.models import (
+    AttemptResult,
+    DeliveryStatus,
+    Destination,
+    Envelope,
+    Subscription,
+    delivery_id,
+)
+
+
+def message_doc(envelope: Envelope, subscriptions: list[str]) -> dict[str, Any]:
+    return {
+        "_id": envelope.message_id,
+        "destination": envelope.destination,
+        "biz_id": envelope.biz_id,
+        "source_app": envelope.source_app,
+        "created_at": envelope.created_at,
+        "received_at": envelope.received_at,
+        "content_type": envelope.content_type,
+        "headers": envelope.headers,
+        "body": Binary(envelope.body),
+        "size": len(envelope.body),
+        "subscriptions": subscriptions,
+    }
+
+
+def envelope_from_doc(doc: dict[str, Any]) -> Envelope:
+    return Envelope(
+        message_id=doc["_id"],
+        destination=doc["destination"],
+        body=bytes(doc["body"]),
+        content_type=doc["content_type"],
+        biz_id=doc.get("biz_id"),
+        source_app=doc.get("source_app"),
+        created_at=doc["created_at"],
+        received_at=doc.get("received_at"),
+        headers=doc.get("headers") or {},
+    )
+
+
+def pending_delivery_doc(envelope: Envelope, sub_id: str, now: datetime) -> dict[str, Any]:
+    return {
+        "_id": delivery_id(envelope.message_id, sub_id),
+        "message_id": envelope.message_id,
+        "subscription": sub_id,
+        "destination": envelope.destination,
+        "biz_id": envelope.biz_id,
+        "status": DeliveryStatus.PENDING.value,
+        "attempts": 0,
+        "created_at": envelope.created_at,
+        "updated_at": now,
+    }
+
+
+def attempt_doc(result: AttemptResult) -> dict[str, Any]:
+    # A deterministic _id makes re-writing a batch after a crash idempotent.
+    started_us = int(result.started_at.timestamp() * 1_000_000)
+    return {
+        "_id": f"{result.message_id}|{result.subscription}|{started_us}|{result.instance}",
+        "message_id": result.message_id,
+        "subscription": result.subscription,
+        "attempt": result.attempt,
+        "started_at": result.started_at,
+        "latency_ms": result.latency_ms,
+        "status_code": result.status_code,
+        "error": result.error,
+        "instance": result.instance,
+        "ok": result.ok,
+    }
+
+
+def destination_doc(destination: Destination) -> dict[str, Any]:
+    doc = destination.model_dump(mode="python")
+    doc["_id"] = doc.pop("code")
+    return doc
+
+
+def destination_from_doc(doc: dict[str, Any]) -> Destination:
+    return Destination.model_validate({**doc, "code": doc["_id"]})
+
+
+def subscription_doc(subscription: Subscription) -> dict[str, Any]:
+    doc = subscription.model_dump(mode="json")
+    doc["created_at"] = subscription.created_at
+    doc["updated_at"] = subscription.updated_at
+    doc["_id"] = subscription.id
+    return doc
+
+
+def subscription_from_doc(doc: dict[str, Any]) -> Subscription:
+    doc = {k: v for k, v in doc.items() if k != "_id"}
+    return Subscription.model_validate(doc)

@@ -1,0 +1,251 @@
+"""`MongoStore`: every MongoDB read and write of the bus, on pymongo's native async API.
+
+Collections: messages (one per accepted message), deliveries (one per message and subscription:
+the delivery state), attempts (append-only, one per push), destinations, subscriptions, apps.
+Hot-path writes are batched: insert_many and bulk_write, never one round trip per message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel, UpdateOne
+from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
+
+from msgbus.errors import Conflict, NotFound, Unavailable
+from msgbus.models import (
+    DeliveryOutcome,
+    DeliveryStatus,
+    Destination,
+    Envelope,
+    Subscription,
+    delivery_id,
+    utcnow,
+)
+from msgbus.store import documents as docs
+
+log = logging.getLogger(__name__)
+
+_DUPLICATE_KEY = 11000
+
+INDEXES: dict[str, list[IndexModel]] = {
+    "messages": [
+        IndexModel([("biz_id", ASCENDING), ("created_at", DESCENDING)]),
+        IndexModel([("destination", ASCENDING), ("created_at", DESCENDING)]),
+        IndexModel([("created_at", DESCENDING)]),
+    ],
+    "deliveries": [
+        IndexModel([("message_id", ASCENDING)]),
+        IndexModel([("subscription", ASCENDING), ("status", ASCENDING), ("created_at", ASCENDING)]),
+        IndexModel([("status", ASCENDING), ("next_attempt_at", ASCENDING)]),
+    ],
+    "attempts": [IndexModel([("message_id", ASCENDING), ("started_at", ASCENDING)])],
+    "subscriptions": [IndexModel([("destination", ASCENDING)])],
+    "apps": [IndexModel([("key_hashes", ASCENDING)])],
+}
+
+
+def _raise_unless_duplicates(exc: BulkWriteError) -> None:
+    """Duplicate keys are expected (re-sends, races with upserts); anything else is an error."""
+    others = [e for e in exc.details.get("writeErrors", []) if e.get("code") != _DUPLICATE_KEY]
+    if others or exc.details.get("writeConcernErrors"):
+        raise Unavailable(f"MongoDB bulk write failed: {others[:3]}") from exc
+
+
+class MongoStore:
+    def __init__(self, uri: str, db_name: str, *, timeout_ms: int = 5000) -> None:
+        self._client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            uri, serverSelectionTimeoutMS=timeout_ms, tz_aware=True, appname="msgbus"
+        )
+        self.db = self._client[db_name]
+        self.messages = self.db["messages"]
+        self.deliveries = self.db["deliveries"]
+        self.attempts = self.db["attempts"]
+        self.destinations = self.db["destinations"]
+        self.subscriptions = self.db["subscriptions"]
+        self.apps = self.db["apps"]
+
+    async def ensure_indexes(self) -> None:
+        for collection, indexes in INDEXES.items():
+            await self.db[collection].create_indexes(indexes)
+
+    async def ping(self) -> bool:
+        try:
+            await self._client.admin.command("ping")
+            return True
+        except PyMongoError:
+            return False
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    # --- configuration -------------------------------------------------------------------
+
+    async def save_destination(self, destination: Destination) -> None:
+        doc = docs.destination_doc(destination)
+        await self.destinations.replace_one({"_id": doc["_id"]}, doc, upsert=True)
+
+    async def get_destination(self, code: str) -> Destination:
+        doc = await self.destinations.find_one({"_id": code})
+        if doc is None:
+            raise NotFound(f"unknown destination {code!r}", field="destination")
+        return docs.destination_from_doc(doc)
+
+    async def list_destinations(self) -> list[Destination]:
+        cursor = self.destinations.find().sort("_id", ASCENDING)
+        return [docs.destination_from_doc(d) async for d in cursor]
+
+    async def save_subscription(self, subscription: Subscription) -> None:
+        doc = docs.subscription_doc(subscription)
+        await self.subscriptions.replace_one({"_id": doc["_id"]}, doc, upsert=True)
+
+    async def list_subscriptions(self, destination: str | None = None) -> list[Subscription]:
+        query = {} if destination is None else {"destination": destination}
+        cursor = self.subscriptions.find(query).sort("_id", ASCENDING)
+        return [docs.subscription_from_doc(d) async for d in cursor]
+
+    async def get_subscription(self, sub_id: str) -> Subscription:
+        doc = await self.subscriptions.find_one({"_id": sub_id})
+        if doc is None:
+            raise NotFound(f"unknown subscription {sub_id!r}", field="subscription")
+        return docs.subscription_from_doc(doc)
+
+    # --- producer apps -------------------------------------------------------------------
+
+    async def create_app(self, name: str, key_hash: str, destinations: Sequence[str]) -> None:
+        try:
+            await self.apps.insert_one({
+                "_id": name, "key_hashes": [key_hash], "destinations": list(destinations),
+                "created_at": utcnow(),
+            })
+        except DuplicateKeyError as exc:
+            raise Conflict(f"producer app {name!r} already exists", field="name") from exc
+
+    async def find_app_by_key_hash(self, key_hash: str) -> dict[str, Any] | None:
+        return await self.apps.find_one({"key_hashes": key_hash})
+
+    # --- records (receiver) --------------------------------------------------------------
+
+    async def record_messages(self, records: Sequence[tuple[Envelope, list[str]]]) -> None:
+        """Insert messages and their pending deliveries. Idempotent: re-inserting a message, or
+        a pending state that a dispatcher already overtook, changes nothing."""
+        if not records:
+            return
+        now = utcnow()
+        messages = [docs.message_doc(env, subs) for env, subs in records]
+        pending = [docs.pending_delivery_doc(env, s, now) for env, subs in records for s in subs]
+        for collection, documents in ((self.messages, messages), (self.deliveries, pending)):
+            if not documents:
+                continue
+            try:
+                await collection.insert_many(documents, ordered=False)
+            except BulkWriteError as exc:
+                _raise_unless_duplicates(exc)
+
+    # --- outcomes (dispatcher, compensator) ----------------------------------------------
+
+    async def record_outcomes(self, outcomes: Sequence[DeliveryOutcome]) -> None:
+        """Append the attempts and move each delivery's state forward in one bulk write.
+
+        A delivered state is final: a later failed attempt (a duplicate push) never turns it
+        back. Several outcomes of one delivery in a batch are folded into one update.
+        """
+        if not outcomes:
+            return
+        try:
+            await self.attempts.insert_many([docs.attempt_doc(o.result) for o in outcomes],
+                                            ordered=False)
+        except BulkWriteError as exc:
+            _raise_unless_duplicates(exc)
+        ops = [_state_update(group) for group in _group_by_delivery(outcomes).values()]
+        try:
+            await self.deliveries.bulk_write(ops, ordered=False)
+        except BulkWriteError as exc:
+            _raise_unless_duplicates(exc)  # duplicate key = already delivered: as intended
+
+    # --- queries -------------------------------------------------------------------------
+
+    async def get_message(self, message_id: str) -> dict[str, Any]:
+        doc = await self.messages.find_one({"_id": message_id})
+        if doc is None:
+            raise NotFound(f"unknown message {message_id!r}", field="message_id")
+        return doc
+
+    async def find_messages(
+        self, *, biz_id: str | None = None, destination: str | None = None,
+        since: datetime | None = None, until: datetime | None = None, limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        query: dict[str, Any] = {}
+        if biz_id is not None:
+            query["biz_id"] = biz_id
+        if destination is not None:
+            query["destination"] = destination
+        if since is not None or until is not None:
+            window: dict[str, datetime] = {}
+            if since is not None:
+                window["$gte"] = since
+            if until is not None:
+                window["$lt"] = until
+            query["created_at"] = window
+        cursor = self.messages.find(query).sort("created_at", DESCENDING).limit(limit)
+        return [d async for d in cursor]
+
+    async def deliveries_of(self, message_id: str) -> list[dict[str, Any]]:
+        cursor = self.deliveries.find({"message_id": message_id}).sort("subscription", ASCENDING)
+        return [d async for d in cursor]
+
+    async def attempts_of(self, message_id: str) -> list[dict[str, Any]]:
+        cursor = self.attempts.find({"message_id": message_id}).sort("started_at", ASCENDING)
+        return [d async for d in cursor]
+
+    async def deliveries_by_status(
+        self, subscription: str, status: DeliveryStatus, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        cursor = self.deliveries.find({"subscription": subscription, "status": status.value})
+        return [d async for d in cursor.sort("created_at", ASCENDING).limit(limit)]
+
+    async def count_deliveries(self, subscription: str, status: DeliveryStatus) -> int:
+        return await self.deliveries.count_documents(
+            {"subscription": subscription, "status": status.value})
+
+
+def _group_by_delivery(outcomes: Sequence[DeliveryOutcome]) -> dict[str, list[DeliveryOutcome]]:
+    groups: dict[str, list[DeliveryOutcome]] = {}
+    for outcome in outcomes:
+        key = delivery_id(outcome.result.message_id, outcome.result.subscription)
+        groups.setdefault(key, []).append(outcome)
+    return groups
+
+
+def _state_update(group: list[DeliveryOutcome]) -> UpdateOne:
+    delivered = next((o for o in group if o.result.ok), None)
+    final = delivered or group[-1]
+    result = final.result
+    now = utcnow()
+    fields: dict[str, Any] = {
+        "updated_at": now,
+        "last_status_code": result.status_code,
+        "last_error": result.error,
+        "last_latency_ms": result.latency_ms,
+        "last_attempt_at": result.started_at,
+    }
+    if delivered is not None:
+        fields.update(status=DeliveryStatus.DELIVERED.value, delivered_at=now, next_attempt_at=None)
+        query: dict[str, Any] = {"_id": delivery_id(result.message_id, result.subscription)}
+    else:
+        status = DeliveryStatus.PARKED if final.parked else DeliveryStatus.FAILED
+        fields.update(status=status.value, next_attempt_at=final.next_attempt_at)
+        query = {"_id": delivery_id(result.message_id, result.subscription),
+                 "status": {"$ne": DeliveryStatus.DELIVERED.value}}
+    on_insert = {
+        "message_id": result.message_id,
+        "subscription": result.subscription,
+        "destination": final.destination,
+        "biz_id": final.biz_id,
+        "created_at": final.created_at,
+    }
+    return UpdateOne(query, {"$set": fields, "$inc": {"attempts": len(group)},
+                             "$setOnInsert": on_insert}, upsert=True)

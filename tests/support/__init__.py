@@ -1,0 +1,1 @@
+"""Test helpers: the bus and subscribers running in-process on real servers."""

@@ -1,0 +1,187 @@
+"""`RunningBus`: receiver, dispatcher, compensator and admin running in-process on port 0,
+against real MongoDB-protocol, Kafka and RabbitMQ servers, plus helpers to configure them
+through the admin API."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from admin.app import create_app as admin_app
+from admin.service import AdminService
+from compensator.app import create_app as compensator_app
+from compensator.service import CompensatorService
+from dispatcher.app import create_app as dispatcher_app
+from dispatcher.service import DispatcherService
+from msgbus.serving import ServerGroup, make_server
+from msgbus.settings import (
+    AdminSettings,
+    CompensatorSettings,
+    ConnectionSettings,
+    DispatcherSettings,
+    ReceiverSettings,
+)
+from msgbus.store import MongoStore
+from receiver.app import create_app as receiver_app
+from receiver.service import ReceiverService
+from tests.support.loop import BackgroundLoop
+
+HOST = "127.0.0.1"
+
+
+def wait_until(
+    condition: Callable[[], Any],
+    timeout_s: float = 30,
+    what: str = "condition",
+    interval_s: float = 0.05,
+) -> Any:
+    """Poll until `condition()` is truthy; fail with `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class RunningBus:
+    def __init__(
+        self,
+        loop: BackgroundLoop,
+        *,
+        mongo_uri: str,
+        mongo_db: str,
+        state_dir: Path,
+        kafka_bootstrap: str = "",
+        rabbitmq_url: str = "",
+    ) -> None:
+        self.loop = loop
+        self.admin_token = "test-admin-token"
+        self.connections = ConnectionSettings(
+            mongo_uri=mongo_uri,
+            mongo_db=mongo_db,
+            kafka_bootstrap=kafka_bootstrap,
+            rabbitmq_url=rabbitmq_url,
+            internal_token=SecretStr("test-internal-token"),
+            state_dir=state_dir,
+            config_refresh_s=0.5,
+        )
+        self._group = ServerGroup()
+        self._subscribers = ServerGroup()
+        self.store = MongoStore(mongo_uri, mongo_db)
+        self.receiver_url = self.dispatcher_url = self.admin_url = ""
+
+    def start(self) -> RunningBus:
+        self.loop.run(self._start())
+        self.admin = httpx.Client(
+            base_url=self.admin_url,
+            timeout=10,
+            headers={"authorization": f"Bearer {self.admin_token}"},
+        )
+        return self
+
+    async def _start(self) -> None:
+        conn = self.connections
+        dispatcher = await self._group.start(
+            make_server(
+                dispatcher_app(
+                    DispatcherService(
+                        DispatcherSettings(port=0, trace_flush_interval_ms=20, connections=conn)
+                    )
+                ),
+                HOST,
+                0,
+            ),
+            "dispatcher",
+        )
+        self.dispatcher_url = f"http://{HOST}:{dispatcher.port}"
+        receiver = await self._group.start(
+            make_server(
+                receiver_app(
+                    ReceiverService(
+                        ReceiverSettings(
+                            port=0, dispatcher_url=self.dispatcher_url, connections=conn
+                        )
+                    )
+                ),
+                HOST,
+                0,
+            ),
+            "receiver",
+        )
+        self.receiver_url = f"http://{HOST}:{receiver.port}"
+        await self._group.start(
+            make_server(
+                compensator_app(
+                    CompensatorService(
+                        CompensatorSettings(port=0, scan_interval_s=0.5, connections=conn)
+                    )
+                ),
+                HOST,
+                0,
+            ),
+            "compensator",
+        )
+        admin = await self._group.start(
+            make_server(
+                admin_app(
+                    AdminService(
+                        AdminSettings(port=0, token=SecretStr(self.admin_token), connections=conn)
+                    )
+                ),
+                HOST,
+                0,
+            ),
+            "admin",
+        )
+        self.admin_url = f"http://{HOST}:{admin.port}"
+
+    def serve_subscriber(self, app: Any) -> str:
+        """Run a subscriber app; returns its URL."""
+
+        async def start() -> int:
+            server = await self._subscribers.start(make_server(app, HOST, 0), "subscriber")
+            return server.port
+
+        return f"http://{HOST}:{self.loop.run(start())}/hook"
+
+    def create_destination(self, code: str, broker: str) -> None:
+        self.admin.put(f"/v1/destinations/{code}", json={"broker": broker}).raise_for_status()
+
+    def subscribe(self, destination: str, name: str, url: str, **options: Any) -> dict[str, Any]:
+        response = self.admin.put(
+            f"/v1/destinations/{destination}/subscriptions/{name}", json={"url": url, **options}
+        )
+        response.raise_for_status()
+        return dict(response.json())
+
+    def create_app(self, name: str, destinations: list[str] | None = None) -> str:
+        response = self.admin.post(
+            "/v1/apps", json={"name": name, "destinations": destinations or ["*"]}
+        )
+        response.raise_for_status()
+        return str(response.json()["api_key"])
+
+    def wait_for_workers(self, sub_ids: list[str], timeout_s: float = 30) -> None:
+        def ready() -> bool:
+            health = httpx.get(f"{self.dispatcher_url}/health", timeout=5).json()
+            return set(sub_ids) <= set(health["subscriptions"])
+
+        wait_until(ready, timeout_s, f"dispatcher workers for {sub_ids}")
+
+    def query(self, coro: Any) -> Any:
+        """Run a store coroutine (e.g. `bus.store.count_deliveries(...)`) in the bus loop."""
+        return self.loop.run(coro)
+
+    def close(self) -> None:
+        self.admin.close()
+        self.loop.run(self._subscribers.stop())
+        self.loop.run(self._group.stop())
+        self.loop.run(self.store.close())
