@@ -7,6 +7,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pymongo.errors import PyMongoError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from msgbus import metrics
@@ -32,6 +33,11 @@ def install_error_handlers(
         body = {"error": "invalid_input", "message": str(first.get("msg", "invalid request")),
                 "field": field}
         return JSONResponse(body, status_code=422)
+
+    @app.exception_handler(PyMongoError)
+    async def _mongo_down(_: Request, exc: PyMongoError) -> JSONResponse:
+        body = {"error": "unavailable", "message": f"MongoDB is unavailable: {type(exc).__name__}"}
+        return JSONResponse(body, status_code=503, headers={"retry-after": "1"})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

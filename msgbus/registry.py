@@ -18,6 +18,9 @@ from msgbus.store import MongoStore
 
 log = logging.getLogger(__name__)
 
+MISS_RETRY_S = 1.0
+MAX_REMEMBERED_MISSES = 10_000
+
 ChangeListener = Callable[[], Awaitable[None]]
 
 
@@ -29,7 +32,7 @@ class Registry:
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._listeners: list[ChangeListener] = []
         self._task: asyncio.Task[None] | None = None
-        self._last_miss_reload = 0.0
+        self._misses: dict[str, float] = {}  # code -> when to look it up again
         self.loaded = False
 
     def on_change(self, listener: ChangeListener) -> None:
@@ -67,16 +70,21 @@ class Registry:
                             exc_info=True)
 
     async def destination(self, code: str) -> Destination:
-        """The destination, reloading once a second at most when it is not known yet."""
+        """The destination. One not known yet is looked up in MongoDB, at most once a second
+        per code, so that a new destination works at once and unknown ones stay cheap."""
         found = self._destinations.get(code)
-        if found is None and time.monotonic() - self._last_miss_reload > 1.0:
-            self._last_miss_reload = time.monotonic()
-            with contextlib.suppress(Exception):
-                await self.reload()
-            found = self._destinations.get(code)
-        if found is None:
-            raise NotFound(f"unknown destination {code!r}", field="destination")
-        return found
+        if found is not None:
+            return found
+        now = time.monotonic()
+        if self._misses.get(code, 0.0) <= now:
+            if len(self._misses) > MAX_REMEMBERED_MISSES:
+                self._misses.clear()
+            self._misses[code] = now + MISS_RETRY_S
+            with contextlib.suppress(NotFound):
+                found = await self._store.get_destination(code)
+                self._destinations[code] = found
+                return found
+        raise NotFound(f"unknown destination {code!r}", field="destination")
 
     def destinations(self) -> list[Destination]:
         return list(self._destinations.values())

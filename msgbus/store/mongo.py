@@ -124,6 +124,15 @@ class MongoStore:
         except DuplicateKeyError as exc:
             raise Conflict(f"producer app {name!r} already exists", field="name") from exc
 
+    async def replace_app_keys(self, name: str, key_hash: str,
+                               destinations: Sequence[str]) -> None:
+        """Create the app, or revoke all its keys and give it this one."""
+        await self.apps.update_one(
+            {"_id": name},
+            {"$set": {"key_hashes": [key_hash], "destinations": list(destinations)},
+             "$setOnInsert": {"created_at": utcnow()}},
+            upsert=True)
+
     async def find_app_by_key_hash(self, key_hash: str) -> dict[str, Any] | None:
         return await self.apps.find_one({"key_hashes": key_hash})
 

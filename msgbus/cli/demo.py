@@ -1,0 +1,57 @@
+"""`msgbus up --demo`: a `demo` destination with a built-in subscriber that prints what it gets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from msgbus.models import BrokerKind, Destination, Subscription
+from msgbus.settings import ConnectionSettings
+from msgbus.store import MongoStore
+
+DEMO_DESTINATION = "demo"
+DEMO_SUBSCRIPTION = "printer"
+
+
+class PrintingSubscriber:
+    """A raw ASGI app: prints each push (id, biz id, body) and answers 200."""
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        more = True
+        while more:
+            event = await receive()
+            body += event.get("body", b"")
+            more = event.get("more_body", False)
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        biz = f" biz_id={headers['ce-bizid']}" if "ce-bizid" in headers else ""
+        click.echo(click.style("demo subscriber got ", fg="green")
+                   + f"{headers.get('ce-id')}{biz}: {body.decode('utf-8', 'replace')}")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def demo_broker(conn: ConnectionSettings) -> BrokerKind:
+    if conn.kafka_bootstrap:
+        return BrokerKind.KAFKA
+    if conn.rabbitmq_url:
+        return BrokerKind.RABBITMQ
+    return BrokerKind.DIRECT
+
+
+async def register_demo(store: MongoStore, conn: ConnectionSettings, subscriber_url: str) -> None:
+    await store.save_destination(Destination(code=DEMO_DESTINATION, broker=demo_broker(conn),
+                                             description="msgbus up --demo"))
+    try:
+        existing = await store.get_subscription(f"{DEMO_DESTINATION}/{DEMO_SUBSCRIPTION}")
+        subscription = existing.model_copy(update={"url": subscriber_url, "paused": False})
+    except Exception:
+        subscription = Subscription(destination=DEMO_DESTINATION, name=DEMO_SUBSCRIPTION,
+                                    url=subscriber_url)  # type: ignore[arg-type]
+    await store.save_subscription(subscription)

@@ -1,0 +1,106 @@
+"""The `msgbus` command."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+import orjson
+
+from msgbus.cli.services_cmd import services
+from msgbus.cli.stack import ServiceApps, connection_settings, serve_until_signal, server
+from msgbus.serving import ServerGroup
+
+DEFAULT_STATE_DIR = Path(".msgbus")
+STATE_DIR = click.option(
+    "--state-dir", type=click.Path(file_okay=False, path_type=Path),
+    default=lambda: os.environ.get("MSGBUS_STATE_DIR", str(DEFAULT_STATE_DIR)),
+    show_default=".msgbus", help="Local state: buffers, embedded MongoDB data, keys, logs.")
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def main(verbose: bool) -> None:
+    """msgbus: an HTTP message bus gateway."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    for noisy in ("pymongo", "httpx", "aiohttp.access", "pika"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@main.command()
+@STATE_DIR
+@click.option("--demo", is_flag=True, help="Add a 'demo' destination with a printing subscriber.")
+@click.option("--demo-port", default=8084, show_default=True, help="Port of the demo subscriber.")
+def up(state_dir: Path, demo: bool, demo_port: int) -> None:
+    """Run the whole bus (receiver, dispatcher, compensator, admin) on embedded defaults."""
+    from msgbus.cli.up import run_up
+
+    run_up(state_dir, demo, demo_port)
+
+
+@main.command()
+@STATE_DIR
+@click.argument("destination")
+@click.argument("message")
+@click.option("--biz-id", help="Business key (e.g. an order id) for queries and ordering.")
+@click.option("--receiver", "receiver_url", envvar="MSGBUS_RECEIVER_URL",
+              help="Receiver URL (default: the one `msgbus up` wrote to the state dir).")
+@click.option("--api-key", envvar="MSGBUS_API_KEY",
+              help="Producer API key (default: the key `msgbus up` created for the CLI).")
+@click.option("--timeout", "timeout_s", default=10.0, show_default=True,
+              help="Seconds to wait for the receiver before leaving the message spooled.")
+def send(state_dir: Path, destination: str, message: str, biz_id: str | None,
+         receiver_url: str | None, api_key: str | None, timeout_s: float) -> None:
+    """Send MESSAGE (JSON) to DESTINATION through the durable client."""
+    from msgbus.cli.up import CLI_KEY_FILE, RECEIVER_URL_FILE
+    from msgbus_client import MsgbusClient
+
+    try:
+        body = orjson.loads(message)
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="MESSAGE") from exc
+    receiver_url = receiver_url or _from_state(state_dir / RECEIVER_URL_FILE, "--receiver")
+    api_key = api_key or _from_state(state_dir / CLI_KEY_FILE, "--api-key")
+    with MsgbusClient(receiver_url, api_key, spool_dir=state_dir / "cli-spool") as client:
+        message_id = client.send(destination, body, biz_id=biz_id)
+        left = client.flush(timeout_s)
+    if left:
+        click.echo(f"{message_id} spooled; the receiver has not accepted it yet "
+                   f"(it is re-sent by the next `msgbus send`)", err=True)
+        sys.exit(1)
+    click.echo(message_id)
+
+
+def _from_state(path: Path, option: str) -> str:
+    if not path.exists():
+        raise click.UsageError(f"{path} not found: run `msgbus up` first or pass {option}")
+    return path.read_text().strip()
+
+
+def _service_command(name: str) -> click.Command:
+    @STATE_DIR
+    def run(state_dir: Path) -> None:
+        apps = ServiceApps(connection_settings(state_dir))
+        app, settings = getattr(apps, name)()
+
+        async def serve() -> None:
+            group = ServerGroup()
+            await group.start(server(app, settings.host, settings.port), name)
+            click.echo(f"msgbus {name} on http://{settings.host}:{settings.port}", err=True)
+            await serve_until_signal(group)
+
+        asyncio.run(serve())
+
+    run.__doc__ = f"Run the {name} alone (settings from MSGBUS_* variables)."
+    return click.command(name)(run)
+
+
+for _name in ("receiver", "dispatcher", "compensator", "admin"):
+    main.add_command(_service_command(_name))
+main.add_command(services)

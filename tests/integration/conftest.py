@@ -1,0 +1,44 @@
+"""The running bus (receiver, dispatcher, compensator, admin in-process) for integration tests.
+
+One bus per session, configured with real Kafka (tansu), RabbitMQ and a MongoDB-protocol
+server; tests isolate themselves with destinations and subscriptions of their own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.bus import RunningBus
+from tests.support.loop import BackgroundLoop
+
+
+@pytest.fixture(scope="session")
+def bus(mongo_uri: str, kafka_bootstrap: str, rabbitmq_url: str,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBus]:
+    loop = BackgroundLoop()
+    running = RunningBus(loop, mongo_uri=mongo_uri, mongo_db=f"e2e_{uuid.uuid4().hex[:8]}",
+                         state_dir=tmp_path_factory.mktemp("bus-state"),
+                         kafka_bootstrap=kafka_bootstrap, rabbitmq_url=rabbitmq_url).start()
+    yield running
+    running.close()
+    loop.close()
+
+
+@pytest.fixture(scope="session")
+def api_key(bus: RunningBus) -> str:
+    return bus.create_app("tests")
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique suffix for destination and subscription names."""
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+def spool_dir(tmp_path: Path) -> Path:
+    return tmp_path / "spool"

@@ -1,0 +1,94 @@
+"""The whole path on real services: client (LMDB spool) -> receiver -> Kafka | RabbitMQ |
+direct -> dispatcher -> two real HTTP subscribers, with the trace in MongoDB."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from msgbus_client import MsgbusClient
+from msgbus_client.verify import verify_push
+
+from msgbus.models import DeliveryStatus
+from tests.support.bus import RunningBus, wait_until
+from tests.support.subscriber import RecordingSubscriber
+
+MESSAGES = 1000
+BIZ_KEYS = 50
+
+
+def _setup(bus: RunningBus, unique: str, broker: str,
+           statuses: tuple[int, int] = (200, 200)) -> tuple[str, list[RecordingSubscriber],
+                                                           list[dict[str, object]]]:
+    destination = f"orders-{broker}-{unique}"
+    bus.create_destination(destination, broker)
+    subscribers = [RecordingSubscriber(status=s) for s in statuses]
+    subs = [bus.subscribe(destination, f"sub{i}", bus.serve_subscriber(s))
+            for i, s in enumerate(subscribers)]
+    bus.wait_for_workers([f"{destination}/sub{i}" for i in range(len(subscribers))])
+    return destination, subscribers, subs
+
+
+def _send_all(bus: RunningBus, api_key: str, spool_dir: Path, destination: str) -> list[str]:
+    with MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir) as client:
+        ids = [client.send(destination, {"n": i, "item": "book"}, biz_id=f"order-{i % BIZ_KEYS}")
+               for i in range(MESSAGES)]
+        assert client.flush(30) == 0, "the receiver did not accept every message"
+    return ids
+
+
+def _delivered_with_trace(bus: RunningBus, sub_id: str) -> int:
+    return int(bus.query(bus.store.count_deliveries(sub_id, DeliveryStatus.DELIVERED)))
+
+
+@pytest.mark.parametrize("broker", ["kafka", "rabbitmq", "direct"])
+def test_end_to_end_every_message_reaches_both_subscribers_and_is_traced(
+        bus: RunningBus, api_key: str, spool_dir: Path, unique: str, broker: str) -> None:
+    destination, subscribers, subs = _setup(bus, unique, broker)
+    ids = _send_all(bus, api_key, spool_dir, destination)
+
+    for i, subscriber in enumerate(subscribers):
+        wait_until(lambda s=subscriber: s.message_ids() >= set(ids), 60,
+                   f"subscriber {i} to receive all {MESSAGES} messages")
+    for sub in subs:
+        sub_id = f"{destination}/{sub['name']}"
+        wait_until(lambda s=sub_id: _delivered_with_trace(bus, s) == MESSAGES, 60,
+                   f"MongoDB to show {MESSAGES} deliveries to {sub_id}")
+        with_trace = bus.query(bus.store.deliveries.count_documents(
+            {"subscription": sub_id, "status": "delivered", "last_status_code": 200,
+             "last_latency_ms": {"$gt": 0}}))
+        assert with_trace == MESSAGES
+        attempts = bus.query(bus.store.attempts.distinct(
+            "message_id", {"subscription": sub_id, "status_code": 200,
+                           "latency_ms": {"$gt": 0}, "attempt": 1}))
+        assert set(attempts) == set(ids)
+
+    # every push is signed with the subscription's secret and carries the ids
+    push = subscribers[0].pushes[0]
+    verify_push(str(subs[0]["signing_secrets"][0]), push.headers, push.body)  # type: ignore[index]
+    assert push.headers["ce-type"] == destination
+    assert push.headers["ce-bizid"].startswith("order-")
+
+    found = bus.query(bus.store.find_messages(biz_id="order-7", limit=1000))
+    assert {m["_id"] for m in found} == {ids[i] for i in range(7, MESSAGES, BIZ_KEYS)}
+    assert all(m["destination"] == destination for m in found)
+
+
+@pytest.mark.parametrize("broker", ["kafka", "direct"])
+def test_failing_subscriber_is_recorded_failed_while_the_other_gets_everything(
+        bus: RunningBus, api_key: str, spool_dir: Path, unique: str, broker: str) -> None:
+    destination, (healthy, broken), _ = _setup(bus, unique, broker, statuses=(200, 500))
+    with MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir) as client:
+        ids = [client.send(destination, {"n": i}) for i in range(200)]
+        assert client.flush(30) == 0
+
+    wait_until(lambda: healthy.message_ids() >= set(ids), 60, "the healthy subscriber")
+    failed_id = f"{destination}/sub1"
+    wait_until(lambda: bus.query(bus.store.count_deliveries(failed_id, DeliveryStatus.FAILED))
+               == len(ids), 60, "200 failed deliveries in MongoDB")
+    failed = bus.query(bus.store.deliveries_by_status(failed_id, DeliveryStatus.FAILED, 1000))
+    assert {d["message_id"] for d in failed} == set(ids)
+    assert all(d["last_status_code"] == 500 and d["next_attempt_at"] is not None
+               for d in failed)
+    assert broken.message_ids() == set(ids)  # it was tried, and answered 500
+    assert _delivered_with_trace(bus, f"{destination}/sub0") == len(ids)

@@ -1,0 +1,119 @@
+"""Bad input to the receiver gets a 4xx JSON error that names the problem, and the receiver
+keeps serving valid messages."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from msgbus.ids import uuid7
+from tests.support.bus import RunningBus, wait_until
+from tests.support.subscriber import RecordingSubscriber
+
+
+@pytest.fixture
+def destination(bus: RunningBus, unique: str) -> str:
+    code = f"input-{unique}"
+    bus.create_destination(code, "direct")
+    return code
+
+
+@pytest.fixture
+def http(bus: RunningBus, api_key: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=bus.receiver_url, timeout=10,
+                      headers={"authorization": f"Bearer {api_key}"}) as client:
+        yield client
+
+
+def _post(http: httpx.Client, destination: str, **kwargs: object) -> httpx.Response:
+    return http.post(f"/v1/destinations/{destination}/messages", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("case", "status", "error", "field"), [
+    ("unknown destination", 404, "not_found", "destination"),
+    ("malformed JSON", 400, "invalid_input", None),
+    ("not an object", 422, "invalid_message", None),
+    ("missing message_id", 422, "invalid_message", "message_id"),
+    ("bad message_id", 422, "invalid_message", "message_id"),
+    ("missing body", 422, "invalid_message", "body"),
+    ("bad biz_id", 422, "invalid_message", "biz_id"),
+    ("bad headers", 422, "invalid_message", "headers"),
+    ("bad created_at", 422, "invalid_message", "created_at"),
+    ("unknown field", 422, "invalid_message", "colour"),
+    ("bad base64", 422, "invalid_message", "body_base64"),
+    ("oversized body", 413, "message_too_large", None),
+])
+def test_bad_input_gets_a_clear_json_error(http: httpx.Client, destination: str, case: str,
+                                           status: int, error: str, field: str | None) -> None:
+    valid = {"message_id": uuid7(), "body": {"ok": True}}
+    requests: dict[str, dict[str, object]] = {
+        "unknown destination": {"json": valid},
+        "malformed JSON": {"content": b'{"message_id": ', "headers": {"content-type":
+                                                                      "application/json"}},
+        "not an object": {"json": [1, 2]},
+        "missing message_id": {"json": {"body": {}}},
+        "bad message_id": {"json": {**valid, "message_id": "42"}},
+        "missing body": {"json": {"message_id": uuid7()}},
+        "bad biz_id": {"json": {**valid, "biz_id": 7}},
+        "bad headers": {"json": {**valid, "headers": {"a": 1}}},
+        "bad created_at": {"json": {**valid, "created_at": "yesterday"}},
+        "unknown field": {"json": {**valid, "colour": "red"}},
+        "bad base64": {"json": {"message_id": uuid7(), "body_base64": "***"}},
+        "oversized body": {"json": {"message_id": uuid7(), "body": "x" * (1024 * 1024 + 1)}},
+    }
+    target = "no-such-destination" if case == "unknown destination" else destination
+    response = _post(http, target, **requests[case])
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["error"] == error
+    assert body["message"]
+    if field is not None:
+        assert body["field"] == field
+
+
+def test_authentication_is_required(bus: RunningBus, destination: str) -> None:
+    message = {"message_id": uuid7(), "body": {}}
+    url = f"{bus.receiver_url}/v1/destinations/{destination}/messages"
+    missing = httpx.post(url, json=message)
+    wrong = httpx.post(url, json=message, headers={"authorization": "Bearer mbk_wrong"})
+    assert (missing.status_code, wrong.status_code) == (401, 401)
+    assert "Authorization" in missing.json()["message"]
+
+
+def test_receiver_keeps_serving_after_bad_input(bus: RunningBus, http: httpx.Client,
+                                                destination: str) -> None:
+    subscriber = RecordingSubscriber()
+    bus.subscribe(destination, "after", bus.serve_subscriber(subscriber))
+    bus.wait_for_workers([f"{destination}/after"])
+    for _ in range(20):
+        assert _post(http, destination, content=b"{nope").status_code == 400
+    good = [uuid7(), uuid7()]
+    assert _post(http, destination, json={"message_id": good[0], "body": {"a": 1}}
+                 ).status_code == 202
+    image = base64.b64encode(b"\x89PNG...").decode()
+    assert _post(http, destination, json={"message_id": good[1], "body_base64": image,
+                                          "content_type": "image/png"}).status_code == 202
+    wait_until(lambda: subscriber.message_ids() == set(good), 20, "both good messages")
+    png = next(p for p in subscriber.pushes if p.message_id == good[1])
+    assert png.body == b"\x89PNG..." and png.headers["content-type"] == "image/png"
+
+
+def test_batch_reports_a_result_per_message(http: httpx.Client, destination: str) -> None:
+    ok_id, bad_id = uuid7(), uuid7()
+    response = http.post("/v1/messages", json={"messages": [
+        {"destination": destination, "message_id": ok_id, "body": 1},
+        {"destination": "no-such-destination", "message_id": bad_id, "body": 2},
+        {"destination": destination, "message_id": "nope", "body": 3},
+    ]})
+    assert response.status_code == 200
+    results = response.json()["results"]
+    assert [r["status"] for r in results] == [202, 404, 422]
+    assert results[1]["error"]["field"] == "destination"
+    assert results[2]["error"]["field"] == "message_id"
+    too_many = http.post("/v1/messages", json={"messages": [
+        {"destination": destination, "message_id": uuid7(), "body": i} for i in range(501)]})
+    assert too_many.status_code == 413
+    assert too_many.json()["error"] == "message_too_large"
