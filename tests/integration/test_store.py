@@ -1,0 +1,77 @@
+"""Delivery state in MongoDB moves forward only, whatever order the writers' batches land in."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from msgbus.ids import uuid7
+from msgbus.models import AttemptResult, DeliveryOutcome, DeliveryStatus, Envelope
+from msgbus.store import MongoStore
+
+NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+SUB = "orders/billing"
+
+
+@pytest.fixture
+async def store(mongo_uri: str, mongo_db_name: str) -> AsyncIterator[MongoStore]:
+    s = MongoStore(mongo_uri, mongo_db_name)
+    await s.ensure_indexes()
+    yield s
+    await s.close()
+
+
+def _outcome(message_id: str, status: int, at_s: int = 0) -> DeliveryOutcome:
+    result = AttemptResult(message_id=message_id, subscription=SUB, attempt=1,
+                           started_at=NOW.replace(second=at_s), latency_ms=3.5,
+                           status_code=status, error=None if status == 200 else f"HTTP {status}")
+    return DeliveryOutcome(result=result, destination="orders", created_at=NOW, biz_id="o-1",
+                           next_attempt_at=None if status == 200 else NOW)
+
+
+async def _state(store: MongoStore, message_id: str) -> dict[str, object]:
+    deliveries = await store.deliveries_of(message_id)
+    assert len(deliveries) == 1
+    return deliveries[0]
+
+
+async def test_delivered_is_final_and_outcomes_may_arrive_before_the_record(
+        store: MongoStore) -> None:
+    mid = uuid7()
+    await store.record_outcomes([_outcome(mid, 500, 1)])
+    await store.record_outcomes([_outcome(mid, 200, 2)])
+    await store.record_outcomes([_outcome(mid, 503, 3)])  # a duplicate push failing later
+    envelope = Envelope(message_id=mid, destination="orders", body=b"{}", created_at=NOW)
+    await store.record_messages([(envelope, [SUB])])  # the receiver's record lands last
+    await store.record_messages([(envelope, [SUB])])  # and is re-sent: idempotent
+
+    state = await _state(store, mid)
+    assert state["status"] == DeliveryStatus.DELIVERED
+    assert state["last_status_code"] == 200 and state["attempts"] == 2
+    assert len(await store.attempts_of(mid)) == 3
+    assert (await store.get_message(mid))["subscriptions"] == [SUB]
+
+
+async def test_one_batch_with_failure_then_success_ends_delivered(store: MongoStore) -> None:
+    mid = uuid7()
+    await store.record_messages([(Envelope(message_id=mid, destination="orders", body=b"{}",
+                                           created_at=NOW), [SUB])])
+    assert (await _state(store, mid))["status"] == DeliveryStatus.PENDING
+    outcomes = [_outcome(mid, 500, 1), _outcome(mid, 200, 2)]
+    await store.record_outcomes(outcomes)
+    await store.record_outcomes(outcomes)  # a batch written twice after a crash
+    state = await _state(store, mid)
+    assert state["status"] == DeliveryStatus.DELIVERED
+    assert len(await store.attempts_of(mid)) == 2  # attempts are not duplicated
+
+
+async def test_failed_delivery_keeps_its_retry_time(store: MongoStore) -> None:
+    mid = uuid7()
+    await store.record_outcomes([_outcome(mid, 500)])
+    state = await _state(store, mid)
+    assert state["status"] == DeliveryStatus.FAILED
+    assert state["next_attempt_at"] == NOW and state["last_error"] == "HTTP 500"
+    found = await store.deliveries_by_status(SUB, DeliveryStatus.FAILED)
+    assert mid in {d["message_id"] for d in found}
