@@ -8,12 +8,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
+from dispatcher.service import DispatcherService
 from msgbus.auth import bearer_token, same_secret
 from msgbus.brokers.direct import INTERNAL_PATH
 from msgbus.codec import decode_batch
 from msgbus.errors import Unauthorized, Unavailable
 from msgbus.http import install_error_handlers, metrics_response
-from dispatcher.service import DispatcherService
 
 
 def create_app(service: DispatcherService) -> FastAPI:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
+from dispatcher.supervisor import WorkerSupervisor
 from msgbus.delivery.sender import HttpSender
 from msgbus.delivery.trace import QUEUE as TRACE_QUEUE
 from msgbus.delivery.trace import TraceWriter
@@ -12,7 +14,6 @@ from msgbus.localqueue import LocalQueue
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
 from msgbus.store import MongoStore
-from dispatcher.supervisor import WorkerSupervisor
 
 TRACE_BUFFER_MAX_BYTES = 1024**3
 
@@ -45,10 +46,9 @@ class DispatcherService:
         await self.registry.close()
         await self.supervisor.close()
         await self.trace.close()
-        try:
+        # MongoDB down: the outcomes stay in the local buffer for the next start.
+        with contextlib.suppress(Exception):
             await self.trace.flush()
-        except Exception:  # MongoDB down: the outcomes stay in the local buffer for next start
-            pass
         await self.sender.close()
         await self.store.close()
         self.trace_buffer.close()

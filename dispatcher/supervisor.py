@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from dispatcher.worker import SubscriptionWorker, is_for
 from msgbus.brokers.base import SubscriptionConsumer
 from msgbus.delivery.sender import HttpSender
 from msgbus.delivery.trace import TraceWriter
 from msgbus.models import BrokerKind, Destination, Envelope, Subscription
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
-from dispatcher.worker import SubscriptionWorker, is_for
 
 log = logging.getLogger(__name__)
 

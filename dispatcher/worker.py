@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 
@@ -90,7 +91,7 @@ class SubscriptionWorker:
                     consumer.ack(received)
                     continue
                 await self._limit.acquire()
-                self._spawn(received.envelope, lambda r=received: consumer.ack(r))
+                self._spawn(received.envelope, functools.partial(consumer.ack, received))
 
     async def _direct_loop(self) -> None:
         while True:

@@ -11,6 +11,7 @@ the consumers of these queues tolerate (every write they make is idempotent).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 from collections.abc import Iterable, Sequence
@@ -61,7 +62,8 @@ class LocalQueue:
             total = 0
             for db in self._dbs.values():
                 st = txn.stat(db)
-                total += st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
+                pages = st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+                total += st["psize"] * pages
             return total
 
     @property
@@ -105,10 +107,8 @@ class LocalQueue:
     async def wait_for_entries(self, queue: str, timeout_s: float) -> None:
         """Return when something was appended to `queue` since the last call, or on timeout."""
         event = self._appended[queue]
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout_s)
-        except TimeoutError:
-            pass
         event.clear()
 
     def _commit(self, groups: list[list[tuple[str, bytes]]]) -> None:

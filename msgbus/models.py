@@ -16,6 +16,9 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 _CODE_RE = re.compile(CODE_PATTERN)
 
 JSON_CONTENT_TYPE = "application/json"
+# RocketMQ's schedule; the last delay repeats until success.
+DEFAULT_RETRY_DELAYS_S: tuple[float, ...] = (
+    10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
 
 def utcnow() -> datetime:
@@ -57,10 +60,7 @@ class Envelope:
 class RetryPolicy(BaseModel):
     """How the compensator retries a failed delivery (delays in seconds, RocketMQ-style)."""
 
-    delays_s: list[float] = Field(
-        default_factory=lambda: [10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600,
-                                 1200, 1800, 3600, 7200]
-    )
+    delays_s: list[float] = Field(default_factory=lambda: list(DEFAULT_RETRY_DELAYS_S))
     max_attempts: int | None = Field(default=None, ge=1, description="None: until success")
     max_age_s: float | None = Field(default=None, gt=0)
     permanent_status_codes: list[int] = Field(default_factory=list)

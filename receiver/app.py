@@ -3,16 +3,16 @@ pydantic request model, and every error names the field at fault."""
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
 from msgbus.errors import InvalidInput, MessageTooLarge, MsgbusError
 from msgbus.http import install_error_handlers, metrics_response
-from msgbus.models import utcnow
 from msgbus.metrics import MESSAGES_REJECTED
+from msgbus.models import utcnow
 from receiver.parsing import load_json, parse_envelope
 from receiver.service import ReceiverService
 

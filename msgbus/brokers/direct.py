@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import aiohttp
 
-from msgbus.brokers.base import PublishOutcome, Publisher
+from msgbus.brokers.base import Publisher, PublishOutcome
 from msgbus.codec import encode_batch
 from msgbus.models import BrokerKind, Destination, Envelope, Subscription
 
@@ -44,7 +44,8 @@ class DirectPublisher(Publisher):
                          "content-type": BATCH_CONTENT_TYPE},
             ) as response:
                 if response.status != 202:
-                    error = f"dispatcher answered {response.status}: {(await response.text())[:200]}"
+                    detail = (await response.text())[:200]
+                    error = f"dispatcher answered {response.status}: {detail}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             error = f"dispatcher unreachable: {type(exc).__name__}: {exc}"
         return [PublishOutcome(e.message_id, error) for e in envelopes]

@@ -58,8 +58,9 @@ def up(state_dir: Path, demo: bool, demo_port: int) -> None:
 def send(state_dir: Path, destination: str, message: str, biz_id: str | None,
          receiver_url: str | None, api_key: str | None, timeout_s: float) -> None:
     """Send MESSAGE (JSON) to DESTINATION through the durable client."""
-    from msgbus.cli.up import CLI_KEY_FILE, RECEIVER_URL_FILE
     from msgbus_client import MsgbusClient
+
+    from msgbus.cli.up import CLI_KEY_FILE, RECEIVER_URL_FILE
 
     try:
         body = orjson.loads(message)

@@ -1,0 +1,87 @@
+"""A thread-to-asyncio hand-over buffer shared by the threaded broker consumers.
+
+A consumer thread `put`s received messages; the event loop takes them with `get`. The deque is
+guarded by a lock; the loop is woken through `call_soon_threadsafe`, never by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from msgbus.brokers.base import Received
+
+
+class ReceiveBuffer:
+    def __init__(self) -> None:
+        self._items: deque[Received] = deque()
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Event | None = None
+        self._closed = False
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Attach the event loop that calls `get` (must be called from that loop)."""
+        self._loop = loop
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def put(self, items: Iterable[Received]) -> None:
+        """Append messages (any thread) and wake a waiting `get`."""
+        with self._lock:
+            before = len(self._items)
+            self._items.extend(items)
+            added = len(self._items) > before
+        if added:
+            self._wake()
+
+    def drop(self, predicate: Callable[[Received], bool]) -> int:
+        """Remove buffered messages matching `predicate` (any thread); returns how many."""
+        with self._lock:
+            kept = deque(r for r in self._items if not predicate(r))
+            dropped = len(self._items) - len(kept)
+            self._items = kept
+        return dropped
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake()
+
+    def _take(self, max_messages: int) -> list[Received]:
+        with self._lock:
+            count = min(max_messages, len(self._items))
+            return [self._items.popleft() for _ in range(count)]
+
+    def _wake(self) -> None:
+        loop, ready = self._loop, self._ready
+        if loop is None or ready is None:
+            return
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+            loop.call_soon_threadsafe(ready.set)
+
+    async def get(self, max_messages: int, timeout_s: float) -> list[Received]:
+        """Up to `max_messages`, waiting at most `timeout_s` for the first one."""
+        if self._ready is None:
+            raise RuntimeError("ReceiveBuffer.get before bind()")
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            items = self._take(max_messages)
+            if items or self._closed:
+                return items
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            self._ready.clear()
+            if len(self) or self._closed:  # a put raced with clear(): take it now
+                continue
+            try:
+                await asyncio.wait_for(self._ready.wait(), remaining)
+            except TimeoutError:
+                return self._take(max_messages)

@@ -1,0 +1,322 @@
+"""Kafka subscription consumer: a consumer group per subscription, polled by its own thread.
+
+The poll thread never stops calling `consume()` while the subscription is alive. When
+`max_buffered` records are in flight (fetched and not yet acked: buffered plus handed out) it
+pauses its assigned partitions and keeps polling, so a slow subscriber never causes a poll gap
+and a rebalance; it resumes once the in-flight count falls to half of `max_buffered`.
+
+Offsets are committed asynchronously, every `commit_interval_s` when the low-water mark moved,
+and only up to the lowest offset still in flight per partition (see `_offsets`). On a revoke
+the done part is committed synchronously, and buffered records of revoked partitions are
+dropped: the partition's next owner reads them again from the committed offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from msgbus import codec
+from msgbus.brokers._buffer import ReceiveBuffer
+from msgbus.brokers._offsets import OffsetToken, OffsetTracker, Partition
+from msgbus.brokers.base import Received, SubscriptionConsumer, consumer_name, topic_name
+from msgbus.errors import BrokerError
+from msgbus.models import Subscription
+
+log = logging.getLogger(__name__)
+
+_FETCH_BATCH = 500
+_ERROR_LOG_INTERVAL_S = 10.0
+_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+
+
+def _offsets(moved: dict[Partition, int]) -> list[TopicPartition]:
+    return [TopicPartition(topic, partition, offset) for (topic, partition), offset in
+            moved.items()]
+
+
+class KafkaSubscriptionConsumer(SubscriptionConsumer):
+    def __init__(
+        self,
+        subscription: Subscription,
+        *,
+        bootstrap: str,
+        max_buffered: int,
+        session_timeout_ms: int = 6000,
+        commit_interval_s: float = 0.5,
+        poll_timeout_s: float = 0.1,
+        pause_after_s: float = 0.5,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(subscription, max_buffered=max(1, max_buffered))
+        self.group = consumer_name(subscription.destination, subscription.name)
+        self.topic = topic_name(subscription.destination)
+        self._commit_interval_s = commit_interval_s
+        self._poll_timeout_s = poll_timeout_s
+        self._pause_after_s = pause_after_s
+        self._resume_at = self.max_buffered // 2
+        self._config: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "group.id": self.group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "session.timeout.ms": session_timeout_ms,
+            # A consumer may start before its topic exists: find it within seconds, not minutes.
+            "topic.metadata.refresh.interval.ms": 10_000,
+            "on_commit": self._on_commit,
+            "error_cb": self._on_error,
+            **(extra_config or {}),
+        }
+        self._buffer = ReceiveBuffer()
+        self._tracker = OffsetTracker()
+        self._lock = threading.Lock()  # guards _tracker (acks arrive on the event loop thread)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Consumer | None = None
+        self._paused = False
+        self._full_since: float | None = None
+        self._room = threading.Event()  # set by ack() when in-flight drops below max_buffered
+        self._reapply_flow = False  # the assignment changed: re-apply pause/resume
+        self._last_commit = 0.0
+        self._error_logged: dict[int, float] = {}
+        self.assignments = 0  # on_assign calls: one per rebalance this member took part in
+        self.pauses = 0  # times the partitions were paused because the subscriber lagged
+
+    # -- event loop side ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._buffer.bind(asyncio.get_running_loop())
+        try:
+            consumer = Consumer(self._config)
+            consumer.subscribe(
+                [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                on_lost=self._on_lost,
+            )
+        except (KafkaException, ValueError, TypeError) as exc:
+            raise BrokerError(f"kafka consumer {self.group}: {exc}") from exc
+        self._consumer = consumer
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(consumer,), name=f"kafka-{self.group}", daemon=True
+        )
+        self._thread.start()
+
+    async def receive(self, max_messages: int, timeout_s: float) -> list[Received]:
+        return await self._buffer.get(max_messages, timeout_s)
+
+    def ack(self, received: Received) -> None:
+        token = received.token
+        if not isinstance(token, OffsetToken):
+            raise TypeError(f"not a Kafka ack token: {token!r}")
+        with self._lock:
+            self._tracker.ack(token)
+            if self._tracker.in_flight < self.max_buffered:
+                self._room.set()
+
+    async def close(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        await asyncio.to_thread(thread.join)
+        self._buffer.close()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._tracker.in_flight
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    # -- poll thread -------------------------------------------------------------------
+
+    def _run(self, consumer: Consumer) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self._step(consumer)
+                failures = 0
+            except Exception:  # the loop never dies: log, wait, keep polling
+                delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+                failures += 1
+                log.exception("kafka consumer %s: poll step failed, retrying in %.1fs",
+                              self.group, delay)
+                self._stop.wait(delay)
+        self._shutdown(consumer)
+
+    def _step(self, consumer: Consumer) -> None:
+        with self._lock:
+            in_flight = self._tracker.in_flight
+        if in_flight < self.max_buffered:
+            self._full_since = None
+        elif not self._paused and self._in_grace():
+            self._wait_for_room()
+            self._commit(consumer)
+            return
+        self._flow_control(consumer, in_flight)
+        room = self.max_buffered - in_flight
+        batch = 1 if self._paused else max(1, min(_FETCH_BATCH, room))
+        messages = consumer.consume(num_messages=batch, timeout=self._poll_timeout_s)
+        if messages:
+            self._handle(messages)
+        self._commit(consumer)
+
+    def _in_grace(self) -> bool:
+        """Full, but not for long: wait for room before pausing.
+
+        librdkafka drops a paused partition's prefetched records and only fetches again up to
+        ~1 s after resume(), so pausing on every momentary full buffer would cap throughput.
+        The grace (`pause_after_s`) bounds the poll gap far below the session timeout.
+        """
+        now = time.monotonic()
+        if self._full_since is None:
+            self._full_since = now
+        return now - self._full_since < self._pause_after_s
+
+    def _wait_for_room(self) -> None:
+        self._room.clear()
+        with self._lock:
+            if self._tracker.in_flight < self.max_buffered:
+                return
+        self._room.wait(min(self._poll_timeout_s, self._pause_after_s))
+
+    def _flow_control(self, consumer: Consumer, in_flight: int) -> None:
+        limit = self._resume_at + 1 if self._paused else self.max_buffered
+        want_pause = in_flight >= limit
+        if want_pause == self._paused and not self._reapply_flow:
+            return
+        partitions = consumer.assignment()
+        if partitions:
+            if want_pause:
+                consumer.pause(partitions)
+                self.pauses += 1
+            else:
+                consumer.resume(partitions)
+            log.debug("kafka consumer %s %s %d partitions (%d in flight)", self.group,
+                      "paused" if want_pause else "resumed", len(partitions), in_flight)
+        self._paused = want_pause
+        self._reapply_flow = False
+
+    def _handle(self, messages: list[Message]) -> None:
+        items: list[Received] = []
+        with self._lock:
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    self._log_error(error)
+                    continue
+                topic, partition, offset = message.topic(), message.partition(), message.offset()
+                if topic is None or partition is None or offset is None:
+                    continue
+                token = self._tracker.add(topic, partition, offset)
+                if token is None:  # not assigned any more, or a re-fetch of a tracked offset
+                    continue
+                try:
+                    envelope = codec.decode(message.value() or b"")
+                except Exception as exc:  # undecodable: log it and treat it as done
+                    log.warning("kafka consumer %s: skipping undecodable record %s[%d]@%d: %r",
+                                self.group, topic, partition, offset, exc)
+                    self._tracker.ack(token)
+                    continue
+                items.append(Received(envelope, token))
+        self._buffer.put(items)
+
+    def _commit(self, consumer: Consumer, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_commit < self._commit_interval_s:
+            return
+        self._last_commit = now
+        with self._lock:
+            moved = self._tracker.to_commit()
+        if not moved:
+            return
+        try:
+            if force:
+                consumer.commit(offsets=_offsets(moved), asynchronous=False)
+            else:
+                consumer.commit(offsets=_offsets(moved), asynchronous=True)
+        except KafkaException as exc:
+            log.warning("kafka consumer %s: commit failed: %s", self.group, exc)
+            with self._lock:
+                for tp, offset in moved.items():
+                    self._tracker.commit_failed(tp, offset)
+
+    def _shutdown(self, consumer: Consumer) -> None:
+        try:
+            self._commit(consumer, force=True)
+        except Exception:
+            log.exception("kafka consumer %s: final commit failed", self.group)
+        try:
+            consumer.close()
+        except Exception:
+            log.exception("kafka consumer %s: close failed", self.group)
+        with self._lock:
+            self._tracker.reset()
+        self._consumer = None
+
+    def _log_error(self, error: KafkaError) -> None:
+        now = time.monotonic()
+        if now - self._error_logged.get(error.code(), 0.0) >= _ERROR_LOG_INTERVAL_S:
+            self._error_logged[error.code()] = now
+            log.warning("kafka consumer %s: %s", self.group, error.str())
+
+    # -- librdkafka callbacks (served on the poll thread) ------------------------------
+
+    def _on_error(self, error: KafkaError) -> None:
+        self._log_error(error)
+
+    def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        failed = [tp for tp in partitions if error is not None or tp.error is not None]
+        if not failed:
+            return
+        log.warning("kafka consumer %s: commit failed: %s", self.group,
+                    error.str() if error is not None else failed[0].error)
+        with self._lock:
+            for tp in failed:
+                self._tracker.commit_failed((tp.topic, tp.partition), tp.offset)
+
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        parts = [(tp.topic, tp.partition) for tp in partitions]
+        with self._lock:
+            self._tracker.assign(parts)
+        self.assignments += 1
+        self._reapply_flow = True
+        log.info("kafka consumer %s assigned %s", self.group, parts)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        parts = [(tp.topic, tp.partition) for tp in partitions]
+        with self._lock:
+            moved = self._tracker.to_commit(parts)
+        if moved:
+            try:
+                consumer.commit(offsets=_offsets(moved), asynchronous=False)
+            except KafkaException as exc:
+                log.warning("kafka consumer %s: commit on revoke failed: %s", self.group, exc)
+        self._forget(parts, "revoked")
+
+    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._forget([(tp.topic, tp.partition) for tp in partitions], "lost")
+
+    def _forget(self, parts: list[Partition], why: str) -> None:
+        gone = set(parts)
+        with self._lock:
+            self._tracker.revoke(parts)
+        dropped = self._buffer.drop(
+            lambda r: (r.token.topic, r.token.partition) in gone
+        )
+        self._reapply_flow = True
+        log.info("kafka consumer %s %s %s (dropped %d buffered)", self.group, why, parts, dropped)

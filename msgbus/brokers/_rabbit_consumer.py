@@ -1,0 +1,215 @@
+"""RabbitMQ subscription consumer: a durable queue per subscription, consumed by its own thread.
+
+The thread owns a pika `BlockingConnection` (pika objects are not thread safe): it declares the
+topology, sets `basic_qos(prefetch_count=max_buffered)` and consumes into a buffer the event
+loop reads. Acks are queued and handed to the thread with `add_callback_threadsafe`, one wake-up
+per burst. When the connection drops the thread reconnects with backoff; messages buffered from
+the old connection are dropped (RabbitMQ redelivers every unacked message: at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+from dataclasses import dataclass
+
+import pika
+from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
+from pika.exceptions import AMQPError
+from pika.spec import Basic
+
+from msgbus import codec
+from msgbus.brokers._buffer import ReceiveBuffer
+from msgbus.brokers.base import Received, SubscriptionConsumer, consumer_name, topic_name
+from msgbus.errors import BrokerError
+from msgbus.models import Subscription
+
+log = logging.getLogger(__name__)
+
+_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+_MAX_PREFETCH = 65_535
+_POLL_S = 0.2
+
+
+def declare_on(channel: BlockingChannel, exchange: str, queues: list[str]) -> None:
+    """The destination's durable topic exchange and each subscription's durable queue on it."""
+    channel.exchange_declare(exchange, "topic", durable=True)
+    for queue in queues:
+        channel.queue_declare(queue, durable=True)
+        channel.queue_bind(queue, exchange, routing_key="#")
+
+
+def declare_topology(url: str, exchange: str, queues: list[str]) -> None:
+    """Declare (idempotently) over a short-lived connection; raises BrokerError."""
+    try:
+        connection = BlockingConnection(pika.URLParameters(url))
+    except (AMQPError, ValueError) as exc:
+        raise BrokerError(f"rabbitmq unreachable: {exc!r}") from exc
+    try:
+        declare_on(connection.channel(), exchange, queues)
+    except AMQPError as exc:
+        raise BrokerError(f"rabbitmq: cannot declare {exchange}: {exc!r}") from exc
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+@dataclass(frozen=True, slots=True)
+class AmqpToken:
+    delivery_tag: int
+    epoch: int  # the connection it came on: tags mean nothing on another connection
+
+
+class RabbitSubscriptionConsumer(SubscriptionConsumer):
+    def __init__(self, subscription: Subscription, *, url: str, max_buffered: int) -> None:
+        super().__init__(subscription, max_buffered=min(max(1, max_buffered), _MAX_PREFETCH))
+        self.queue = consumer_name(subscription.destination, subscription.name)
+        self.exchange = topic_name(subscription.destination)
+        self._url = url
+        self._buffer = ReceiveBuffer()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # guards the fields below
+        self._connection: BlockingConnection | None = None
+        self._channel: BlockingChannel | None = None  # thread only
+        self._epoch = 0
+        self._acks: list[int] = []
+        self._ack_scheduled = False
+        self._incoming: list[Received] = []  # thread only: filled by callbacks, then flushed
+        self._failures = 0
+        self.connections = 0  # successful connects, for tests and metrics
+
+    # -- event loop side ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        try:
+            params = pika.URLParameters(self._url)
+        except ValueError as exc:
+            raise BrokerError(f"rabbitmq url: {exc}") from exc
+        self._buffer.bind(asyncio.get_running_loop())
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(params,), name=f"rabbit-{self.queue}", daemon=True
+        )
+        self._thread.start()
+
+    async def receive(self, max_messages: int, timeout_s: float) -> list[Received]:
+        return await self._buffer.get(max_messages, timeout_s)
+
+    def ack(self, received: Received) -> None:
+        token = received.token
+        if not isinstance(token, AmqpToken):
+            raise TypeError(f"not a RabbitMQ ack token: {token!r}")
+        with self._lock:
+            connection = self._connection
+            if token.epoch != self._epoch or connection is None:
+                return  # that connection is gone; RabbitMQ redelivers the message
+            self._acks.append(token.delivery_tag)
+            if self._ack_scheduled:
+                return
+            self._ack_scheduled = True
+        try:
+            connection.add_callback_threadsafe(self._flush_acks)
+        except AMQPError as exc:
+            log.debug("rabbitmq consumer %s: ack after disconnect: %r", self.queue, exc)
+
+    async def close(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        await asyncio.to_thread(thread.join)
+        self._buffer.close()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    # -- consumer thread ---------------------------------------------------------------
+
+    def _run(self, params: pika.URLParameters) -> None:
+        while not self._stop.is_set():
+            try:
+                self._consume(params)
+            except AMQPError as exc:
+                log.warning("rabbitmq consumer %s: %r", self.queue, exc)
+            except Exception:  # the loop never dies
+                log.exception("rabbitmq consumer %s failed", self.queue)
+            finally:
+                self._disconnect()
+            if self._stop.is_set():
+                break
+            delay = _BACKOFF_S[min(self._failures, len(_BACKOFF_S) - 1)]
+            self._failures += 1
+            log.info("rabbitmq consumer %s: reconnecting in %.1fs", self.queue, delay)
+            self._stop.wait(delay)
+
+    def _consume(self, params: pika.URLParameters) -> None:
+        connection = BlockingConnection(params)
+        with self._lock:
+            self._epoch += 1
+            self._connection = connection
+            self._acks.clear()
+            self._ack_scheduled = False
+            epoch = self._epoch
+        channel = connection.channel()
+        self._channel = channel
+        declare_on(channel, self.exchange, [self.queue])
+        channel.basic_qos(prefetch_count=self.max_buffered)
+        channel.basic_consume(self.queue, functools.partial(self._on_message, epoch))
+        self._failures = 0
+        self.connections += 1
+        log.info("rabbitmq consumer %s: consuming (prefetch %d)", self.queue, self.max_buffered)
+        while not self._stop.is_set():
+            connection.process_data_events(time_limit=_POLL_S)
+            self._flush_incoming()
+        self._flush_acks()
+        connection.close()
+
+    def _on_message(self, epoch: int, channel: BlockingChannel, method: Basic.Deliver,
+                    _properties: pika.BasicProperties, body: bytes) -> None:
+        tag = method.delivery_tag
+        try:
+            envelope = codec.decode(body)
+        except Exception as exc:  # undecodable: log it and treat it as done
+            log.warning("rabbitmq consumer %s: dropping undecodable message (tag %d): %r",
+                        self.queue, tag, exc)
+            channel.basic_ack(tag)
+            return
+        self._incoming.append(Received(envelope, AmqpToken(tag, epoch)))
+
+    def _flush_incoming(self) -> None:
+        if self._incoming:
+            items, self._incoming = self._incoming, []
+            self._buffer.put(items)
+
+    def _flush_acks(self) -> None:
+        with self._lock:
+            tags, self._acks = self._acks, []
+            self._ack_scheduled = False
+        channel = self._channel
+        if channel is None or not channel.is_open:
+            return
+        for tag in sorted(tags):
+            channel.basic_ack(tag)
+
+    def _disconnect(self) -> None:
+        with self._lock:
+            connection, self._connection = self._connection, None
+            epoch = self._epoch
+            self._acks.clear()
+        self._channel = None
+        self._incoming.clear()
+        dropped = self._buffer.drop(lambda r: r.token.epoch == epoch)
+        if dropped:
+            log.info("rabbitmq consumer %s: dropped %d buffered messages of a closed connection",
+                     self.queue, dropped)
+        if connection is not None and connection.is_open:
+            try:
+                connection.close()
+            except Exception as exc:
+                log.debug("rabbitmq consumer %s: close: %r", self.queue, exc)
