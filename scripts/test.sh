@@ -11,50 +11,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-VENV=${VENV:-.venv}
-PYTHON=${PYTHON:-python3}
-STARTED_AT=$SECONDS
-
-step() { printf '\n==> [%3ds] %s\n' "$((SECONDS - STARTED_AT))" "$*"; }
-
-apt_install() {
-    if [ "$(id -u)" != 0 ]; then
-        echo "error: $* missing; install it (as root: apt-get install $*)" >&2
-        exit 1
-    fi
-    if ! apt-cache show "$@" >/dev/null 2>&1; then  # unknown to apt: the lists are empty or stale
-        step "apt-get update"
-        apt-get update
-    fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"
-}
-
-make_venv() {
-    if [ -x "$VENV/bin/python" ]; then
-        step "reusing virtualenv $VENV"
-        return
-    fi
-    step "creating virtualenv $VENV with $PYTHON ($("$PYTHON" --version 2>&1))"
-    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
-        || { echo "error: Python 3.11 or newer needed; set PYTHON=..." >&2; exit 1; }
-    if ! "$PYTHON" -m venv "$VENV"; then
-        rm -rf "$VENV"
-        step "installing python3-venv (Debian's python3 ships without ensurepip)"
-        apt_install python3-venv
-        "$PYTHON" -m venv "$VENV"
-    fi
-}
-
-install_project() {
-    local packages=(-e '.[dev,services]')
-    if [ -f client/pyproject.toml ] || [ -f client/setup.py ]; then
-        packages=(-e ./client "${packages[@]}")
-    else
-        echo "warning: client/ has no pyproject.toml yet; not installing the client" >&2
-    fi
-    step "pip install ${packages[*]}"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check "${packages[@]}"
-}
+. scripts/lib.sh
 
 ensure_rabbitmq() {
     step "RabbitMQ on 127.0.0.1:5672 (installed and started if needed)"
