@@ -2,7 +2,7 @@
 
 The client thread calls `resolve(index, error)` as acknowledgements arrive; when the last one
 is in, the batch's asyncio future completes through `call_soon_threadsafe`. `seal` ends the
-wait: anything unresolved gets the given error and later reports are ignored.
+wait: anything unresolved gets the given error, later reports are ignored.
 """
 
 from __future__ import annotations
@@ -55,13 +55,16 @@ class PublishBatch:
             self.done.set_result(None)
 
     def seal(self, reason: str) -> list[PublishOutcome]:
-        """Stop waiting; unresolved messages get `reason`. Returns one outcome per message."""
+        """Stop waiting (any thread): unresolved messages get `reason`, later reports are
+        ignored and `done` completes. Returns one outcome per message."""
         with self._lock:
             self._sealed = True
             for i, resolved in enumerate(self._resolved):
                 if not resolved:
+                    self._resolved[i] = True
                     self._errors[i] = reason
             errors = list(self._errors)
+        self._loop.call_soon_threadsafe(self._finish)
         return [
             PublishOutcome(envelope.message_id, error)
             for envelope, error in zip(self.envelopes, errors, strict=True)

@@ -26,7 +26,7 @@ from msgbus.brokers._buffer import ReceiveBuffer
 from msgbus.brokers._offsets import OffsetToken, OffsetTracker, Partition
 from msgbus.brokers.base import Received, SubscriptionConsumer, consumer_name, topic_name
 from msgbus.errors import BrokerError
-from msgbus.models import Subscription
+from msgbus.models import Envelope, Subscription
 
 log = logging.getLogger(__name__)
 
@@ -212,27 +212,32 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
         self._reapply_flow = False
 
     def _handle(self, messages: list[Message]) -> None:
+        decoded: list[tuple[str, int, int, Envelope | None]] = []
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                self._log_error(error)
+                continue
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            if topic is None or partition is None or offset is None:
+                continue
+            try:
+                envelope: Envelope | None = codec.decode(message.value() or b"")
+            except Exception as exc:  # undecodable: log it and treat it as done
+                log.warning("kafka consumer %s: skipping undecodable record %s[%d]@%d: %r",
+                            self.group, topic, partition, offset, exc)
+                envelope = None
+            decoded.append((topic, partition, offset, envelope))
         items: list[Received] = []
         with self._lock:
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    self._log_error(error)
-                    continue
-                topic, partition, offset = message.topic(), message.partition(), message.offset()
-                if topic is None or partition is None or offset is None:
-                    continue
+            for topic, partition, offset, envelope in decoded:
                 token = self._tracker.add(topic, partition, offset)
                 if token is None:  # not assigned any more, or a re-fetch of a tracked offset
                     continue
-                try:
-                    envelope = codec.decode(message.value() or b"")
-                except Exception as exc:  # undecodable: log it and treat it as done
-                    log.warning("kafka consumer %s: skipping undecodable record %s[%d]@%d: %r",
-                                self.group, topic, partition, offset, exc)
+                if envelope is None:
                     self._tracker.ack(token)
-                    continue
-                items.append(Received(envelope, token))
+                else:
+                    items.append(Received(envelope, token))
         self._buffer.put(items)
 
     def _commit(self, consumer: Consumer, *, force: bool = False) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import itertools
 import logging
 import threading
 from collections import deque
@@ -101,16 +102,25 @@ class _ConfirmingPublisher:
         self._inbox.append(job)
         self._ioloop.add_callback_threadsafe(self._take_inbox)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 15.0) -> None:
         if self._thread.is_alive():
             self._ioloop.add_callback_threadsafe(self._shutdown)
-            self._thread.join()
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error("rabbitmq publisher: IO thread did not stop within %.0fs", timeout_s)
 
     # -- IO thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
-            self._ioloop.start()
+            while True:
+                try:
+                    self._ioloop.start()
+                    return  # stop() was called
+                except Exception:  # a callback failed: keep serving unless stopping
+                    log.exception("rabbitmq publisher: IO loop error")
+                    if self._stopping:
+                        return
         finally:
             self._ioloop.close()
 
@@ -137,6 +147,10 @@ class _ConfirmingPublisher:
         self._connection.channel(on_open_callback=self._on_channel_open)
 
     def _on_connection_error(self, _connection: object, error: BaseException) -> None:
+        self._connection = None
+        if self._stopping:
+            self._ioloop.stop()
+            return
         log.warning("rabbitmq publisher: connect failed: %r", error)
         if not self._first_open.done():
             self._first_open.set_exception(error)
@@ -174,6 +188,12 @@ class _ConfirmingPublisher:
             return
         self._channel = None
         self._fail_pending(f"rabbitmq: channel closed before confirm: {reason!r}")
+        if self._declaring is not None:  # the declaration itself failed: fail its jobs
+            while self._queue and self._queue[0].exchange == self._declaring:
+                job = self._queue.popleft()
+                job.batch.seal(f"rabbitmq: cannot declare {job.exchange}: {reason!r}")
+                self._cancel_timer(job)
+            self._declaring = None
         connection = self._connection
         if self._stopping or connection is None or not connection.is_open:
             return
@@ -192,10 +212,13 @@ class _ConfirmingPublisher:
         self._queue.clear()
         self._inbox.clear()
         connection = self._connection
-        if connection is not None and not (connection.is_closed or connection.is_closing):
-            connection.close()  # _on_connection_closed stops the loop
-        else:
-            self._ioloop.stop()
+        if connection is not None and connection.is_open:
+            try:
+                connection.close()  # _on_connection_closed stops the loop
+                return
+            except AMQPError as exc:
+                log.debug("rabbitmq publisher: close: %r", exc)
+        self._ioloop.stop()  # (pika cannot abort a connection that is still opening)
 
     def _take_inbox(self) -> None:
         while self._inbox:
@@ -274,7 +297,8 @@ class _ConfirmingPublisher:
         tag: int = method.delivery_tag
         nack = isinstance(method, Basic.Nack)
         if method.multiple:
-            tags = [t for t in self._pending if t <= tag]  # dict order: ascending tags
+            # the dict holds tags in ascending order: take the prefix up to `tag`
+            tags = list(itertools.takewhile(lambda t: t <= tag, self._pending))
         else:
             tags = [tag] if tag in self._pending else []
         touched: dict[int, _Job] = {}
