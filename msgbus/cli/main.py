@@ -68,9 +68,9 @@ def send(state_dir: Path, destination: str, message: str, biz_id: str | None,
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="MESSAGE") from exc
     receiver_url = receiver_url or _from_state(state_dir / RECEIVER_URL_FILE, "--receiver")
     api_key = api_key or _from_state(state_dir / CLI_KEY_FILE, "--api-key")
-    with MsgbusClient(receiver_url, api_key, spool_dir=state_dir / "cli-spool") as client:
-        message_id = client.send(destination, body, biz_id=biz_id)
-        left = client.flush(timeout_s)
+    client = MsgbusClient(receiver_url, api_key, spool_dir=state_dir / "cli-spool")
+    message_id = client.send(destination, body, biz_id=biz_id)
+    left = client.close(timeout_s)
     if left:
         click.echo(f"{message_id} spooled; the receiver has not accepted it yet "
                    f"(it is re-sent by the next `msgbus send`)", err=True)

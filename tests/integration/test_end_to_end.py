@@ -30,10 +30,11 @@ def _setup(bus: RunningBus, unique: str, broker: str,
 
 
 def _send_all(bus: RunningBus, api_key: str, spool_dir: Path, destination: str) -> list[str]:
-    with MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir) as client:
-        ids = [client.send(destination, {"n": i, "item": "book"}, biz_id=f"order-{i % BIZ_KEYS}")
-               for i in range(MESSAGES)]
-        assert client.flush(30) == 0, "the receiver did not accept every message"
+    client = MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir)
+    ids = [client.send(destination, {"n": i, "item": "book"},
+                       biz_id=f"{destination}-order-{i % BIZ_KEYS}")
+           for i in range(MESSAGES)]
+    assert client.close(30) == 0, "the receiver did not accept every message"
     return ids
 
 
@@ -67,9 +68,9 @@ def test_end_to_end_every_message_reaches_both_subscribers_and_is_traced(
     push = subscribers[0].pushes[0]
     verify_push(str(subs[0]["signing_secrets"][0]), push.headers, push.body)  # type: ignore[index]
     assert push.headers["ce-type"] == destination
-    assert push.headers["ce-bizid"].startswith("order-")
+    assert push.headers["ce-bizid"].startswith(f"{destination}-order-")
 
-    found = bus.query(bus.store.find_messages(biz_id="order-7", limit=1000))
+    found = bus.query(bus.store.find_messages(biz_id=f"{destination}-order-7", limit=1000))
     assert {m["_id"] for m in found} == {ids[i] for i in range(7, MESSAGES, BIZ_KEYS)}
     assert all(m["destination"] == destination for m in found)
 
@@ -78,9 +79,9 @@ def test_end_to_end_every_message_reaches_both_subscribers_and_is_traced(
 def test_failing_subscriber_is_recorded_failed_while_the_other_gets_everything(
         bus: RunningBus, api_key: str, spool_dir: Path, unique: str, broker: str) -> None:
     destination, (healthy, broken), _ = _setup(bus, unique, broker, statuses=(200, 500))
-    with MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir) as client:
-        ids = [client.send(destination, {"n": i}) for i in range(200)]
-        assert client.flush(30) == 0
+    client = MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir)
+    ids = [client.send(destination, {"n": i}) for i in range(200)]
+    assert client.close(30) == 0
 
     wait_until(lambda: healthy.message_ids() >= set(ids), 60, "the healthy subscriber")
     failed_id = f"{destination}/sub1"

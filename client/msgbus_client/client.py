@@ -1,0 +1,244 @@
+"""`MsgbusClient`: the blocking producer client.
+
+send() contract: it returns the message id once the message is durable in the local spool
+(fsync'd), after one inline attempt to POST it to the receiver. A network or receiver failure never
+makes send() raise once the message is spooled: the message stays for the resender. While the
+receiver is failing (backoff), send() skips the inline attempt, so an outage costs at most one
+failed request per backoff period. With `inline_send=False` send() returns right after the spool
+commit and the resender delivers everything, in batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from os import PathLike
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import httpx
+
+from msgbus_client.delivery import Deliverer, InFlight
+from msgbus_client.errors import ClientClosedError
+from msgbus_client.groupcommit import GroupCommitter, GroupResult
+from msgbus_client.message import Entry, build_entry
+from msgbus_client.protocol import chunks
+from msgbus_client.resender import Resender
+from msgbus_client.retry import ReceiverHealth
+from msgbus_client.settings import ClientSettings
+from msgbus_client.spool import DEFAULT_MAX_SPOOL_BYTES, RejectedMessage, Spool
+from msgbus_client.transport import HttpSender
+
+log = logging.getLogger("msgbus_client")
+
+DEFAULT_CLOSE_TIMEOUT_S = 10.0
+
+
+class MsgbusClient:
+    """Blocking producer client; thread-safe. One client per spool dir (see Spool)."""
+
+    def __init__(
+        self,
+        receiver_url: str,
+        api_key: str,
+        *,
+        spool_dir: str | PathLike[str],
+        group_commit_ms: float = 0.0,
+        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
+        inline_send: bool = True,
+        max_inline_requests: int = 32,
+        request_timeout_s: float = 10.0,
+        connect_timeout_s: float = 3.0,
+        retry_base_s: float = 0.5,
+        retry_max_s: float = 30.0,
+        max_batch_messages: int = 100,
+        max_batch_bytes: int = 1_000_000,
+        idle_poll_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.settings = ClientSettings(
+            receiver_url=receiver_url,
+            spool_dir=Path(spool_dir),
+            group_commit_ms=group_commit_ms,
+            max_spool_bytes=max_spool_bytes,
+            inline_send=inline_send,
+            max_inline_requests=max_inline_requests,
+            request_timeout_s=request_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            retry_base_s=retry_base_s,
+            retry_max_s=retry_max_s,
+            max_batch_messages=max_batch_messages,
+            max_batch_bytes=max_batch_bytes,
+            idle_poll_s=idle_poll_s,
+        )
+        if not api_key:
+            raise ValueError("api_key must not be empty")
+        self.spool = Spool(spool_dir, max_spool_bytes=max_spool_bytes)
+        try:
+            self._sender = HttpSender(
+                receiver_url,
+                api_key,
+                request_timeout_s=request_timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                max_connections=max_inline_requests + 2,  # + resender and group committer
+                transport=transport,
+            )
+        except BaseException:
+            self.spool.close()
+            raise
+        s = self.settings
+        self._health = ReceiverHealth(
+            base_s=s.retry_base_s, max_s=s.retry_max_s, max_retry_after_s=s.max_retry_after_s
+        )
+        self._in_flight = InFlight()
+        self._inline_slots = threading.BoundedSemaphore(s.max_inline_requests)
+        self._deliverer = Deliverer(self.spool, self._sender, self._health)
+        self._cond = threading.Condition()
+        self._active_sends = 0
+        self._closed = False
+        self._committer: GroupCommitter | None = None
+        if s.group_commit:
+            self._committer = GroupCommitter(
+                self._commit_group,
+                window_s=s.group_commit_ms / 1000,
+                max_group=s.max_group_messages,
+            )
+        self._resender = Resender(self.spool, self._deliverer, self._health, self._in_flight, s)
+        self.spool.add_listener(self._resender.wake)
+        self._resender.start()
+
+    # -- public API -----------------------------------------------------------------------------
+
+    def send(
+        self,
+        destination: str,
+        message: object,
+        *,
+        biz_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> str:
+        """Spool `message` durably, try to deliver it once, and return its message id.
+
+        Raises InvalidMessageError (a TypeError and ValueError) for input it cannot encode,
+        SpoolFullError when max_spool_bytes is reached, ClientClosedError after close().
+        Never raises for network or receiver failures once the message is spooled.
+        """
+        entry = build_entry(
+            destination, message, biz_id=biz_id, headers=headers, content_type=content_type
+        )
+        with self._cond:
+            if self._closed:
+                raise ClientClosedError("the client is closed")
+            self._active_sends += 1
+        try:
+            self._in_flight.add(entry.key)
+            if self._committer is not None:
+                self._committer.submit(entry).result()
+            else:
+                try:
+                    self.spool.put(entry)
+                except BaseException:
+                    self._in_flight.discard([entry.key])
+                    raise
+                self._deliver_fresh([entry])
+        finally:
+            with self._cond:
+                self._active_sends -= 1
+                self._cond.notify_all()
+        return entry.message_id
+
+    def close(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> int:
+        """Stop sending: flush the spool for up to `timeout_s`, then close it.
+
+        Returns how many messages stay pending in the spool (a later client on the same
+        spool_dir sends them). Idempotent.
+        """
+        with self._cond:
+            if self._closed:
+                return 0
+            self._closed = True
+            deadline = time.monotonic() + timeout_s
+            limit = timeout_s + self.settings.request_timeout_s
+            self._cond.wait_for(lambda: self._active_sends == 0, limit)
+        if self._committer is not None:
+            self._committer.close(self.settings.request_timeout_s + 1)
+        self._resender.stop(max(0.0, deadline - time.monotonic()))
+        left = self.spool.pending_count()
+        self._sender.close()
+        self.spool.close()
+        if left:
+            log.warning(
+                "msgbus_client: closed with %d message(s) left in spool %s; a client on the same "
+                "spool_dir will send them",
+                left,
+                self.spool.path,
+            )
+        return left
+
+    def list_rejected(self, limit: int | None = None) -> list[RejectedMessage]:
+        return self.spool.list_rejected(limit)
+
+    def resend_rejected(self, message_id: str) -> bool:
+        return self.spool.resend_rejected(message_id)
+
+    def purge_rejected(self, message_id: str | None = None) -> int:
+        return self.spool.purge_rejected(message_id)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _commit_group(self, entries: list[Entry]) -> GroupResult:
+        """Run by the group committer: one commit for all, one delivery attempt for all."""
+        try:
+            refused = self.spool.append(entries)
+        except BaseException as exc:
+            self._in_flight.discard(e.key for e in entries)
+            return [exc] * len(entries)
+        refused_keys = {e.key for e in refused}
+        if refused:
+            self._in_flight.discard(refused_keys)
+        self._deliver_fresh([e for e in entries if e.key not in refused_keys])
+        return [self.spool.full_error(e) if e.key in refused_keys else None for e in entries]
+
+    def _deliver_inline(self, entries: Sequence[Entry]) -> bool:
+        s = self.settings
+        for batch in chunks(entries, s.max_batch_messages, s.max_batch_bytes):
+            if self._deliverer.deliver(batch).retry:
+                return False
+        return True
+
+    def _deliver_fresh(self, entries: Sequence[Entry]) -> None:
+        """The inline attempt for just-spooled entries; never raises."""
+        if not entries:
+            return
+        delivered = False
+        try:
+            if (
+                self.settings.inline_send
+                and not self._health.backing_off()
+                and self._inline_slots.acquire(blocking=False)
+            ):
+                try:
+                    delivered = self._deliver_inline(entries)
+                finally:
+                    self._inline_slots.release()
+        except Exception:
+            log.exception("msgbus_client: inline delivery failed; the resender will retry")
+        finally:
+            self._in_flight.discard(e.key for e in entries)
+            if not delivered:
+                self._resender.wake()

@@ -1,0 +1,63 @@
+"""Client-generated message ids (UUIDv7, RFC 9562) and RFC 3339 timestamps.
+
+Ids from one process are strictly increasing even within one millisecond or when the wall clock
+steps back (the 74 bits after the timestamp act as a randomly seeded counter), so the spool, which
+is keyed by id, keeps messages in send order.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+
+_MS_MASK = (1 << 48) - 1
+_TAIL_BITS = 74  # 12 bits rand_a + 62 bits rand_b
+_TAIL_MAX = (1 << _TAIL_BITS) - 1
+
+_lock = threading.Lock()
+_last_ms = -1
+_last_tail = 0
+
+
+def _compose(ms: int, tail: int) -> str:
+    value = (ms & _MS_MASK) << 80
+    value |= 0x7 << 76  # version 7
+    value |= (tail >> 62) << 64  # rand_a, 12 bits
+    value |= 0b10 << 62  # RFC 9562 variant
+    value |= tail & ((1 << 62) - 1)  # rand_b
+    return str(uuid.UUID(int=value))
+
+
+def uuid7(unix_ms: int | None = None) -> str:
+    """A new UUIDv7 as a lower-case canonical string, greater than every earlier one."""
+    global _last_ms, _last_tail
+    ms = time.time_ns() // 1_000_000 if unix_ms is None else unix_ms
+    with _lock:
+        if ms > _last_ms:
+            tail = secrets.randbits(_TAIL_BITS - 1)  # top bit clear: room to count up
+        else:
+            ms = _last_ms
+            tail = _last_tail + 1 + secrets.randbits(16)
+            if tail > _TAIL_MAX:
+                ms += 1
+                tail = secrets.randbits(_TAIL_BITS - 1)
+        _last_ms, _last_tail = ms, tail
+    return _compose(ms, tail)
+
+
+def uuid7_unix_ms(message_id: str) -> int:
+    """The unix milliseconds encoded in a UUIDv7."""
+    return uuid.UUID(message_id).int >> 80
+
+
+def rfc3339_ms(unix_ms: int) -> str:
+    """`2026-11-21T10:00:00.123Z` for a unix time in milliseconds."""
+    moment = datetime.fromtimestamp(unix_ms // 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{unix_ms % 1000:03d}Z"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,135 @@
+"""Turning send() arguments into a spool entry: validation and the wire JSON, done once.
+
+An `Entry` holds the exact JSON body of the single-message endpoint
+(`POST /v1/destinations/{code}/messages`); the batch endpoint reuses it with `destination` added,
+so a message is encoded exactly once, before it is spooled.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from msgbus_client.errors import InvalidMessageError
+from msgbus_client.ids import now_ms, rfc3339_ms, uuid7
+
+JSON_CONTENT_TYPE = "application/json"
+BYTES_CONTENT_TYPE = "application/octet-stream"
+MAX_DESTINATION_CHARS = 200
+
+_DEST_LEN = struct.Struct(">H")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One spooled message: its id, destination and single-endpoint JSON body."""
+
+    message_id: str
+    destination: str
+    payload: bytes
+
+    @property
+    def key(self) -> bytes:
+        """Spool key: the 16 id bytes; byte order is time order for UUIDv7."""
+        return uuid.UUID(self.message_id).bytes
+
+    @property
+    def size(self) -> int:
+        """Bytes this entry takes in the spool's accounting (key + value)."""
+        return 16 + _DEST_LEN.size + len(self.destination.encode()) + len(self.payload)
+
+    def to_value(self) -> bytes:
+        dest = self.destination.encode()
+        return _DEST_LEN.pack(len(dest)) + dest + self.payload
+
+    @classmethod
+    def from_record(cls, key: bytes, value: bytes) -> Entry:
+        (size,) = _DEST_LEN.unpack_from(value)
+        start = _DEST_LEN.size
+        return cls(
+            message_id=str(uuid.UUID(bytes=bytes(key))),
+            destination=value[start : start + size].decode(),
+            payload=bytes(value[start + size :]),
+        )
+
+    def batch_item(self) -> bytes:
+        """This message as an item of `POST /v1/messages`: the payload plus `destination`."""
+        return b'{"destination":' + _dumps(self.destination) + b"," + self.payload[1:]
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _check_destination(destination: object) -> str:
+    if not isinstance(destination, str):
+        raise InvalidMessageError(f"destination must be a str, not {type(destination).__name__}")
+    if not destination or len(destination) > MAX_DESTINATION_CHARS:
+        raise InvalidMessageError(f"destination must have 1..{MAX_DESTINATION_CHARS} characters")
+    if "/" in destination or not destination.isprintable() or any(c.isspace() for c in destination):
+        raise InvalidMessageError(f"destination {destination!r} has a '/', space or control char")
+    return destination
+
+
+def _check_headers(headers: object) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise InvalidMessageError(f"headers must be a mapping, not {type(headers).__name__}")
+    checked: dict[str, str] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidMessageError("headers must map str to str")
+        if not name:
+            raise InvalidMessageError("a header name must not be empty")
+        checked[name] = value
+    return checked
+
+
+def build_entry(
+    destination: str,
+    message: object,
+    *,
+    biz_id: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    content_type: str | None = None,
+) -> Entry:
+    """Validate and encode one message, giving it a new id and created_at.
+
+    `message` is any JSON-serialisable value, or bytes (sent as `body_base64` with
+    `content_type`, default application/octet-stream). Raises InvalidMessageError.
+    """
+    dest = _check_destination(destination)
+    if biz_id is not None and not isinstance(biz_id, str):
+        raise InvalidMessageError(f"biz_id must be a str or None, not {type(biz_id).__name__}")
+    if content_type is not None and (not isinstance(content_type, str) or not content_type):
+        raise InvalidMessageError("content_type must be a non-empty str")
+    checked_headers = _check_headers(headers)
+
+    created = now_ms()
+    doc: dict[str, Any] = {"message_id": uuid7(created), "created_at": rfc3339_ms(created)}
+    if biz_id is not None:
+        doc["biz_id"] = biz_id
+    if checked_headers:
+        doc["headers"] = checked_headers
+    if isinstance(message, bytes | bytearray | memoryview):
+        doc["body_base64"] = base64.b64encode(message).decode("ascii")
+        doc["content_type"] = content_type or BYTES_CONTENT_TYPE
+    else:
+        if content_type is not None and content_type != JSON_CONTENT_TYPE:
+            raise InvalidMessageError(
+                f"content_type {content_type!r} needs the message as bytes; "
+                "a non-bytes message is sent as JSON"
+            )
+        doc["body"] = message
+    try:
+        payload = _dumps(doc)
+    except (TypeError, ValueError, RecursionError) as exc:
+        # ValueError covers NaN/Infinity, circular references and lone surrogates.
+        raise InvalidMessageError(f"message is not JSON-serialisable: {exc}") from exc
+    return Entry(message_id=doc["message_id"], destination=dest, payload=payload)
