@@ -1,0 +1,3 @@
+from msgbus.cli.main import main
+
+main()
