@@ -2,39 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse
 
 from admin.schemas import AppIn, DestinationIn, SubscriptionIn
 from admin.service import AdminService
 from msgbus.auth import bearer_token, same_secret
 from msgbus.errors import NotFound, Unauthorized
-from msgbus.http import install_error_handlers, metrics_response
+from msgbus.http import service_app
 from msgbus.models import Destination, Subscription, utcnow
 
 
 def create_app(service: AdminService) -> FastAPI:
     token = service.settings.token.get_secret_value()
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await service.start()
-        try:
-            yield
-        finally:
-            await service.close()
-
     def require_admin(request: Request) -> None:
         if not same_secret(bearer_token(request.headers.get("authorization")), token):
             raise Unauthorized("missing or wrong admin token")
 
-    app = FastAPI(title="msgbus admin", version="0.1.0", lifespan=lifespan)
-    install_error_handlers(app)
+    app = service_app("msgbus admin", service)
     store = service.store
     admin = [Depends(require_admin)]
 
@@ -49,10 +38,6 @@ def create_app(service: AdminService) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "mongo": await store.ping()}
-
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        return metrics_response()
 
     @app.get("/v1/destinations", dependencies=admin)
     async def list_destinations() -> list[dict[str, Any]]:

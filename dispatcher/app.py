@@ -2,33 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 
 from dispatcher.service import DispatcherService
 from msgbus.auth import bearer_token, same_secret
 from msgbus.brokers.direct import INTERNAL_PATH
 from msgbus.codec import decode_batch
 from msgbus.errors import Unauthorized, Unavailable
-from msgbus.http import install_error_handlers, metrics_response
+from msgbus.http import service_app
 
 
 def create_app(service: DispatcherService) -> FastAPI:
     token = service.settings.connections.internal_token.get_secret_value()
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await service.start()
-        try:
-            yield
-        finally:
-            await service.close()
-
-    app = FastAPI(title="msgbus dispatcher", version="0.1.0", lifespan=lifespan)
-    install_error_handlers(app)
+    app = service_app("msgbus dispatcher", service)
 
     @app.post(INTERNAL_PATH, status_code=202, include_in_schema=False)
     async def direct(request: Request) -> dict[str, int]:
@@ -48,9 +37,5 @@ def create_app(service: DispatcherService) -> FastAPI:
                 "mongo": await service.store.ping(),
                 "subscriptions": service.supervisor.subscription_ids(),
                 "trace_backlog": service.trace.backlog()}
-
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        return metrics_response()
 
     return app

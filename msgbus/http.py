@@ -1,8 +1,11 @@
-"""Shared FastAPI plumbing: JSON errors from the error hierarchy, and the /metrics response."""
+"""Shared FastAPI plumbing: the app of a service, JSON errors from the error hierarchy and the
+/metrics response."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Protocol
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -10,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pymongo.errors import PyMongoError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from msgbus import metrics
+from msgbus import __version__, metrics
 from msgbus.errors import MsgbusError, Unavailable
 
 
@@ -48,3 +51,36 @@ def install_error_handlers(
 def metrics_response() -> Response:
     body, content_type = metrics.render()
     return Response(body, media_type=content_type)
+
+
+class Lifecycle(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def service_app(
+    title: str, service: Lifecycle, *, on_error: Callable[[MsgbusError], None] | None = None,
+    before_metrics: Callable[[], object] | None = None,
+) -> FastAPI:
+    """A service's FastAPI app: starts and closes `service` with the server, answers errors
+    as JSON and serves /metrics (after `before_metrics` refreshes any gauges)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    app = FastAPI(title=title, version=__version__, lifespan=lifespan)
+    install_error_handlers(app, on_error=on_error)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def _metrics() -> Response:
+        if before_metrics is not None:
+            before_metrics()
+        return metrics_response()
+
+    return app

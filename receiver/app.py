@@ -3,14 +3,12 @@ pydantic request model, and every error names the field at fault."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 
 from msgbus.errors import InvalidInput, MessageTooLarge, MsgbusError
-from msgbus.http import install_error_handlers, metrics_response
+from msgbus.http import service_app
 from msgbus.metrics import MESSAGES_REJECTED
 from msgbus.models import utcnow
 from receiver.parsing import load_json, parse_envelope
@@ -48,17 +46,9 @@ async def _read_limited(request: Request, limit: int) -> bytes:
 
 def create_app(service: ReceiverService) -> FastAPI:
     settings = service.settings
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await service.start()
-        try:
-            yield
-        finally:
-            await service.close()
-
-    app = FastAPI(title="msgbus receiver", version="0.1.0", lifespan=lifespan)
-    install_error_handlers(app, on_error=lambda e: MESSAGES_REJECTED.labels(e.code).inc())
+    app = service_app("msgbus receiver", service,
+                      on_error=lambda e: MESSAGES_REJECTED.labels(e.code).inc(),
+                      before_metrics=service.pipeline.depths)
     # JSON overhead around a body of max_message_bytes
     single_limit = settings.max_message_bytes * 2 + 16 * 1024
 
@@ -118,10 +108,5 @@ def create_app(service: ReceiverService) -> FastAPI:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "mongo": await service.store.ping(),
                 "buffer": service.pipeline.depths()}
-
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        service.pipeline.depths()
-        return metrics_response()
 
     return app
