@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pymongo import MongoClient
 
-from msgbus import services
+from msgbus import devstack, services
 
 pytestmark = pytest.mark.integration
 
@@ -84,20 +84,20 @@ def test_rabbitmq_publish_and_get(rabbitmq_url: str) -> None:
 def test_dev_stack_up_status_down(tmp_path: Path, rabbitmq_url: str) -> None:
     kafka_port, mongo_port = services.free_port(), services.free_port()
 
-    first = services.up(tmp_path, kafka_port=kafka_port, mongo_port=mongo_port)
+    first = devstack.up(tmp_path, kafka_port=kafka_port, mongo_port=mongo_port)
     assert all(state.up for state in first), first
     pids = {state.name: state.pid for state in first if state.pid}
     assert services.mongo_ping(f"mongodb://127.0.0.1:{mongo_port}")
-    env = (tmp_path / services.ENV_FILE).read_text()
+    env = (tmp_path / devstack.ENV_FILE).read_text()
     assert f"MSGBUS_KAFKA_BOOTSTRAP=127.0.0.1:{kafka_port}\n" in env
     assert f"MSGBUS_MONGO_URI=mongodb://127.0.0.1:{mongo_port}\n" in env
     assert f"MSGBUS_RABBITMQ_URL={rabbitmq_url}\n" in env
 
-    again = services.up(tmp_path, kafka_port=kafka_port, mongo_port=mongo_port)
+    again = devstack.up(tmp_path, kafka_port=kafka_port, mongo_port=mongo_port)
     assert {state.name: state.pid for state in again if state.pid} == pids  # reused, not restarted
 
-    assert sorted(services.down(tmp_path)) == ["secantus", "tansu"]
+    assert sorted(devstack.down(tmp_path)) == ["secantus", "tansu"]
     assert not any(services.pid_alive(pid) for pid in pids.values())
-    after = {state.name: state.up for state in services.status(tmp_path)}
+    after = {state.name: state.up for state in devstack.status(tmp_path)}
     assert after == {"tansu": False, "secantus": False, "rabbitmq": True}
-    assert not (tmp_path / services.STATE_FILE).exists()
+    assert not (tmp_path / devstack.STATE_FILE).exists()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from msgbus import services
+from msgbus import devstack, services
 from msgbus.cli.services_cmd import services as services_cli
 from msgbus.errors import Unavailable
 
@@ -98,7 +98,7 @@ def test_amqp_ready_is_false_without_a_server() -> None:
 
 
 def test_render_env_names_every_address() -> None:
-    env = services.render_env("127.0.0.1:1", "mongodb://127.0.0.1:2", "amqp://x")
+    env = devstack.render_env("127.0.0.1:1", "mongodb://127.0.0.1:2", "amqp://x")
     assert env.splitlines() == [
         "MSGBUS_MONGO_URI=mongodb://127.0.0.1:2",
         "MSGBUS_KAFKA_BOOTSTRAP=127.0.0.1:1",
@@ -107,10 +107,10 @@ def test_render_env_names_every_address() -> None:
 
 
 def test_status_of_an_empty_state_dir_reports_both_servers_down(tmp_path: Path) -> None:
-    states = {state.name: state for state in services.status(tmp_path)}
+    states = {state.name: state for state in devstack.status(tmp_path)}
     assert not states["tansu"].up
     assert not states["secantus"].up
-    assert services.down(tmp_path) == []
+    assert devstack.down(tmp_path) == []
 
 
 def test_cli_status_exits_1_when_a_server_is_down(tmp_path: Path) -> None:
