@@ -49,8 +49,20 @@ class IngestPipeline:
         ]
 
     def start(self) -> None:
+        self._registry.on_change(self.prepare_topology)
         for drainer in self._drainers:
             drainer.start()
+
+    async def prepare_topology(self) -> None:
+        """Create topics, exchanges and subscription queues as soon as a destination or
+        subscription appears, so that consumers find them before the first message."""
+        for destination in self._registry.destinations():
+            publisher = self._publisher_for(destination)
+            try:
+                await self._ensure_topology(publisher, destination)
+            except Exception as exc:  # the publish path retries it
+                log.warning("preparing %s on %s failed: %s", destination.code,
+                            publisher.kind, exc)
 
     async def close(self) -> None:
         for drainer in self._drainers:

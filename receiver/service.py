@@ -57,6 +57,7 @@ class ReceiverService:
         for publisher in self.publishers.values():
             await publisher.start()
         self.pipeline.start()
+        await self.pipeline.prepare_topology()
         log.info("receiver ready (brokers: %s)", ", ".join(p.value for p in self.publishers))
 
     async def close(self) -> None:

@@ -29,7 +29,7 @@ def main(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
                         stream=sys.stderr)
-    for noisy in ("pymongo", "httpx", "aiohttp.access", "pika"):
+    for noisy in ("pymongo", "httpx", "aiohttp.access", "pika", "msgbus_client"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
