@@ -1,0 +1,122 @@
+"""A recording subscriber for benchmarks: raw ASGI under uvicorn, in a process of its own.
+
+`POST /hook/<label>` records, per message number `n`, the producer's `sent_at` (from the JSON
+body) and the arrival `time.time()`, and answers 200. A bus push carries the message body
+`{"sent_at": ..., "n": ...}`; a direct POST carries the whole envelope `{"message_id": ...,
+"body": {...}}`, which is unwrapped here, so both paths parse the same bytes.
+
+`GET /_count/<label>?lo=A&hi=B` -> `{"unique": .., "duplicates": .., "bad": ..}` for n in [A, B);
+`GET /_records/<label>?lo=A&hi=B` -> `[[n, sent_at, arrived_at], ...]` (first arrival of each n).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+
+HOST = "127.0.0.1"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.first: dict[str, dict[int, tuple[float, float]]] = {}
+        self.duplicates: dict[str, dict[int, int]] = {}
+        self.bad = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        if scope["method"] == "POST" and path.startswith("/hook/"):
+            body = await _read_body(receive)
+            self.record(path[len("/hook/"):], body, time.time())
+            await _respond(send, 200, b"ok", b"text/plain")
+        elif scope["method"] == "GET" and path.startswith(("/_count/", "/_records/")):
+            kind, label = path[2:].split("/", 1)
+            query = parse_qs(scope["query_string"].decode())
+            lo, hi = int(query["lo"][0]), int(query["hi"][0])
+            await _respond(send, 200, orjson.dumps(self.read(kind, label, lo, hi)))
+        else:
+            await _respond(send, 404, b"not found", b"text/plain")
+
+    def record(self, label: str, body: bytes, arrived_at: float) -> None:
+        try:
+            data = orjson.loads(body)
+            if "message_id" in data:
+                data = data["body"]
+            n, sent_at = int(data["n"]), float(data["sent_at"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            self.bad += 1
+            return
+        first = self.first.setdefault(label, {})
+        if n in first:
+            dups = self.duplicates.setdefault(label, {})
+            dups[n] = dups.get(n, 0) + 1
+        else:
+            first[n] = (sent_at, arrived_at)
+
+    def read(self, kind: str, label: str, lo: int, hi: int) -> Any:
+        first = self.first.get(label, {})
+        if kind == "records":
+            return [[n, s, a] for n, (s, a) in first.items() if lo <= n < hi]
+        dups = self.duplicates.get(label, {})
+        return {
+            "unique": sum(1 for n in first if lo <= n < hi),
+            "duplicates": sum(c for n, c in dups.items() if lo <= n < hi),
+            "bad": self.bad,
+        }
+
+
+async def _read_body(receive: Any) -> bytes:
+    body = b""
+    while True:
+        event = await receive()
+        body += event.get("body", b"")
+        if not event.get("more_body"):
+            return body
+
+
+async def _respond(send: Any, status: int, body: bytes,
+                   content_type: bytes = b"application/json") -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type)]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def serve(port: int) -> None:
+    """Process target: serve a `Recorder` on 127.0.0.1:`port` until SIGTERM.
+
+    SIGINT is ignored: a Ctrl-C reaches the whole process group, and the parent, which still
+    reads the records, stops this process by its pid."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import uvloop
+
+        factory: Any = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(_serve(port))
+
+
+async def _serve(port: int) -> None:
+    from msgbus.serving import make_server
+
+    server = make_server(Recorder(), HOST, port)  # installs no signal handlers of its own
+    server.config.backlog = 4096
+
+    def should_exit() -> None:
+        server.should_exit = True
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, should_exit)
+    await server.serve()
