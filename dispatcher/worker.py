@@ -14,7 +14,7 @@ from msgbus.delivery.retry import decide_retry
 from msgbus.delivery.sender import HttpSender
 from msgbus.delivery.trace import TraceWriter
 from msgbus.metrics import IN_FLIGHT, PUSH_LATENCY, PUSHES
-from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
+from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, Subscription, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -100,19 +100,25 @@ class SubscriptionWorker:
             self._spawn(envelope, None)
 
     def _spawn(self, envelope: Envelope, ack: Callable[[], None] | None) -> None:
+        """Called with the semaphore acquired; the task releases it when the push is done."""
+        self._gauge.inc()
         task = asyncio.create_task(self._deliver(envelope, ack))
         self._in_flight.add(task)
-        self._gauge.inc()
-        task.add_done_callback(self._done)
+        task.add_done_callback(self._in_flight.discard)
 
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
-        self._limit.release()
-        self._gauge.dec()
+    async def _push(self, envelope: Envelope) -> AttemptResult:
+        try:
+            return await self._sender.push(envelope, self.subscription, attempt=1)
+        finally:
+            # The semaphore limits the subscriber's load, not our bookkeeping: recording the
+            # outcome (an fsync) happens after the slot is free. The broker's unacked window
+            # still bounds how many messages are between push and ack.
+            self._limit.release()
+            self._gauge.dec()
 
     async def _deliver(self, envelope: Envelope, ack: Callable[[], None] | None) -> None:
         sub = self.subscription
-        result = await self._sender.push(envelope, sub, attempt=1)
+        result = await self._push(envelope)
         PUSHES.labels(sub.id, "ok" if result.ok else "error").inc()
         PUSH_LATENCY.labels(sub.id).observe(result.latency_ms / 1000)
         outcome = DeliveryOutcome(result=result, destination=envelope.destination,
