@@ -19,6 +19,8 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from msgbus.asgi import answer_lifespan, read_body, respond
+
 HOST = "127.0.0.1"
 
 
@@ -29,25 +31,23 @@ class Recorder:
         self.bad = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await answer_lifespan(scope, receive, send):
             return
         if scope["type"] != "http":
             return
         path: str = scope["path"]
         if scope["method"] == "POST" and path.startswith("/hook/"):
-            body = await _read_body(receive)
+            body = await read_body(receive)
             self.record(path[len("/hook/"):], body, time.time())
-            await _respond(send, 200, b"ok", b"text/plain")
+            await respond(send, 200, b"ok")
         elif scope["method"] == "GET" and path.startswith(("/_count/", "/_records/")):
             kind, label = path[2:].split("/", 1)
             query = parse_qs(scope["query_string"].decode())
             lo, hi = int(query["lo"][0]), int(query["hi"][0])
-            await _respond(send, 200, orjson.dumps(self.read(kind, label, lo, hi)))
+            await respond(send, 200, orjson.dumps(self.read(kind, label, lo, hi)),
+                          b"application/json")
         else:
-            await _respond(send, 404, b"not found", b"text/plain")
+            await respond(send, 404, b"not found")
 
     def record(self, label: str, body: bytes, arrived_at: float) -> None:
         try:
@@ -75,22 +75,6 @@ class Recorder:
             "duplicates": sum(c for n, c in dups.items() if lo <= n < hi),
             "bad": self.bad,
         }
-
-
-async def _read_body(receive: Any) -> bytes:
-    body = b""
-    while True:
-        event = await receive()
-        body += event.get("body", b"")
-        if not event.get("more_body"):
-            return body
-
-
-async def _respond(send: Any, status: int, body: bytes,
-                   content_type: bytes = b"application/json") -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type)]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def serve(port: int) -> None:

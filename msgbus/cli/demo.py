@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.models import BrokerKind, Destination, Subscription
 from msgbus.settings import ConnectionSettings
 from msgbus.store import MongoStore
@@ -18,23 +19,14 @@ class PrintingSubscriber:
     """A raw ASGI app: prints each push (id, biz id, body) and answers 200."""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await answer_lifespan(scope, receive, send):
             return
-        body = b""
-        more = True
-        while more:
-            event = await receive()
-            body += event.get("body", b"")
-            more = event.get("more_body", False)
-        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        body = await read_body(receive)
+        headers = request_headers(scope)
         biz = f" biz_id={headers['ce-bizid']}" if "ce-bizid" in headers else ""
         click.echo(click.style("demo subscriber got ", fg="green")
                    + f"{headers.get('ce-id')}{biz}: {body.decode('utf-8', 'replace')}")
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
+        await respond(send, 200)
 
 
 def demo_broker(conn: ConnectionSettings) -> BrokerKind:

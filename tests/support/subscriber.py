@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
+
 
 @dataclass
 class Push:
@@ -25,28 +27,13 @@ class RecordingSubscriber:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await answer_lifespan(scope, receive, send):
             return
-        body = b""
-        while True:
-            event = await receive()
-            body += event.get("body", b"")
-            if not event.get("more_body"):
-                break
-        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        body = await read_body(receive)
+        headers = request_headers(scope)
         with self._lock:
             self.pushes.append(Push(headers, body))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": self.status,
-                "headers": [(b"content-type", b"text/plain")],
-            }
-        )
-        await send({"type": "http.response.body", "body": b"ok"})
+        await respond(send, self.status, b"ok")
 
     def message_ids(self) -> set[str]:
         with self._lock:
