@@ -21,15 +21,14 @@ from typing import Self
 
 import httpx
 
-from msgbus_client.delivery import Deliverer, InFlight
+from msgbus_client.delivery import Deliverer, InFlight, open_spool_and_sender, settle_group
 from msgbus_client.errors import ClientClosedError
 from msgbus_client.groupcommit import GroupCommitter, GroupResult
 from msgbus_client.message import Entry, build_entry
 from msgbus_client.protocol import chunks
 from msgbus_client.resender import Resender
-from msgbus_client.retry import ReceiverHealth
 from msgbus_client.settings import ClientSettings
-from msgbus_client.spool import DEFAULT_MAX_SPOOL_BYTES, RejectedMessage, Spool
+from msgbus_client.spool import DEFAULT_MAX_SPOOL_BYTES, RejectedMessage
 from msgbus_client.transport import HttpSender
 
 log = logging.getLogger("msgbus_client")
@@ -74,25 +73,19 @@ class MsgbusClient:
             max_batch_bytes=max_batch_bytes,
             idle_poll_s=idle_poll_s,
         )
-        if not api_key:
-            raise ValueError("api_key must not be empty")
-        self.spool = Spool(spool_dir, max_spool_bytes=max_spool_bytes)
-        try:
-            self._sender = HttpSender(
+        self.spool, self._sender, self._health = open_spool_and_sender(
+            self.settings,
+            api_key,
+            lambda: HttpSender(
                 receiver_url,
                 api_key,
                 request_timeout_s=request_timeout_s,
                 connect_timeout_s=connect_timeout_s,
                 max_connections=max_inline_requests + 2,  # + resender and group committer
                 transport=transport,
-            )
-        except BaseException:
-            self.spool.close()
-            raise
-        s = self.settings
-        self._health = ReceiverHealth(
-            base_s=s.retry_base_s, max_s=s.retry_max_s, max_retry_after_s=s.max_retry_after_s
+            ),
         )
+        s = self.settings
         self._in_flight = InFlight()
         self._inline_slots = threading.BoundedSemaphore(s.max_inline_requests)
         self._deliverer = Deliverer(self.spool, self._sender, self._health)
@@ -208,11 +201,9 @@ class MsgbusClient:
         except BaseException as exc:
             self._in_flight.discard(e.key for e in entries)
             return [exc] * len(entries)
-        refused_keys = {e.key for e in refused}
-        if refused:
-            self._in_flight.discard(refused_keys)
-        self._deliver_fresh([e for e in entries if e.key not in refused_keys])
-        return [self.spool.full_error(e) if e.key in refused_keys else None for e in entries]
+        accepted, results = settle_group(self.spool, self._in_flight, entries, refused)
+        self._deliver_fresh(accepted)
+        return results
 
     def _deliver_inline(self, entries: Sequence[Entry]) -> bool:
         s = self.settings

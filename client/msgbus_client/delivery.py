@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from msgbus_client.message import Entry
 from msgbus_client.protocol import (
@@ -22,6 +23,11 @@ from msgbus_client.protocol import (
 from msgbus_client.retry import ReceiverHealth
 from msgbus_client.spool import Spool
 from msgbus_client.transport import AsyncHttpSender, HttpSender
+
+if TYPE_CHECKING:
+    from msgbus_client.settings import ClientSettings
+
+SenderT = TypeVar("SenderT", HttpSender, AsyncHttpSender)
 
 log = logging.getLogger("msgbus_client")
 
@@ -140,3 +146,38 @@ class AsyncDeliverer:
 
     async def _post_single(self, entry: Entry, timeout_s: float | None) -> Outcome:
         return interpret_single(entry, await self._sender.post(single_request(entry), timeout_s))
+
+
+def open_spool_and_sender(
+    settings: ClientSettings, api_key: str, make_sender: Callable[[], SenderT]
+) -> tuple[Spool, SenderT, ReceiverHealth]:
+    """The parts both clients start from. The spool is closed again if the sender fails."""
+    if not api_key:
+        raise ValueError("api_key must not be empty")
+    spool = Spool(settings.spool_dir, max_spool_bytes=settings.max_spool_bytes)
+    try:
+        sender = make_sender()
+    except BaseException:
+        spool.close()
+        raise
+    health = ReceiverHealth(
+        base_s=settings.retry_base_s,
+        max_s=settings.retry_max_s,
+        max_retry_after_s=settings.max_retry_after_s,
+    )
+    return spool, sender, health
+
+
+def settle_group(
+    spool: Spool, in_flight: InFlight, entries: Sequence[Entry], refused: Sequence[Entry]
+) -> tuple[list[Entry], list[BaseException | None]]:
+    """After a group commit: the entries to deliver now, and each sender's result (a
+    spool-full error for the ones the spool refused, which are no longer in flight)."""
+    refused_keys = {e.key for e in refused}
+    if refused_keys:
+        in_flight.discard(refused_keys)
+    accepted = [e for e in entries if e.key not in refused_keys]
+    results: list[BaseException | None] = [
+        spool.full_error(e) if e.key in refused_keys else None for e in entries
+    ]
+    return accepted, results

@@ -46,6 +46,10 @@ def _timeout(request_timeout_s: float, connect_timeout_s: float) -> httpx.Timeou
     return httpx.Timeout(request_timeout_s, connect=min(connect_timeout_s, request_timeout_s))
 
 
+def _limits(max_connections: int) -> httpx.Limits:
+    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+
+
 def _result(response: httpx.Response) -> PostResult:
     return PostResult(
         status=response.status_code,
@@ -60,7 +64,36 @@ def _failure(request: PreparedRequest, exc: Exception) -> PostResult:
     return PostResult(status=None, error=text)
 
 
-class HttpSender:
+class _SenderBase:
+    """What the sync and async senders share: client options, per-attempt timeout, logging."""
+
+    def __init__(self, request_timeout_s: float, connect_timeout_s: float) -> None:
+        self._request_timeout_s = request_timeout_s
+        self._connect_timeout_s = connect_timeout_s
+
+    def _default_timeout(self) -> httpx.Timeout:
+        return _timeout(self._request_timeout_s, self._connect_timeout_s)
+
+    def _attempt_timeout(self, timeout_s: float | None) -> httpx.Timeout:
+        """`timeout_s` (e.g. what close() has left) caps the request timeout, never raises it."""
+        return _timeout(
+            min(timeout_s or self._request_timeout_s, self._request_timeout_s),
+            self._connect_timeout_s,
+        )
+
+    @staticmethod
+    def _answered(request: PreparedRequest, response: httpx.Response, started: float) -> PostResult:
+        log.debug(
+            "msgbus_client: POST %s (%d messages) -> %d in %.1f ms",
+            request.path,
+            len(request.entries),
+            response.status_code,
+            (time.monotonic() - started) * 1000,
+        )
+        return _result(response)
+
+
+class HttpSender(_SenderBase):
     """Blocking POSTs over one pooled httpx.Client (safe to share between threads)."""
 
     def __init__(
@@ -73,42 +106,30 @@ class HttpSender:
         max_connections: int = 100,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._request_timeout_s = request_timeout_s
-        self._connect_timeout_s = connect_timeout_s
+        super().__init__(request_timeout_s, connect_timeout_s)
         self._client = httpx.Client(
             base_url=receiver_url,
             headers=_headers(api_key),
-            timeout=_timeout(request_timeout_s, connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
+            timeout=self._default_timeout(),
+            limits=_limits(max_connections),
             transport=transport,
         )
 
     def post(self, request: PreparedRequest, timeout_s: float | None = None) -> PostResult:
-        timeout = _timeout(
-            min(timeout_s or self._request_timeout_s, self._request_timeout_s),
-            self._connect_timeout_s,
-        )
         started = time.monotonic()
         try:
-            response = self._client.post(request.path, content=request.body, timeout=timeout)
+            response = self._client.post(
+                request.path, content=request.body, timeout=self._attempt_timeout(timeout_s)
+            )
         except Exception as exc:  # the sender never raises: a failure is a result
             return _failure(request, exc)
-        log.debug(
-            "msgbus_client: POST %s (%d messages) -> %d in %.1f ms",
-            request.path,
-            len(request.entries),
-            response.status_code,
-            (time.monotonic() - started) * 1000,
-        )
-        return _result(response)
+        return self._answered(request, response, started)
 
     def close(self) -> None:
         self._client.close()
 
 
-class AsyncHttpSender:
+class AsyncHttpSender(_SenderBase):
     """Non-blocking POSTs over one pooled httpx.AsyncClient."""
 
     def __init__(
@@ -121,36 +142,24 @@ class AsyncHttpSender:
         max_connections: int = 100,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._request_timeout_s = request_timeout_s
-        self._connect_timeout_s = connect_timeout_s
+        super().__init__(request_timeout_s, connect_timeout_s)
         self._client = httpx.AsyncClient(
             base_url=receiver_url,
             headers=_headers(api_key),
-            timeout=_timeout(request_timeout_s, connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
+            timeout=self._default_timeout(),
+            limits=_limits(max_connections),
             transport=transport,
         )
 
     async def post(self, request: PreparedRequest, timeout_s: float | None = None) -> PostResult:
-        timeout = _timeout(
-            min(timeout_s or self._request_timeout_s, self._request_timeout_s),
-            self._connect_timeout_s,
-        )
         started = time.monotonic()
         try:
-            response = await self._client.post(request.path, content=request.body, timeout=timeout)
+            response = await self._client.post(
+                request.path, content=request.body, timeout=self._attempt_timeout(timeout_s)
+            )
         except Exception as exc:  # the sender never raises: a failure is a result
             return _failure(request, exc)
-        log.debug(
-            "msgbus_client: POST %s (%d messages) -> %d in %.1f ms",
-            request.path,
-            len(request.entries),
-            response.status_code,
-            (time.monotonic() - started) * 1000,
-        )
-        return _result(response)
+        return self._answered(request, response, started)
 
     async def aclose(self) -> None:
         await self._client.aclose()
