@@ -43,6 +43,7 @@ class IngestPipeline:
         self._registry = registry
         self._publishers = publishers
         self._topology_done: set[tuple[str, BrokerKind, tuple[str, ...]]] = set()
+        self._warned_unconfigured: set[str] = set()
         self._drainers = [
             Drainer(buffer, PUBLISH_QUEUE, self._publish, batch_size=publish_batch),
             Drainer(buffer, RECORD_QUEUE, self._record, batch_size=record_batch),
@@ -109,11 +110,13 @@ class IngestPipeline:
 
     def _publisher_for(self, destination: Destination) -> Publisher:
         publisher = self._publishers.get(destination.broker)
-        if publisher is None:
+        if publisher is not None:
+            return publisher
+        if destination.code not in self._warned_unconfigured:
+            self._warned_unconfigured.add(destination.code)  # once, not on every batch
             log.warning("broker %s of destination %s is not configured; using direct",
                         destination.broker, destination.code)
-            return self._publishers[BrokerKind.DIRECT]
-        return publisher
+        return self._publishers[BrokerKind.DIRECT]
 
     async def _publish_to_destination(self, destination: Destination,
                                       envelopes: list[Envelope]) -> None:
