@@ -33,7 +33,6 @@ class Registry:
         self._listeners: list[ChangeListener] = []
         self._task: asyncio.Task[None] | None = None
         self._misses: dict[str, float] = {}  # code -> when to look it up again
-        self.loaded = False
 
     def on_change(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
@@ -55,7 +54,6 @@ class Registry:
             subscriptions.setdefault(sub.destination, []).append(sub)
         changed = (destinations != self._destinations or subscriptions != self._subscriptions)
         self._destinations, self._subscriptions = destinations, subscriptions
-        self.loaded = True
         if changed:
             for listener in self._listeners:
                 await listener()
@@ -91,6 +89,3 @@ class Registry:
 
     def subscriptions_of(self, destination: str) -> list[Subscription]:
         return self._subscriptions.get(destination, [])
-
-    def all_subscriptions(self) -> list[Subscription]:
-        return [s for subs in self._subscriptions.values() for s in subs]

@@ -7,12 +7,12 @@ import secrets
 from pathlib import Path
 
 
-def read_or_create(path: Path, make: str | None = None) -> str:
-    """The secret stored at `path`, created (with `make` or a random token) if missing."""
+def read_or_create(path: Path) -> str:
+    """The secret stored at `path`, created (a random token) if missing."""
     if path.exists():
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)
-    value = make or secrets.token_urlsafe(32)
+    value = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(value + "\n")
