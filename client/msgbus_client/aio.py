@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
@@ -18,11 +18,18 @@ from typing import Self
 
 import httpx
 
-from msgbus_client.delivery import AsyncDeliverer, InFlight, open_spool_and_sender, settle_group
+from msgbus_client import metrics
+from msgbus_client.delivery import (
+    AsyncDeliverer,
+    Backlog,
+    InFlight,
+    group_results,
+    open_spool_and_sender,
+)
 from msgbus_client.errors import ClientClosedError
 from msgbus_client.groupcommit import AsyncGroupCommitter, GroupResult
 from msgbus_client.message import Entry, build_entry
-from msgbus_client.protocol import chunks
+from msgbus_client.metrics import ClientCounters, ClientMetrics
 from msgbus_client.resender import AsyncResender
 from msgbus_client.settings import ClientSettings
 from msgbus_client.spool import DEFAULT_MAX_SPOOL_BYTES, RejectedMessage
@@ -34,14 +41,16 @@ DEFAULT_CLOSE_TIMEOUT_S = 10.0
 
 
 class AsyncMsgbusClient:
-    """asyncio producer client. One client per spool dir (see Spool)."""
+    """asyncio producer client; `spool_dir` / `spool_root` as for MsgbusClient."""
 
     def __init__(
         self,
         receiver_url: str,
         api_key: str,
         *,
-        spool_dir: str | PathLike[str],
+        spool_dir: str | PathLike[str] | None = None,
+        spool_root: str | PathLike[str] | None = None,
+        max_slots: int = 64,
         group_commit_ms: float = 0.0,
         max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
         inline_send: bool = True,
@@ -57,7 +66,9 @@ class AsyncMsgbusClient:
     ) -> None:
         self.settings = ClientSettings(
             receiver_url=receiver_url,
-            spool_dir=Path(spool_dir),
+            spool_dir=None if spool_dir is None else Path(spool_dir),
+            spool_root=None if spool_root is None else Path(spool_root),
+            max_slots=max_slots,
             group_commit_ms=group_commit_ms,
             max_spool_bytes=max_spool_bytes,
             inline_send=inline_send,
@@ -78,14 +89,16 @@ class AsyncMsgbusClient:
                 api_key,
                 request_timeout_s=request_timeout_s,
                 connect_timeout_s=connect_timeout_s,
-                max_connections=max_inline_requests + 2,  # + resender and group committer
+                max_connections=max_inline_requests + 1,  # + the resender
                 transport=transport,
             ),
         )
         s = self.settings
+        self.counters = ClientCounters()
         self._in_flight = InFlight()
+        self._backlog = Backlog(present=self.spool.pending_count() > 0)
         self._inline_slots = asyncio.Semaphore(s.max_inline_requests)
-        self._deliverer = AsyncDeliverer(self.spool, self._sender, self._health)
+        self._deliverer = AsyncDeliverer(self.spool, self._sender, self._health, self.counters)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resender: AsyncResender | None = None
         self._committer: AsyncGroupCommitter | None = None
@@ -109,14 +122,12 @@ class AsyncMsgbusClient:
         self._idle.set()
         s = self.settings
         self._resender = AsyncResender(
-            self.spool, self._deliverer, self._health, self._in_flight, s
+            self.spool, self._deliverer, self._health, self._in_flight, self._backlog, s
         )
         self.spool.add_listener(self._resender.wake)
         if s.group_commit:
             self._committer = AsyncGroupCommitter(
-                self._commit_group,
-                window_s=s.group_commit_ms / 1000,
-                max_group=s.max_group_messages,
+                self._commit_group, max_group=s.max_group_messages
             )
 
     async def send(
@@ -128,33 +139,32 @@ class AsyncMsgbusClient:
         headers: Mapping[str, str] | None = None,
         content_type: str | None = None,
     ) -> str:
-        """Spool `message` durably, try to deliver it once, and return its message id.
+        """Spool `message` durably and return its message id.
 
-        Same errors as MsgbusClient.send(); never raises for network or receiver failures once
-        the message is spooled.
+        Same contract and errors as MsgbusClient.send(). With group commit, concurrent send()s
+        share a commit that starts as soon as the previous one ends.
         """
-        entry = build_entry(
-            destination, message, biz_id=biz_id, headers=headers, content_type=content_type
-        )
-        await self.start()
-        assert self._idle is not None
-        self._active_sends += 1
-        self._idle.clear()
         try:
-            self._in_flight.add(entry.key)
-            if self._committer is not None:
-                await self._committer.submit(entry)
-            else:
-                try:
-                    await asyncio.to_thread(self.spool.put, entry)
-                except BaseException:
-                    self._in_flight.discard([entry.key])
-                    raise
-                await self._deliver_fresh([entry])
-        finally:
-            self._active_sends -= 1
-            if self._active_sends == 0:
-                self._idle.set()
+            entry = build_entry(
+                destination, message, biz_id=biz_id, headers=headers, content_type=content_type
+            )
+            await self.start()
+            assert self._idle is not None
+            self._active_sends += 1
+            self._idle.clear()
+            try:
+                if self._committer is not None:
+                    await self._committer.submit(entry)
+                else:
+                    await self._spool_and_deliver(entry)
+            finally:
+                self._active_sends -= 1
+                if self._active_sends == 0:
+                    self._idle.set()
+        except BaseException as exc:
+            self.counters.send_error(exc)
+            raise
+        self.counters.add(metrics.SENT)
         return entry.message_id
 
     async def close(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> int:
@@ -198,6 +208,13 @@ class AsyncMsgbusClient:
     async def purge_rejected(self, message_id: str | None = None) -> int:
         return await asyncio.to_thread(self.spool.purge_rejected, message_id)
 
+    def metrics(self) -> ClientMetrics:
+        """Spool depth, oldest message age, counters (see msgbus_client.metrics). It reads
+        LMDB (microseconds), so it is a plain method that a Prometheus scrape can call."""
+        return metrics.snapshot(
+            self.spool, self.counters, backing_off=self._health.backing_off()
+        )
+
     async def __aenter__(self) -> Self:
         await self.start()
         return self
@@ -215,43 +232,43 @@ class AsyncMsgbusClient:
     async def _flush_unstarted(self, deadline: float) -> None:
         """close() on a client that never started: flush leftovers like the resender would."""
         resender = AsyncResender(
-            self.spool, self._deliverer, self._health, self._in_flight, self.settings
+            self.spool, self._deliverer, self._health, self._in_flight, self._backlog,
+            self.settings,
         )
         await resender.stop(max(0.0, deadline - time.monotonic()))
 
     async def _commit_group(self, entries: list[Entry]) -> GroupResult:
+        """One commit for the group; the resender delivers them."""
+        refused = await asyncio.to_thread(self.spool.append, entries)
+        if len(refused) < len(entries) and self._resender is not None:
+            self._resender.wake()
+        return group_results(self.spool, entries, refused)
+
+    async def _spool_and_deliver(self, entry: Entry) -> None:
+        """One commit, then the inline attempt; only the commit can raise."""
+        self._in_flight.add(entry.key)
         try:
-            refused = await asyncio.to_thread(self.spool.append, entries)
-        except Exception as exc:
-            self._in_flight.discard(e.key for e in entries)
-            return [exc] * len(entries)
-        accepted, results = settle_group(self.spool, self._in_flight, entries, refused)
-        await self._deliver_fresh(accepted)
-        return results
-
-    async def _deliver_inline(self, entries: Sequence[Entry]) -> bool:
-        s = self.settings
-        for batch in chunks(entries, s.max_batch_messages, s.max_batch_bytes):
-            if (await self._deliverer.deliver(batch)).retry:
-                return False
-        return True
-
-    async def _deliver_fresh(self, entries: Sequence[Entry]) -> None:
-        """The inline attempt for just-spooled entries; never raises (except cancellation)."""
-        if not entries:
-            return
+            await asyncio.to_thread(self.spool.put, entry)
+        except BaseException:
+            self._in_flight.discard([entry.key])
+            raise
         delivered = False
         try:
-            if (
-                self.settings.inline_send
-                and not self._health.backing_off()
-                and not self._inline_slots.locked()
-            ):
+            if self._may_deliver_inline() and not self._inline_slots.locked():
                 async with self._inline_slots:
-                    delivered = await self._deliver_inline(entries)
+                    delivered = not (await self._deliverer.deliver([entry])).retry
         except Exception:
             log.exception("msgbus_client: inline delivery failed; the resender will retry")
         finally:
-            self._in_flight.discard(e.key for e in entries)
-            if not delivered and self._resender is not None:
-                self._resender.wake()
+            self._in_flight.discard([entry.key])
+            if not delivered:
+                self._backlog.mark()
+                if self._resender is not None:
+                    self._resender.wake()
+
+    def _may_deliver_inline(self) -> bool:
+        return (
+            self.settings.inline_send
+            and not self._backlog
+            and not self._health.backing_off()
+        )

@@ -1,11 +1,15 @@
 """`MsgbusClient`: the blocking producer client.
 
 send() contract: it returns the message id once the message is durable in the local spool
-(fsync'd), after one inline attempt to POST it to the receiver. A network or receiver failure never
-makes send() raise once the message is spooled: the message stays for the resender. While the
-receiver is failing (backoff), send() skips the inline attempt, so an outage costs at most one
-failed request per backoff period. With `inline_send=False` send() returns right after the spool
-commit and the resender delivers everything, in batches.
+(fsync'd). A network or receiver failure never makes send() raise once the message is spooled:
+the message stays for the resender.
+
+* One commit per send() (`group_commit_ms=0`): after the commit send() makes one inline attempt
+  to POST the message, unless older messages wait in the spool (they go first, in order), the
+  receiver is failing (backoff), or `max_inline_requests` POSTs are running. With
+  `inline_send=False` send() returns right after the commit.
+* Group commit (`group_commit_ms > 0`): concurrent send()s share one commit (see groupcommit)
+  and return right after it; the resender delivers, in batches.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
@@ -21,11 +25,18 @@ from typing import Self
 
 import httpx
 
-from msgbus_client.delivery import Deliverer, InFlight, open_spool_and_sender, settle_group
+from msgbus_client import metrics
+from msgbus_client.delivery import (
+    Backlog,
+    Deliverer,
+    InFlight,
+    group_results,
+    open_spool_and_sender,
+)
 from msgbus_client.errors import ClientClosedError
 from msgbus_client.groupcommit import GroupCommitter, GroupResult
 from msgbus_client.message import Entry, build_entry
-from msgbus_client.protocol import chunks
+from msgbus_client.metrics import ClientCounters, ClientMetrics
 from msgbus_client.resender import Resender
 from msgbus_client.settings import ClientSettings
 from msgbus_client.spool import DEFAULT_MAX_SPOOL_BYTES, RejectedMessage
@@ -37,14 +48,20 @@ DEFAULT_CLOSE_TIMEOUT_S = 10.0
 
 
 class MsgbusClient:
-    """Blocking producer client; thread-safe. One client per spool dir (see Spool)."""
+    """Blocking producer client; thread-safe.
+
+    Give it `spool_dir`, a dir this process owns (a second owner gets SpoolLockedError), or
+    `spool_root`, shared by several processes: each takes the first free `slot-N` below it.
+    """
 
     def __init__(
         self,
         receiver_url: str,
         api_key: str,
         *,
-        spool_dir: str | PathLike[str],
+        spool_dir: str | PathLike[str] | None = None,
+        spool_root: str | PathLike[str] | None = None,
+        max_slots: int = 64,
         group_commit_ms: float = 0.0,
         max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
         inline_send: bool = True,
@@ -60,7 +77,9 @@ class MsgbusClient:
     ) -> None:
         self.settings = ClientSettings(
             receiver_url=receiver_url,
-            spool_dir=Path(spool_dir),
+            spool_dir=None if spool_dir is None else Path(spool_dir),
+            spool_root=None if spool_root is None else Path(spool_root),
+            max_slots=max_slots,
             group_commit_ms=group_commit_ms,
             max_spool_bytes=max_spool_bytes,
             inline_send=inline_send,
@@ -81,14 +100,16 @@ class MsgbusClient:
                 api_key,
                 request_timeout_s=request_timeout_s,
                 connect_timeout_s=connect_timeout_s,
-                max_connections=max_inline_requests + 2,  # + resender and group committer
+                max_connections=max_inline_requests + 1,  # + the resender
                 transport=transport,
             ),
         )
         s = self.settings
+        self.counters = ClientCounters()
         self._in_flight = InFlight()
+        self._backlog = Backlog(present=self.spool.pending_count() > 0)
         self._inline_slots = threading.BoundedSemaphore(s.max_inline_requests)
-        self._deliverer = Deliverer(self.spool, self._sender, self._health)
+        self._deliverer = Deliverer(self.spool, self._sender, self._health, self.counters)
         self._cond = threading.Condition()
         self._active_sends = 0
         self._closed = False
@@ -99,7 +120,9 @@ class MsgbusClient:
                 window_s=s.group_commit_ms / 1000,
                 max_group=s.max_group_messages,
             )
-        self._resender = Resender(self.spool, self._deliverer, self._health, self._in_flight, s)
+        self._resender = Resender(
+            self.spool, self._deliverer, self._health, self._in_flight, self._backlog, s
+        )
         self.spool.add_listener(self._resender.wake)
         self._resender.start()
 
@@ -114,34 +137,39 @@ class MsgbusClient:
         headers: Mapping[str, str] | None = None,
         content_type: str | None = None,
     ) -> str:
-        """Spool `message` durably, try to deliver it once, and return its message id.
+        """Spool `message` durably and return its message id (see the module docstring).
 
         Raises InvalidMessageError (a TypeError and ValueError) for input it cannot encode,
-        SpoolFullError when max_spool_bytes is reached, ClientClosedError after close().
-        Never raises for network or receiver failures once the message is spooled.
+        SpoolFullError when max_spool_bytes is reached, SpoolDiskFullError when the disk is
+        full, ClientClosedError after close(). Never raises for network or receiver failures
+        once the message is spooled.
         """
-        entry = build_entry(
-            destination, message, biz_id=biz_id, headers=headers, content_type=content_type
-        )
         with self._cond:
             if self._closed:
                 raise ClientClosedError("the client is closed")
             self._active_sends += 1
         try:
-            self._in_flight.add(entry.key)
             if self._committer is not None:
-                self._committer.submit(entry).result()
+                entry = self._committer.commit(
+                    lambda: build_entry(
+                        destination, message, biz_id=biz_id, headers=headers,
+                        content_type=content_type,
+                    )
+                )
             else:
-                try:
-                    self.spool.put(entry)
-                except BaseException:
-                    self._in_flight.discard([entry.key])
-                    raise
-                self._deliver_fresh([entry])
+                entry = build_entry(
+                    destination, message, biz_id=biz_id, headers=headers,
+                    content_type=content_type,
+                )
+                self._spool_and_deliver(entry)
+        except BaseException as exc:
+            self.counters.send_error(exc)
+            raise
         finally:
             with self._cond:
                 self._active_sends -= 1
                 self._cond.notify_all()
+        self.counters.add(metrics.SENT)
         return entry.message_id
 
     def close(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> int:
@@ -181,6 +209,12 @@ class MsgbusClient:
     def purge_rejected(self, message_id: str | None = None) -> int:
         return self.spool.purge_rejected(message_id)
 
+    def metrics(self) -> ClientMetrics:
+        """Spool depth, oldest message age, counters (see msgbus_client.metrics)."""
+        return metrics.snapshot(
+            self.spool, self.counters, backing_off=self._health.backing_off()
+        )
+
     def __enter__(self) -> Self:
         return self
 
@@ -195,41 +229,38 @@ class MsgbusClient:
     # -- internals ------------------------------------------------------------------------------
 
     def _commit_group(self, entries: list[Entry]) -> GroupResult:
-        """Run by the group committer: one commit for all, one delivery attempt for all."""
+        """Run by a group's leader: one commit for all; the resender delivers them."""
+        refused = self.spool.append(entries)
+        if len(refused) < len(entries):
+            self._resender.wake()
+        return group_results(self.spool, entries, refused)
+
+    def _spool_and_deliver(self, entry: Entry) -> None:
+        """One commit, then the inline attempt; only the commit can raise."""
+        self._in_flight.add(entry.key)
         try:
-            refused = self.spool.append(entries)
-        except BaseException as exc:
-            self._in_flight.discard(e.key for e in entries)
-            return [exc] * len(entries)
-        accepted, results = settle_group(self.spool, self._in_flight, entries, refused)
-        self._deliver_fresh(accepted)
-        return results
-
-    def _deliver_inline(self, entries: Sequence[Entry]) -> bool:
-        s = self.settings
-        for batch in chunks(entries, s.max_batch_messages, s.max_batch_bytes):
-            if self._deliverer.deliver(batch).retry:
-                return False
-        return True
-
-    def _deliver_fresh(self, entries: Sequence[Entry]) -> None:
-        """The inline attempt for just-spooled entries; never raises."""
-        if not entries:
-            return
+            self.spool.put(entry)
+        except BaseException:
+            self._in_flight.discard([entry.key])
+            raise
         delivered = False
         try:
-            if (
-                self.settings.inline_send
-                and not self._health.backing_off()
-                and self._inline_slots.acquire(blocking=False)
-            ):
+            if self._may_deliver_inline() and self._inline_slots.acquire(blocking=False):
                 try:
-                    delivered = self._deliver_inline(entries)
+                    delivered = not self._deliverer.deliver([entry]).retry
                 finally:
                     self._inline_slots.release()
         except Exception:
             log.exception("msgbus_client: inline delivery failed; the resender will retry")
         finally:
-            self._in_flight.discard(e.key for e in entries)
+            self._in_flight.discard([entry.key])
             if not delivered:
+                self._backlog.mark()
                 self._resender.wake()
+
+    def _may_deliver_inline(self) -> bool:
+        return (
+            self.settings.inline_send
+            and not self._backlog
+            and not self._health.backing_off()
+        )

@@ -12,7 +12,9 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from msgbus_client import metrics
 from msgbus_client.message import Entry
+from msgbus_client.metrics import ClientCounters
 from msgbus_client.protocol import (
     Outcome,
     batch_request,
@@ -52,6 +54,51 @@ class InFlight:
             return frozenset(self._keys)
 
 
+class Backlog:
+    """Whether messages wait in the spool for the resender. While they do, send() leaves new
+    messages to the resender too (which sends oldest first), so that a message sent later is
+    never first delivered before one sent earlier. Thread-safe.
+
+    `mark()` bumps a generation; the resender clears the flag only if no mark() happened since
+    it looked at the spool and found it empty, so a failure racing with that look is not lost.
+    """
+
+    def __init__(self, present: bool) -> None:
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._present = present
+
+    def mark(self) -> None:
+        with self._lock:
+            self._generation += 1
+            self._present = True
+
+    def generation(self) -> int:
+        with self._lock:
+            return self._generation
+
+    def clear_unless_marked_since(self, generation: int) -> None:
+        with self._lock:
+            if self._generation == generation:
+                self._present = False
+
+    def __bool__(self) -> bool:
+        return self._present
+
+
+def _count(counters: ClientCounters, entries: Sequence[Entry], outcome: Outcome,
+           resend: bool) -> None:
+    if resend:
+        counters.add(metrics.RESEND_REQUESTS)
+        counters.add(metrics.RESENT_MESSAGES, len(entries))
+    else:
+        counters.add(metrics.INLINE_REQUESTS)
+    counters.add(metrics.ACKED, len(outcome.acked))
+    counters.add(metrics.REJECTED, len(outcome.rejected))
+    if outcome.retry:
+        counters.add(metrics.FAILED_REQUESTS)
+
+
 def _report(outcome: Outcome, health: ReceiverHealth) -> None:
     for entry, status, error in outcome.rejected:
         log.error(
@@ -85,15 +132,26 @@ def _fallback_result(entries: Sequence[Entry], done: Outcome, start: int) -> Out
 
 
 class Deliverer:
-    def __init__(self, spool: Spool, sender: HttpSender, health: ReceiverHealth) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        sender: HttpSender,
+        health: ReceiverHealth,
+        counters: ClientCounters | None = None,
+    ) -> None:
         self._spool = spool
         self._sender = sender
         self._health = health
+        self._counters = counters or ClientCounters()
 
-    def deliver(self, entries: Sequence[Entry], timeout_s: float | None = None) -> Outcome:
-        """POST `entries` (single endpoint for one, batch endpoint for several) and settle."""
+    def deliver(
+        self, entries: Sequence[Entry], timeout_s: float | None = None, *, resend: bool = False
+    ) -> Outcome:
+        """POST `entries` (single endpoint for one, batch endpoint for several) and settle.
+        `resend`: the resender is sending (for the counters)."""
         outcome = self._post(entries, timeout_s)
         self._spool.settle(outcome.acked, outcome.rejected)
+        _count(self._counters, entries, outcome, resend)
         _report(outcome, self._health)
         return outcome
 
@@ -117,14 +175,24 @@ class Deliverer:
 
 
 class AsyncDeliverer:
-    def __init__(self, spool: Spool, sender: AsyncHttpSender, health: ReceiverHealth) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        sender: AsyncHttpSender,
+        health: ReceiverHealth,
+        counters: ClientCounters | None = None,
+    ) -> None:
         self._spool = spool
         self._sender = sender
         self._health = health
+        self._counters = counters or ClientCounters()
 
-    async def deliver(self, entries: Sequence[Entry], timeout_s: float | None = None) -> Outcome:
+    async def deliver(
+        self, entries: Sequence[Entry], timeout_s: float | None = None, *, resend: bool = False
+    ) -> Outcome:
         outcome = await self._post(entries, timeout_s)
         await asyncio.to_thread(self._spool.settle, outcome.acked, outcome.rejected)
+        _count(self._counters, entries, outcome, resend)
         _report(outcome, self._health)
         return outcome
 
@@ -154,7 +222,15 @@ def open_spool_and_sender(
     """The parts both clients start from. The spool is closed again if the sender fails."""
     if not api_key:
         raise ValueError("api_key must not be empty")
-    spool = Spool(settings.spool_dir, max_spool_bytes=settings.max_spool_bytes)
+    if settings.spool_root is not None:
+        spool = Spool.open_slot(
+            settings.spool_root,
+            max_slots=settings.max_slots,
+            max_spool_bytes=settings.max_spool_bytes,
+        )
+    else:
+        assert settings.spool_dir is not None  # ClientSettings checks that one is given
+        spool = Spool(settings.spool_dir, max_spool_bytes=settings.max_spool_bytes)
     try:
         sender = make_sender()
     except BaseException:
@@ -168,16 +244,12 @@ def open_spool_and_sender(
     return spool, sender, health
 
 
-def settle_group(
-    spool: Spool, in_flight: InFlight, entries: Sequence[Entry], refused: Sequence[Entry]
-) -> tuple[list[Entry], list[BaseException | None]]:
-    """After a group commit: the entries to deliver now, and each sender's result (a
-    spool-full error for the ones the spool refused, which are no longer in flight)."""
+def group_results(
+    spool: Spool, entries: Sequence[Entry], refused: Sequence[Entry]
+) -> list[BaseException | None]:
+    """Each sender's result after a group commit: None, or a spool-full error for the entries
+    the spool refused for lack of space."""
+    if not refused:
+        return [None] * len(entries)
     refused_keys = {e.key for e in refused}
-    if refused_keys:
-        in_flight.discard(refused_keys)
-    accepted = [e for e in entries if e.key not in refused_keys]
-    results: list[BaseException | None] = [
-        spool.full_error(e) if e.key in refused_keys else None for e in entries
-    ]
-    return accepted, results
+    return [spool.full_error(e) if e.key in refused_keys else None for e in entries]

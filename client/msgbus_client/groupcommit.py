@@ -1,21 +1,27 @@
-"""Group commit: concurrent send()s within a short window share one fsync'd spool transaction.
+"""Group commit: concurrent send()s share one fsync'd spool transaction.
 
-A single committer (a thread, or a task for asyncio) waits `window_s` after the first message
-arrives, takes everything queued (up to `max_group`), and hands the group to `handle`, which
-commits it and makes one delivery attempt (one batch request); then each sender is released with
-its own result (None, or the exception for its message, e.g. SpoolFullError). While a group is
-being handled the next one accumulates, so groups grow with the load.
+Thread flavour, leader/follower (as databases group WAL flushes): a sender that finds no commit
+running becomes the leader and commits everything queued, its own message included, in one
+transaction; senders arriving meanwhile queue up and wait. When the leader's commit ends it
+releases the senders it committed and promotes the first queued sender to lead the next group.
+Groups therefore grow with the load by themselves: while one fsync runs, the next group
+gathers. There is no committer thread, so a lone sender pays no thread hand-off. Before it
+commits, a leader waits up to `window_s` for senders that are already encoding their message
+(never longer, and not at all when nobody is on the way).
+
+asyncio flavour: one committer task commits whatever is queued (the commit runs in a worker
+thread), and senders queue up while a commit runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
 
 from msgbus_client.errors import ClientClosedError
 from msgbus_client.message import Entry
@@ -25,8 +31,28 @@ log = logging.getLogger("msgbus_client")
 GroupResult = list[BaseException | None]
 
 
+class _Waiter:
+    """One queued sender. `done` is held until the sender is released (a bare lock is the
+    cheapest thing a thread can block on)."""
+
+    __slots__ = ("done", "entry", "error", "next", "promoted")
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+        self.error: BaseException | None = None
+        self.promoted = False
+        self.next: _Waiter | None = None
+        self.done = threading.Lock()
+        self.done.acquire()
+
+    def wait(self) -> None:
+        self.done.acquire()
+        if self.next is not None:
+            self.next.done.release()
+
+
 class GroupCommitter:
-    """Thread flavour; `submit()` returns a Future that the caller waits on."""
+    """Thread flavour. `commit(build)` blocks until the built entry is durable."""
 
     def __init__(
         self,
@@ -39,60 +65,105 @@ class GroupCommitter:
         self._window_s = window_s
         self._max_group = max_group
         self._cond = threading.Condition()
-        self._queue: list[tuple[Entry, Future[None]]] = []
+        self._queue: list[_Waiter] = []
+        self._arriving = 0  # senders encoding their message, about to queue
+        self._lingering = False
+        self._leading = False
         self._closing = False
-        self._thread = threading.Thread(
-            target=self._run, name="msgbus-client-group-commit", daemon=True
-        )
-        self._thread.start()
 
-    def submit(self, entry: Entry) -> Future[None]:
-        future: Future[None] = Future()
+    def commit(self, build: Callable[[], Entry]) -> Entry:
+        """Build the entry (errors propagate as they are), commit it with whoever else is
+        sending, and return it; raises the commit's error for this entry."""
         with self._cond:
             if self._closing:
                 raise ClientClosedError("the client is closed")
-            self._queue.append((entry, future))
-            self._cond.notify()
-        return future
+            self._arriving += 1
+        try:
+            entry = build()
+        except BaseException:
+            with self._cond:
+                self._arriving -= 1
+                self._wake_lingering_leader()
+            raise
+        waiter = _Waiter(entry)
+        with self._cond:
+            self._arriving -= 1
+            self._queue.append(waiter)
+            lead = not self._leading
+            self._leading = True
+            self._wake_lingering_leader()
+        if not lead:
+            waiter.wait()
+            lead = waiter.promoted
+        if lead:
+            self._lead(waiter)
+        if waiter.error is not None:
+            raise waiter.error
+        return entry
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Commit what is queued, then stop the thread."""
+        """Refuse new messages and wait (up to timeout_s) for the commits in progress."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             self._closing = True
-            self._cond.notify()
-        self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closing:
-                    self._cond.wait()
-                if not self._queue:
+            while self._leading or self._queue:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    log.warning("msgbus_client: group commit still running at close()")
                     return
-                closing = self._closing
-            if not closing:
-                time.sleep(self._window_s)
-            with self._cond:
-                group = self._queue[: self._max_group]
-                del self._queue[: self._max_group]
-            _resolve(group, _call(self._handle, [entry for entry, _ in group]))
+                self._cond.wait(left)
+
+    def _wake_lingering_leader(self) -> None:
+        if self._lingering and (self._arriving == 0 or len(self._queue) >= self._max_group):
+            self._cond.notify_all()
+
+    def _lead(self, own: _Waiter) -> None:
+        with self._cond:
+            self._linger()
+            group = self._queue[: self._max_group]
+            del self._queue[: self._max_group]
+        results = _call(self._handle, [waiter.entry for waiter in group])
+        followers = [waiter for waiter in group if waiter is not own]
+        for waiter, error in zip(group, results, strict=True):
+            waiter.error = error
+        for waiter, successor in itertools.pairwise(followers):
+            waiter.next = successor
+        if followers:
+            # released one after the other, each by the previous one, so that woken threads
+            # do not pile up on the GIL
+            followers[0].done.release()
+        with self._cond:
+            if self._queue:
+                successor = self._queue[0]
+                successor.promoted = True
+                successor.done.release()
+            else:
+                self._leading = False
+                self._cond.notify_all()  # close() may be waiting
+
+    def _linger(self) -> None:
+        """Wait up to the window for senders already on their way (caller holds the lock)."""
+        if self._window_s <= 0 or self._arriving == 0:
+            return
+        deadline = time.monotonic() + self._window_s
+        self._lingering = True
+        try:
+            while self._arriving > 0 and len(self._queue) < self._max_group:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
+        finally:
+            self._lingering = False
 
 
 def _call(handle: Callable[[list[Entry]], GroupResult], entries: list[Entry]) -> GroupResult:
     try:
         results = handle(entries)
-    except BaseException as exc:  # hand every failure to the senders; the thread lives on
+    except BaseException as exc:  # hand the failure to every sender of the group
         log.exception("msgbus_client: group commit failed")
         return [exc] * len(entries)
     return results
-
-
-def _resolve(group: list[tuple[Entry, Future[None]]], results: GroupResult) -> None:
-    for (_, future), error in zip(group, results, strict=True):
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
 
 
 class AsyncGroupCommitter:
@@ -102,11 +173,9 @@ class AsyncGroupCommitter:
         self,
         handle: Callable[[list[Entry]], Awaitable[GroupResult]],
         *,
-        window_s: float,
         max_group: int,
     ) -> None:
         self._handle = handle
-        self._window_s = window_s
         self._max_group = max_group
         self._queue: list[tuple[Entry, asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
@@ -143,8 +212,7 @@ class AsyncGroupCommitter:
                 await self._wake.wait()
                 self._wake.clear()
                 continue
-            if not self._closing:
-                await asyncio.sleep(self._window_s)
+            await asyncio.sleep(0)  # let senders that are ready to run join this group
             group = [item for item in self._queue[: self._max_group] if not item[1].done()]
             del self._queue[: self._max_group]
             if not group:

@@ -22,17 +22,23 @@ _last_ms = -1
 _last_tail = 0
 
 
-def _compose(ms: int, tail: int) -> str:
+def _compose(ms: int, tail: int) -> int:
     value = (ms & _MS_MASK) << 80
     value |= 0x7 << 76  # version 7
     value |= (tail >> 62) << 64  # rand_a, 12 bits
     value |= 0b10 << 62  # RFC 9562 variant
     value |= tail & ((1 << 62) - 1)  # rand_b
-    return str(uuid.UUID(int=value))
+    return value
 
 
 def uuid7(unix_ms: int | None = None) -> str:
     """A new UUIDv7 as a lower-case canonical string, greater than every earlier one."""
+    return uuid7_with_key(unix_ms)[0]
+
+
+def uuid7_with_key(unix_ms: int | None = None) -> tuple[str, bytes]:
+    """A new UUIDv7: its canonical string and its 16 bytes (the spool key), made together
+    because send() needs both and formatting is on its hot path."""
     global _last_ms, _last_tail
     ms = time.time_ns() // 1_000_000 if unix_ms is None else unix_ms
     with _lock:
@@ -45,7 +51,9 @@ def uuid7(unix_ms: int | None = None) -> str:
                 ms += 1
                 tail = secrets.randbits(_TAIL_BITS - 1)
         _last_ms, _last_tail = ms, tail
-    return _compose(ms, tail)
+    value = _compose(ms, tail)
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}", value.to_bytes(16, "big")
 
 
 def uuid7_unix_ms(message_id: str) -> int:
@@ -53,10 +61,18 @@ def uuid7_unix_ms(message_id: str) -> int:
     return uuid.UUID(message_id).int >> 80
 
 
+_second_prefix: tuple[int, str] = (-1, "")
+
+
 def rfc3339_ms(unix_ms: int) -> str:
     """`2026-11-21T10:00:00.123Z` for a unix time in milliseconds."""
-    moment = datetime.fromtimestamp(unix_ms // 1000, tz=UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{unix_ms % 1000:03d}Z"
+    global _second_prefix
+    second = unix_ms // 1000
+    cached_second, prefix = _second_prefix  # one tuple read: safe without a lock
+    if cached_second != second:
+        prefix = datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        _second_prefix = (second, prefix)
+    return f"{prefix}{unix_ms % 1000:03d}Z"
 
 
 def now_ms() -> int:

@@ -2,6 +2,9 @@
 
 The kernel releases the lock when the owner exits, even on kill -9, so a new process can take
 over a dir left behind. flock() needs a local filesystem (not NFS).
+
+The owner writes "pid=... host=..." into the lock file, so `is_held()` (used by the spool tools
+and the orphan-draining DaemonSet) can say who holds a spool without owning it.
 """
 
 from __future__ import annotations
@@ -10,11 +13,18 @@ import contextlib
 import fcntl
 import os
 import socket
+import time
 from pathlib import Path
 
 from msgbus_client.errors import SpoolLockedError
 
 LOCK_FILE_NAME = "spool.lock"
+
+# A lock held by someone who has not written a name (yet) is an is_held() probe or an owner in
+# the microseconds between flock() and writing its name: wait a little before giving up.
+_UNNAMED_RETRIES = 5
+_UNNAMED_RETRY_S = 0.01
+_MAX_ATTEMPTS = 100  # lock files replaced under us (a drained spool removed) before giving up
 
 
 class SpoolDirLock:
@@ -22,23 +32,46 @@ class SpoolDirLock:
 
     def __init__(self, spool_dir: Path) -> None:
         self.path = spool_dir / LOCK_FILE_NAME
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = _read_owner(fd)
-            os.close(fd)
-            raise SpoolLockedError(
-                f"spool dir {spool_dir} is already in use by {owner}. One process owns a spool "
-                "dir at a time: give every process (and every client in a process) its own "
-                "spool_dir, e.g. one per pod or per worker process."
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
+        fd = self._acquire(spool_dir)
         self._fd: int | None = fd
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+        os.pwrite(fd, f"{owner_name()}\n".encode(), 0)
+
+    def _acquire(self, spool_dir: Path) -> int:
+        """The fd of the locked lock file that is (still) at self.path.
+
+        A drain removes a spool's files while holding its lock; whoever opened the old lock file
+        meanwhile must not keep a lock on a file that is no longer there, so it tries again.
+        """
+        unnamed = 0
+        for _ in range(_MAX_ATTEMPTS):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # the dir itself was removed by a drain
+                spool_dir.mkdir(parents=True, exist_ok=True)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = _owner_text(fd)
+                os.close(fd)
+                if not owner and unnamed < _UNNAMED_RETRIES:
+                    unnamed += 1
+                    time.sleep(_UNNAMED_RETRY_S)
+                    continue
+                raise SpoolLockedError(
+                    f"spool dir {spool_dir} is already in use by {_describe(owner)}. One process "
+                    "owns a spool dir at a time: give every process (and every client in a "
+                    "process) its own spool_dir, e.g. one per pod or per worker process, or use "
+                    "Spool.open_slot()."
+                ) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if _is_current(fd, self.path):
+                return fd
+            os.close(fd)
+        raise SpoolLockedError(f"spool dir {spool_dir} keeps being replaced; try again")
 
     def release(self) -> None:
         if self._fd is None:
@@ -49,9 +82,50 @@ class SpoolDirLock:
         os.close(fd)  # closing the only descriptor drops the flock
 
 
-def _read_owner(fd: int) -> str:
+def owner_name() -> str:
+    """How this process names itself in the lock files it holds."""
+    return f"pid={os.getpid()} host={socket.gethostname()}"
+
+
+def is_held(spool_dir: Path) -> str | None:
+    """Who holds `spool_dir` ("pid=... host=..."), or None when no live process does.
+
+    A non-owning probe: it opens an existing lock file read-only (it never creates one) and takes
+    a shared flock for an instant. While it holds that (a few microseconds), an owner starting on
+    the dir would see it busy; SpoolDirLock waits a little for an unnamed lock, so that is
+    harmless. The answer is a snapshot: an owner may start or exit right after it.
+    """
     try:
-        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        fd = os.open(spool_dir / LOCK_FILE_NAME, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _owner_text(fd) or "an unnamed process (it is just starting)"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _is_current(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is still the file at `path` (not unlinked or replaced)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
+
+
+def _owner_text(fd: int) -> str:
+    try:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip()
     except OSError:
-        text = ""
-    return f"another owner ({text})" if text else "another owner"
+        return ""
+
+
+def _describe(owner: str) -> str:
+    return f"another owner ({owner})" if owner else "another owner"

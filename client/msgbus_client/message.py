@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from msgbus_client.errors import InvalidMessageError
-from msgbus_client.ids import now_ms, rfc3339_ms, uuid7
+from msgbus_client.ids import now_ms, rfc3339_ms, uuid7_with_key
 
 JSON_CONTENT_TYPE = "application/json"
 BYTES_CONTENT_TYPE = "application/octet-stream"
@@ -27,16 +27,20 @@ _DEST_LEN = struct.Struct(">H")
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One spooled message: its id, destination and single-endpoint JSON body."""
+    """One spooled message: its id, destination and single-endpoint JSON body.
+
+    `key` is the spool key, the 16 id bytes (byte order is time order for UUIDv7); it is
+    derived from `message_id` when not given.
+    """
 
     message_id: str
     destination: str
     payload: bytes
+    key: bytes = b""
 
-    @property
-    def key(self) -> bytes:
-        """Spool key: the 16 id bytes; byte order is time order for UUIDv7."""
-        return uuid.UUID(self.message_id).bytes
+    def __post_init__(self) -> None:
+        if not self.key:
+            object.__setattr__(self, "key", uuid.UUID(self.message_id).bytes)
 
     @property
     def size(self) -> int:
@@ -51,10 +55,12 @@ class Entry:
     def from_record(cls, key: bytes, value: bytes) -> Entry:
         (size,) = _DEST_LEN.unpack_from(value)
         start = _DEST_LEN.size
+        key = bytes(key)
         return cls(
-            message_id=str(uuid.UUID(bytes=bytes(key))),
+            message_id=str(uuid.UUID(bytes=key)),
             destination=value[start : start + size].decode(),
             payload=bytes(value[start + size :]),
+            key=key,
         )
 
     def batch_item(self) -> bytes:
@@ -62,17 +68,25 @@ class Entry:
         return b'{"destination":' + _dumps(self.destination) + b"," + self.payload[1:]
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_checked_destinations: set[str] = set()  # an app sends to a handful; checking is on the hot path
+
+
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def _check_destination(destination: object) -> str:
+    if destination in _checked_destinations:
+        return destination  # mypy narrows it to str: only str are ever added
     if not isinstance(destination, str):
         raise InvalidMessageError(f"destination must be a str, not {type(destination).__name__}")
     if not destination or len(destination) > MAX_DESTINATION_CHARS:
         raise InvalidMessageError(f"destination must have 1..{MAX_DESTINATION_CHARS} characters")
     if "/" in destination or not destination.isprintable() or any(c.isspace() for c in destination):
         raise InvalidMessageError(f"destination {destination!r} has a '/', space or control char")
+    if len(_checked_destinations) < 1024:
+        _checked_destinations.add(destination)
     return destination
 
 
@@ -112,7 +126,8 @@ def build_entry(
     checked_headers = _check_headers(headers)
 
     created = now_ms()
-    doc: dict[str, Any] = {"message_id": uuid7(created), "created_at": rfc3339_ms(created)}
+    message_id, key = uuid7_with_key(created)
+    doc: dict[str, Any] = {"message_id": message_id, "created_at": rfc3339_ms(created)}
     if biz_id is not None:
         doc["biz_id"] = biz_id
     if checked_headers:
@@ -132,4 +147,4 @@ def build_entry(
     except (TypeError, ValueError, RecursionError) as exc:
         # ValueError covers NaN/Infinity, circular references and lone surrogates.
         raise InvalidMessageError(f"message is not JSON-serialisable: {exc}") from exc
-    return Entry(message_id=doc["message_id"], destination=dest, payload=payload)
+    return Entry(message_id=message_id, destination=dest, payload=payload, key=key)

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 
-from msgbus_client.delivery import AsyncDeliverer, Deliverer, InFlight
+from msgbus_client.delivery import AsyncDeliverer, Backlog, Deliverer, InFlight
 from msgbus_client.errors import SpoolError
 from msgbus_client.message import Entry
 from msgbus_client.retry import ReceiverHealth
@@ -35,9 +35,10 @@ _MIN_FLUSH_REQUEST_S = 0.05
 class _Plan:
     """Shared decisions of both flavours: what to wait for, what to send, with what timeout."""
 
-    def __init__(self, settings: ClientSettings, health: ReceiverHealth) -> None:
+    def __init__(self, settings: ClientSettings, health: ReceiverHealth, backlog: Backlog) -> None:
         self.settings = settings
         self.health = health
+        self.backlog = backlog
         self.deadline: float | None = None  # set by stop(): flush until then
 
     @property
@@ -61,11 +62,17 @@ class _Plan:
         return max(_MIN_FLUSH_REQUEST_S, self.time_left())
 
     def batch(self, spool: Spool, in_flight: InFlight) -> list[Entry]:
-        return spool.oldest(
+        """The next batch, oldest first; an empty spool (but for messages a send() is
+        delivering itself) ends the backlog."""
+        generation = self.backlog.generation()
+        found = spool.oldest(
             self.settings.max_batch_messages,
             self.settings.max_batch_bytes,
             skip=in_flight.snapshot(),
         )
+        if not found:
+            self.backlog.clear_unless_marked_since(generation)
+        return found
 
 
 class Resender:
@@ -77,12 +84,13 @@ class Resender:
         deliverer: Deliverer,
         health: ReceiverHealth,
         in_flight: InFlight,
+        backlog: Backlog,
         settings: ClientSettings,
     ) -> None:
         self._spool = spool
         self._deliverer = deliverer
         self._in_flight = in_flight
-        self._plan = _Plan(settings, health)
+        self._plan = _Plan(settings, health, backlog)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -140,7 +148,7 @@ class Resender:
             self._wake.wait(plan.settings.idle_poll_s)
             self._wake.clear()
             return True
-        self._deliverer.deliver(batch, timeout_s=plan.request_timeout())
+        self._deliverer.deliver(batch, timeout_s=plan.request_timeout(), resend=True)
         return True
 
 
@@ -153,12 +161,13 @@ class AsyncResender:
         deliverer: AsyncDeliverer,
         health: ReceiverHealth,
         in_flight: InFlight,
+        backlog: Backlog,
         settings: ClientSettings,
     ) -> None:
         self._spool = spool
         self._deliverer = deliverer
         self._in_flight = in_flight
-        self._plan = _Plan(settings, health)
+        self._plan = _Plan(settings, health, backlog)
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -217,7 +226,7 @@ class AsyncResender:
             await _wait(self._wake, plan.settings.idle_poll_s)
             self._wake.clear()
             return True
-        await self._deliverer.deliver(batch, timeout_s=plan.request_timeout())
+        await self._deliverer.deliver(batch, timeout_s=plan.request_timeout(), resend=True)
         return True
 
 

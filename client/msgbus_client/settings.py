@@ -12,8 +12,11 @@ from msgbus_client.spool import DEFAULT_MAX_SPOOL_BYTES
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
     receiver_url: str
-    spool_dir: Path
-    # 0: one fsync'd commit per send(); > 0: concurrent send()s within this window share one commit
+    spool_dir: Path | None = None  # a dir this process owns ...
+    spool_root: Path | None = None  # ... or a root shared by processes: each takes a free slot
+    max_slots: int = 64
+    # 0: one fsync'd commit per send(). > 0: group commit: concurrent send()s share one commit; a
+    # sender waits at most this long for senders already encoding their message to join.
     group_commit_ms: float = 0.0
     max_group_messages: int = 1000
     max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
@@ -33,10 +36,13 @@ class ClientSettings:
     idle_poll_s: float = 5.0
 
     def __post_init__(self) -> None:
+        if (self.spool_dir is None) == (self.spool_root is None):
+            raise ValueError("give exactly one of spool_dir and spool_root")
         if not self.receiver_url.startswith(("http://", "https://")):
             raise ValueError(f"receiver_url must be an http(s) URL, got {self.receiver_url!r}")
         positive = {
             "max_group_messages": self.max_group_messages,
+            "max_slots": self.max_slots,
             "max_inline_requests": self.max_inline_requests,
             "max_spool_bytes": self.max_spool_bytes,
             "request_timeout_s": self.request_timeout_s,

@@ -11,6 +11,10 @@ Sub-databases:
 The environment is opened with sync enabled, so every committed write transaction is fsync'd:
 once `put()`/`append()` returns, the message survives a process kill or a power cut.
 Every access goes through one lock; callers in async code run these methods in a thread.
+
+A write that fails because the disk is full (ENOSPC, EDQUOT, EFBIG, or LMDB's "short write"
+EIO on a full filesystem) raises `SpoolDiskFullError`: LMDB aborts the transaction before it
+touches the meta page, so what was committed earlier stays intact and the spool stays usable.
 """
 
 from __future__ import annotations
@@ -27,15 +31,27 @@ from typing import Any
 
 import lmdb
 
-from msgbus_client.errors import SpoolError, SpoolFormatError, SpoolFullError
+from msgbus_client.errors import (
+    SpoolError,
+    SpoolFormatError,
+    SpoolFullError,
+    SpoolLockedError,
+    disk_full_error,
+)
 from msgbus_client.ids import now_ms, rfc3339_ms
-from msgbus_client.lockfile import SpoolDirLock
+from msgbus_client.lockfile import LOCK_FILE_NAME, SpoolDirLock
 from msgbus_client.message import Entry
 
 log = logging.getLogger("msgbus_client")
 
 FORMAT_VERSION = b"1"
 DEFAULT_MAX_SPOOL_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_SLOTS = 64
+SLOT_PREFIX = "slot-"
+DATA_FILE_NAME = "data.mdb"
+LMDB_LOCK_FILE_NAME = "lock.mdb"
+PENDING_DB, REJECTED_DB, META_DB = b"pending", b"rejected", b"meta"
+MAX_DBS = 4
 _MAP_HEADROOM_BYTES = 32 * 1024 * 1024
 
 
@@ -88,34 +104,64 @@ class Spool:
         self._listeners: list[Callable[[], None]] = []
         self._commits = 0
         self._max_map_bytes = max_spool_bytes * 8 + _MAP_HEADROOM_BYTES
+        self._env: lmdb.Environment | None = None
         try:
-            self._env: lmdb.Environment | None = lmdb.open(
+            self._env = lmdb.open(
                 str(self.path),
                 map_size=max_spool_bytes * 2 + _MAP_HEADROOM_BYTES,
-                max_dbs=4,
+                max_dbs=MAX_DBS,
                 sync=True,
                 metasync=True,
                 readahead=False,
             )
-        except lmdb.Error as exc:
-            self._dir_lock.release()
-            raise SpoolError(f"cannot open the LMDB spool in {self.path}: {exc}") from exc
-        try:
             self._env.reader_check()  # clear reader slots left by killed processes
-            self._pending = self._env.open_db(b"pending")
-            self._rejected = self._env.open_db(b"rejected")
-            self._meta = self._env.open_db(b"meta")
+            self._pending = self._env.open_db(PENDING_DB)
+            self._rejected = self._env.open_db(REJECTED_DB)
+            self._meta = self._env.open_db(META_DB)
             self._check_format()
             self._used = self._measure()
-        except BaseException:
-            self._env.close()
+        except BaseException as exc:
+            if self._env is not None:
+                self._env.close()
+                self._env = None
             self._dir_lock.release()
-            raise
+            if not isinstance(exc, lmdb.Error):
+                raise
+            raise disk_full_error(exc, self.path / DATA_FILE_NAME) or SpoolError(
+                f"cannot open the LMDB spool in {self.path}: {exc}"
+            ) from exc
         log.info(
             "msgbus_client spool %s opened: %d pending, %d rejected",
             self.path,
             self.pending_count(),
             self.rejected_count(),
+        )
+
+    @classmethod
+    def open_slot(
+        cls,
+        root: str | PathLike[str],
+        *,
+        max_slots: int = DEFAULT_MAX_SLOTS,
+        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
+    ) -> Spool:
+        """Open the first free `root/slot-N` (N = 0 .. max_slots-1) for this process.
+
+        Several processes of one application can then share one `root`: each owns a slot (its
+        dir lock), and a restarted process takes the lowest free slot, so it picks up what a dead
+        one left there. Raises SpoolLockedError when every slot is owned by a live process.
+        """
+        if max_slots <= 0:
+            raise ValueError("max_slots must be > 0")
+        base = Path(root)
+        for n in range(max_slots):
+            try:
+                return cls(base / f"{SLOT_PREFIX}{n}", max_spool_bytes=max_spool_bytes)
+            except SpoolLockedError:
+                continue
+        raise SpoolLockedError(
+            f"all {max_slots} spool slots under {base} are in use by live processes; "
+            "raise max_slots or give this process a spool root of its own"
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -131,6 +177,31 @@ class Spool:
     @property
     def closed(self) -> bool:
         return self._env is None
+
+    def remove(self) -> bool:
+        """Close the spool and delete its files and dir; only when nothing is left in it.
+
+        The dir lock is held until the files are gone, so no other process can open the spool
+        half-deleted. Returns False (after deleting the spool files) when the dir itself stays,
+        because it holds files that are not the spool's or a new owner created a lock in it.
+        Raises SpoolError if messages are pending or rejected.
+        """
+        with self._lock:
+            left = self._count_unlocked(self._pending) + self._count_unlocked(self._rejected)
+            if left:
+                raise SpoolError(f"spool {self.path} still holds {left} message(s); not removed")
+            self._open_env().close()
+            self._env = None
+            for name in (DATA_FILE_NAME, LMDB_LOCK_FILE_NAME, LOCK_FILE_NAME):
+                (self.path / name).unlink(missing_ok=True)
+            try:
+                self.path.rmdir()
+                gone = True
+            except OSError as exc:
+                log.warning("msgbus_client: spool files removed but %s stays: %s", self.path, exc)
+                gone = False
+        self._dir_lock.release()
+        return gone
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call `callback()` whenever messages become pending outside put()/append()."""
@@ -225,6 +296,16 @@ class Spool:
     def pending_count(self) -> int:
         return self._count(self._pending)
 
+    def oldest_message_ms(self) -> int | None:
+        """Creation time (unix ms) of the oldest pending message, None if nothing is pending.
+
+        Read from the first key's 48-bit UUIDv7 timestamp, so it costs one cursor step, not a scan.
+        """
+        with self._lock:
+            env = self._open_env()
+            with env.begin() as txn:
+                return first_key_ms(txn, self._pending)
+
     def rejected_count(self) -> int:
         return self._count(self._rejected)
 
@@ -253,7 +334,7 @@ class Spool:
                 for key, record in txn.cursor(db=self._rejected):
                     if limit is not None and len(found) >= limit:
                         break
-                    found.append(_decode_rejected(key, record))
+                    found.append(decode_rejected(key, record))
         return found
 
     def resend_rejected(self, message_id: str) -> bool:
@@ -279,6 +360,29 @@ class Spool:
         for callback in list(self._listeners):
             callback()
         return True
+
+    def resend_all_rejected(self) -> int:
+        """Move every rejected message back to pending in one transaction; return how many."""
+        moved = 0
+
+        def work(txn: lmdb.Transaction[bytes], used: int) -> int:
+            nonlocal moved
+            records = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=self._rejected)]
+            for key, record in records:
+                txn.delete(key, db=self._rejected)
+                value = record.split(b"\n", 1)[1]
+                txn.put(key, value, db=self._pending)
+                used += len(value) - len(record)
+            moved = len(records)
+            return used
+
+        with self._lock:
+            self._write(work)
+        if moved:
+            log.info("msgbus_client: %d rejected message(s) queued again", moved)
+            for callback in list(self._listeners):
+                callback()
+        return moved
 
     def purge_rejected(self, message_id: str | None = None) -> int:
         """Delete one rejected message, or all when `message_id` is None; return how many."""
@@ -310,7 +414,8 @@ class Spool:
 
         LMDB's map (its maximum file size) starts at twice max_spool_bytes; if page overhead
         (e.g. large values use whole pages) still fills it, it doubles, up to 8 times
-        max_spool_bytes, and the transaction runs again. Caller holds self._lock.
+        max_spool_bytes, and the transaction runs again. A disk-full failure raises
+        SpoolDiskFullError; LMDB has aborted the transaction. Caller holds self._lock.
         """
         env = self._open_env()
         while True:
@@ -325,6 +430,11 @@ class Spool:
                 log.warning("msgbus_client: spool %s map full; growing it to %d", self.path, size)
                 env.set_mapsize(size)
                 continue
+            except lmdb.Error as exc:
+                full = disk_full_error(exc, self.path / DATA_FILE_NAME)
+                if full is None:
+                    raise
+                raise full from exc
             self._used = used
             self._commits += 1
             return
@@ -349,18 +459,15 @@ class Spool:
 
     def _count(self, db: Any) -> int:
         with self._lock:
-            env = self._open_env()
-            with env.begin() as txn:
-                return txn.stat(db)["entries"]
+            return self._count_unlocked(db)
+
+    def _count_unlocked(self, db: Any) -> int:
+        with self._open_env().begin() as txn:
+            return int(txn.stat(db)["entries"])
 
     def _measure(self) -> int:
-        total = 0
-        env = self._open_env()
-        with env.begin() as txn:
-            for db in (self._pending, self._rejected):
-                for key, value in txn.cursor(db=db):
-                    total += len(key) + len(value)
-        return total
+        with self._open_env().begin() as txn:
+            return measure_bytes(txn, (self._pending, self._rejected))
 
     def _check_format(self) -> None:
         env = self._open_env()
@@ -375,6 +482,19 @@ class Spool:
                 )
 
 
+def first_key_ms(txn: lmdb.Transaction[bytes], db: Any) -> int | None:
+    """The UUIDv7 timestamp of the first (oldest) key of `db`, None if it is empty."""
+    cursor = txn.cursor(db=db)
+    if not cursor.first():
+        return None
+    return int.from_bytes(bytes(cursor.key())[:6], "big")
+
+
+def measure_bytes(txn: lmdb.Transaction[bytes], dbs: Iterable[Any]) -> int:
+    """Bytes of keys and values in `dbs`: what max_spool_bytes limits."""
+    return sum(len(k) + len(v) for db in dbs for k, v in txn.cursor(db=db))
+
+
 def _key(message_id: str) -> bytes:
     try:
         return uuid.UUID(message_id).bytes
@@ -382,7 +502,8 @@ def _key(message_id: str) -> bytes:
         raise ValueError(f"not a message id: {message_id!r}") from exc
 
 
-def _decode_rejected(key: bytes, record: bytes) -> RejectedMessage:
+def decode_rejected(key: bytes, record: bytes) -> RejectedMessage:
+    """A `rejected` record (JSON reason line + pending value) as a RejectedMessage."""
     head, value = bytes(record).split(b"\n", 1)
     reason = json.loads(head)
     entry = Entry.from_record(key, value)
