@@ -144,13 +144,9 @@ class MsgbusClient:
         full, ClientClosedError after close(). Never raises for network or receiver failures
         once the message is spooled.
         """
-        with self._cond:
-            if self._closed:
-                raise ClientClosedError("the client is closed")
-            self._active_sends += 1
         try:
             if self._committer is not None:
-                entry = self._committer.commit(
+                entry = self._committer.commit(  # counts SENT per group, see _commit_group
                     lambda: build_entry(
                         destination, message, biz_id=biz_id, headers=headers,
                         content_type=content_type,
@@ -161,15 +157,10 @@ class MsgbusClient:
                     destination, message, biz_id=biz_id, headers=headers,
                     content_type=content_type,
                 )
-                self._spool_and_deliver(entry)
+                self._send_one(entry)
         except BaseException as exc:
             self.counters.send_error(exc)
             raise
-        finally:
-            with self._cond:
-                self._active_sends -= 1
-                self._cond.notify_all()
-        self.counters.add(metrics.SENT)
         return entry.message_id
 
     def close(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> int:
@@ -232,8 +223,22 @@ class MsgbusClient:
         """Run by a group's leader: one commit for all; the resender delivers them."""
         refused = self.spool.append(entries)
         if len(refused) < len(entries):
+            self.counters.add(metrics.SENT, len(entries) - len(refused))
             self._resender.wake()
         return group_results(self.spool, entries, refused)
+
+    def _send_one(self, entry: Entry) -> None:
+        with self._cond:
+            if self._closed:
+                raise ClientClosedError("the client is closed")
+            self._active_sends += 1
+        try:
+            self._spool_and_deliver(entry)
+        finally:
+            with self._cond:
+                self._active_sends -= 1
+                self._cond.notify_all()
+        self.counters.add(metrics.SENT)
 
     def _spool_and_deliver(self, entry: Entry) -> None:
         """One commit, then the inline attempt; only the commit can raise."""

@@ -64,7 +64,7 @@ class GroupCommitter:
         self._handle = handle
         self._window_s = window_s
         self._max_group = max_group
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Waiter] = []
         self._arriving = 0  # senders encoding their message, about to queue
         self._lingering = False
@@ -84,6 +84,8 @@ class GroupCommitter:
             with self._cond:
                 self._arriving -= 1
                 self._wake_lingering_leader()
+                if self._closing:
+                    self._cond.notify_all()
             raise
         waiter = _Waiter(entry)
         with self._cond:
@@ -92,6 +94,8 @@ class GroupCommitter:
             lead = not self._leading
             self._leading = True
             self._wake_lingering_leader()
+            if self._closing and not lead:
+                self._cond.notify_all()  # close() may be waiting for arrivals
         if not lead:
             waiter.wait()
             lead = waiter.promoted
@@ -102,11 +106,11 @@ class GroupCommitter:
         return entry
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Refuse new messages and wait (up to timeout_s) for the commits in progress."""
+        """Refuse new messages and wait (up to timeout_s) for the senders already in."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             self._closing = True
-            while self._leading or self._queue:
+            while self._leading or self._queue or self._arriving:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     log.warning("msgbus_client: group commit still running at close()")

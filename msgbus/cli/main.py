@@ -12,6 +12,7 @@ import click
 import orjson
 
 from msgbus.cli.services_cmd import services
+from msgbus.cli.spool_cmd import spool
 from msgbus.cli.stack import ServiceApps, connection_settings, serve_until_signal, server
 from msgbus.serving import ServerGroup
 
@@ -105,3 +106,4 @@ def _service_command(name: str) -> click.Command:
 for _name in ("receiver", "dispatcher", "compensator", "admin"):
     main.add_command(_service_command(_name))
 main.add_command(services)
+main.add_command(spool)

@@ -1,0 +1,196 @@
+"""`msgbus spool ...` as an operator (or the node DaemonSet) runs it, against the real receiver:
+a spool that a killed producer left behind is inspected, drained into the bus and removed; a
+spool holding a message the receiver rejected is listed, re-sent and purged."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from msgbus_client import MsgbusClient
+
+from msgbus import services
+from tests.support.bus import RunningBus, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+MSGBUS = [sys.executable, "-m", "msgbus.cli"]
+
+# A producer whose receiver is unreachable: it spools COUNT messages, prints their ids, and
+# waits to be killed, like a pod that lost its network and then its node.
+PRODUCER = textwrap.dedent(
+    """
+    import sys, time
+    from msgbus_client import MsgbusClient
+    url, key, spool_dir, destination, count = sys.argv[1:]
+    client = MsgbusClient(url, key, spool_dir=spool_dir, retry_base_s=30)
+    for n in range(int(count)):
+        print(client.send(destination, {"n": n}, biz_id=f"left-{n}"), flush=True)
+    print("ready", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def msgbus(*args: str, api_key: str = "") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
+    if api_key:
+        env["MSGBUS_API_KEY"] = api_key
+    return subprocess.run([*MSGBUS, "spool", *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=60)
+
+
+def ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def failed(done: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    """The one-line error of a refused command (never a traceback)."""
+    assert done.returncode == code, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    return done.stderr
+
+
+class Producer:
+    def __init__(self, api_key: str, spool_dir: Path, destination: str, count: int) -> None:
+        dead_url = f"http://127.0.0.1:{services.free_port()}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", PRODUCER, dead_url, api_key, str(spool_dir), destination,
+             str(count)], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.ids: list[str] = []
+        for line in self.proc.stdout:
+            if line.strip() == "ready":
+                break
+            self.ids.append(line.strip())
+        assert len(self.ids) == count, "the producer did not spool its messages"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def producers() -> Iterator[list[Producer]]:
+    started: list[Producer] = []
+    yield started
+    for producer in started:
+        producer.kill()
+
+
+def recorded_ids(bus: RunningBus, destination: str) -> set[str]:
+    docs = bus.query(bus.store.find_messages(destination=destination, limit=1000))
+    return {str(d["_id"]) for d in docs}
+
+
+def test_spool_of_a_killed_producer_is_inspected_drained_into_the_bus_and_removed(
+        bus: RunningBus, api_key: str, unique: str, tmp_path: Path,
+        producers: list[Producer]) -> None:
+    destination = f"left-{unique}"
+    bus.create_destination(destination, "direct")
+    root = tmp_path / "node"
+    spool_dir = root / "shop" / "pod-7"
+    producer = Producer(api_key, spool_dir, destination, 30)
+    producers.append(producer)
+
+    # while the producer lives: visible, but neither drained nor changed
+    table = ok(msgbus("inspect", str(root)))
+    assert f"held by pid={producer.proc.pid} " in table and str(spool_dir) in table
+    assert table.splitlines()[1].split()[:2] == ["30", "0"]
+    error = failed(msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url,
+                          api_key=api_key))
+    assert f"held by pid={producer.proc.pid} " in error and "not drained" in error
+    error = failed(msgbus("rejected", "purge", str(spool_dir), "--all"))
+    assert "stop the process" in error
+
+    producer.kill()
+    [report] = json.loads(ok(msgbus("inspect", str(root), "--json", "--min-idle", "0")))
+    assert (report["pending"], report["held_by"], report["orphaned"]) == (30, None, True)
+    assert report["oldest_age_s"] >= 0
+    orphans = ok(msgbus("orphans", str(root), "--min-idle", "0"))
+    assert "orphaned" in orphans and str(spool_dir) in orphans
+    assert "no spools to show" in ok(msgbus("orphans", str(root), "--min-idle", "3600"))
+
+    drained = msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key)
+    summary = ok(drained)
+    assert "30 delivered, 0 rejected (kept), 0 left pending; dir removed" in summary
+    assert f"draining {spool_dir}" in drained.stderr  # the progress bar's label
+    assert not spool_dir.exists()
+    wait_until(lambda: recorded_ids(bus, destination) == set(producer.ids), 30,
+               "the drained messages in MongoDB")
+    doc = bus.query(bus.store.get_message(producer.ids[7]))
+    assert doc["biz_id"] == "left-7"
+
+
+def test_rejected_message_is_listed_resent_and_purged(
+        bus: RunningBus, api_key: str, unique: str, tmp_path: Path) -> None:
+    known, unknown = f"known-{unique}", f"unknown-{unique}"
+    bus.create_destination(known, "direct")
+    spool_dir = tmp_path / "spool"
+    client = MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir)
+    good = client.send(known, {"ok": True})
+    bad = client.send(unknown, {"lost": "way"}, biz_id="b-1")
+    assert client.close(10) == 0
+
+    [entry] = json.loads(ok(msgbus("rejected", "list", str(spool_dir), "--json")))
+    assert (entry["message_id"], entry["destination"], entry["status"]) == (bad, unknown, 404)
+    assert entry["message"]["body"] == {"lost": "way"} and entry["error"]["field"] == "destination"
+    assert f"{bad}  {unknown}  HTTP 404" in ok(msgbus("rejected", "list", str(spool_dir)))
+
+    # what is left in the spool keeps the dir after a drain; the exit status says so
+    drained = msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key)
+    failed(drained)
+    assert "0 delivered, 1 rejected (kept), 0 left pending; dir kept" in drained.stdout
+    assert spool_dir.exists()
+
+    # still unknown: re-sent, rejected again
+    assert "1 message(s) moved back to pending" in ok(msgbus("rejected", "resend",
+                                                             str(spool_dir), bad))
+    [report] = json.loads(ok(msgbus("inspect", str(spool_dir), "--json")))
+    assert (report["pending"], report["rejected"]) == (1, 0)
+    failed(msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key))
+
+    # errors are one line, with the usage error's own status
+    assert "MESSAGE_ID... or --all" in failed(msgbus("rejected", "purge", str(spool_dir)), 2)
+    assert "not a message id" in failed(msgbus("rejected", "purge", str(spool_dir), "nope"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "no spool dirs in" in failed(msgbus("inspect", str(empty)))
+    assert "not a msgbus spool dir" in failed(msgbus("rejected", "list", str(empty)))
+
+    assert "1 rejected message(s) purged" in ok(msgbus("rejected", "purge", str(spool_dir), bad))
+    assert "no rejected messages" in ok(msgbus("rejected", "list", str(spool_dir)))
+    ok(msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key))
+    assert not spool_dir.exists()
+    assert recorded_ids(bus, unknown) == set()
+    wait_until(lambda: recorded_ids(bus, known) == {good}, 30, "the good message in MongoDB")
+
+
+def test_resent_message_goes_out_once_its_destination_exists(
+        bus: RunningBus, api_key: str, unique: str, tmp_path: Path) -> None:
+    destination = f"late-{unique}"
+    spool_dir = tmp_path / "spool"
+    client = MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir)
+    message_id = client.send(destination, {"early": True})
+    assert client.close(10) == 0
+    bus.create_destination(destination, "direct")
+
+    def resend_and_drain() -> bool:
+        """The receiver may still remember the destination as unknown for a moment."""
+        ok(msgbus("rejected", "resend", str(spool_dir), "--all"))
+        drained = msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url,
+                         api_key=api_key)
+        return drained.returncode == 0 and "1 delivered" in drained.stdout
+
+    wait_until(resend_and_drain, 30, "the re-sent message to be accepted")
+    assert not spool_dir.exists()
+    wait_until(lambda: recorded_ids(bus, destination) == {message_id}, 30, "MongoDB record")
+
