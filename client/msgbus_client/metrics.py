@@ -104,7 +104,12 @@ class PrometheusCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        m = self._client.metrics()
+        from msgbus_client.errors import SpoolError
+
+        try:
+            m = self._client.metrics()
+        except SpoolError:  # the client is closed: it has nothing left to report
+            return
         labels = ["spool"]
         spool = [m.spool_dir]
 
