@@ -245,26 +245,29 @@ class AsyncMsgbusClient:
         return group_results(self.spool, entries, refused)
 
     async def _spool_and_deliver(self, entry: Entry) -> None:
-        """One commit, then the inline attempt; only the commit can raise."""
-        self._in_flight.add(entry.key)
-        try:
+        """One commit, then the inline attempt if it may go; only the commit can raise."""
+        if not self._may_deliver_inline() or self._inline_slots.locked():
             await asyncio.to_thread(self.spool.put, entry)
-        except BaseException:
-            self._in_flight.discard([entry.key])
-            raise
+            self._leave_to_resender()
+            return
         delivered = False
-        try:
-            if self._may_deliver_inline() and not self._inline_slots.locked():
-                async with self._inline_slots:
+        async with self._inline_slots:
+            self._in_flight.add(entry.key)  # only while this task delivers it
+            try:
+                await asyncio.to_thread(self.spool.put, entry)
+                try:
                     delivered = not (await self._deliverer.deliver([entry])).retry
-        except Exception:
-            log.exception("msgbus_client: inline delivery failed; the resender will retry")
-        finally:
-            self._in_flight.discard([entry.key])
-            if not delivered:
-                self._backlog.mark()
-                if self._resender is not None:
-                    self._resender.wake()
+                except Exception:
+                    log.exception("msgbus_client: inline delivery failed; the resender will retry")
+            finally:
+                self._in_flight.discard([entry.key])
+        if not delivered:
+            self._leave_to_resender()
+
+    def _leave_to_resender(self) -> None:
+        self._backlog.mark()
+        if self._resender is not None:
+            self._resender.wake()
 
     def _may_deliver_inline(self) -> bool:
         return (

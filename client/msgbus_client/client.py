@@ -241,27 +241,29 @@ class MsgbusClient:
         self.counters.add(metrics.SENT)
 
     def _spool_and_deliver(self, entry: Entry) -> None:
-        """One commit, then the inline attempt; only the commit can raise."""
-        self._in_flight.add(entry.key)
+        """One commit, then the inline attempt if it may go; only the commit can raise."""
+        inline = self._may_deliver_inline() and self._inline_slots.acquire(blocking=False)
+        if not inline:
+            self.spool.put(entry)
+            self._leave_to_resender()
+            return
+        delivered = False
+        self._in_flight.add(entry.key)  # only while this thread delivers it: the resender skips it
         try:
             self.spool.put(entry)
-        except BaseException:
-            self._in_flight.discard([entry.key])
-            raise
-        delivered = False
-        try:
-            if self._may_deliver_inline() and self._inline_slots.acquire(blocking=False):
-                try:
-                    delivered = not self._deliverer.deliver([entry]).retry
-                finally:
-                    self._inline_slots.release()
-        except Exception:
-            log.exception("msgbus_client: inline delivery failed; the resender will retry")
+            try:
+                delivered = not self._deliverer.deliver([entry]).retry
+            except Exception:
+                log.exception("msgbus_client: inline delivery failed; the resender will retry")
         finally:
             self._in_flight.discard([entry.key])
-            if not delivered:
-                self._backlog.mark()
-                self._resender.wake()
+            self._inline_slots.release()
+        if not delivered:
+            self._leave_to_resender()
+
+    def _leave_to_resender(self) -> None:
+        self._backlog.mark()
+        self._resender.wake()
 
     def _may_deliver_inline(self) -> bool:
         return (

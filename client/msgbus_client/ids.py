@@ -7,7 +7,7 @@ is keyed by id, keeps messages in send order.
 
 from __future__ import annotations
 
-import secrets
+import random
 import threading
 import time
 import uuid
@@ -41,15 +41,19 @@ def uuid7_with_key(unix_ms: int | None = None) -> tuple[str, bytes]:
     because send() needs both and formatting is on its hot path."""
     global _last_ms, _last_tail
     ms = time.time_ns() // 1_000_000 if unix_ms is None else unix_ms
+    # drawn before taking the lock: nothing in the critical section may release the GIL, or
+    # concurrent senders pile up on the lock. `random` is re-seeded in forked children, and ids
+    # need uniqueness, not secrecy.
+    fresh = random.getrandbits(_TAIL_BITS - 1)  # top bit clear: room to count up
     with _lock:
         if ms > _last_ms:
-            tail = secrets.randbits(_TAIL_BITS - 1)  # top bit clear: room to count up
+            tail = fresh
         else:
             ms = _last_ms
-            tail = _last_tail + 1 + secrets.randbits(16)
+            tail = _last_tail + 1 + (fresh & 0xFFFF)
             if tail > _TAIL_MAX:
                 ms += 1
-                tail = secrets.randbits(_TAIL_BITS - 1)
+                tail = fresh
         _last_ms, _last_tail = ms, tail
     value = _compose(ms, tail)
     h = f"{value:032x}"
