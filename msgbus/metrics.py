@@ -6,6 +6,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, ge
 
 MESSAGES_ACCEPTED = Counter(
     "msgbus_messages_accepted_total", "Messages accepted by the receiver", ["destination"])
+MESSAGES_DUPLICATE = Counter(
+    "msgbus_messages_duplicate_total",
+    "Messages the receiver had already accepted (client re-sends), answered 'duplicate'",
+    ["destination"])
 MESSAGES_REJECTED = Counter(
     "msgbus_messages_rejected_total", "Messages the receiver refused, by reason", ["reason"])
 PUBLISHED = Counter(

@@ -39,6 +39,9 @@ class ReceiverSettings(BaseSettings):
     max_batch_bytes: int = 8 * 1024 * 1024
     buffer_dir: Path | None = None  # default: <state_dir>/receiver-buffer
     buffer_max_bytes: int = 2 * 1024**3
+    # how long the receiver remembers accepted message ids, to answer a client's re-send
+    # "duplicate" instead of publishing it again (per receiver instance)
+    dedupe_window_s: float = 600.0
     mongo_batch_size: int = 500
     publish_batch_size: int = 500
     # Where the direct path hands messages (a dispatcher's internal endpoint).

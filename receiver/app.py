@@ -61,8 +61,9 @@ def create_app(service: ReceiverService) -> FastAPI:
         data = load_json(await _read_limited(request, single_limit))
         envelope = parse_envelope(data, destination=code, source_app=producer.name,
                                   max_body_bytes=settings.max_message_bytes, now=utcnow())
-        await service.pipeline.accept([envelope])
-        return {"message_id": envelope.message_id, "status": "accepted"}
+        [fresh] = await service.pipeline.accept([envelope])
+        return {"message_id": envelope.message_id,
+                "status": "accepted" if fresh else "duplicate"}
 
     batch_schema = {"type": "object", "required": ["messages"], "properties": {
         "messages": {"type": "array", "maxItems": settings.max_batch_count, "items": {
@@ -98,10 +99,13 @@ def create_app(service: ReceiverService) -> FastAPI:
                 results.append({"message_id": message_id, "status": exc.status_code,
                                 "error": exc.to_json()})
                 continue
-            accepted.append(envelope)
+            accepted.append((len(results), envelope))
             results.append({"message_id": envelope.message_id, "status": 202, "error": None})
         if accepted:
-            await service.pipeline.accept(accepted)
+            fresh = await service.pipeline.accept([envelope for _, envelope in accepted])
+            for (index, _), is_new in zip(accepted, fresh, strict=True):
+                if not is_new:
+                    results[index]["duplicate"] = True
         return {"results": results}
 
     @app.get("/health")

@@ -11,6 +11,7 @@ buffer in one fsync'd transaction. Two drainers then work independently:
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -18,8 +19,8 @@ from msgbus.brokers.base import Publisher
 from msgbus.codec import decode, encode
 from msgbus.drain import Drainer
 from msgbus.errors import NotFound
-from msgbus.localqueue import LocalQueue
-from msgbus.metrics import BUFFER_DEPTH, MESSAGES_ACCEPTED, PUBLISHED
+from msgbus.localqueue import Item, LocalQueue
+from msgbus.metrics import BUFFER_DEPTH, MESSAGES_ACCEPTED, MESSAGES_DUPLICATE, PUBLISHED
 from msgbus.models import BrokerKind, Destination, Envelope
 from msgbus.registry import Registry
 from msgbus.store import MongoStore
@@ -69,14 +70,19 @@ class IngestPipeline:
         for drainer in self._drainers:
             await drainer.close()
 
-    async def accept(self, envelopes: list[Envelope]) -> None:
-        entries: list[tuple[str, bytes]] = []
+    async def accept(self, envelopes: list[Envelope]) -> list[bool]:
+        """Buffer the messages durably; per message, False when this receiver accepted the
+        same message_id within its dedupe window (a client re-send): it is not queued again."""
+        items: list[Item] = []
         for envelope in envelopes:
             data = encode(envelope)
-            entries += ((PUBLISH_QUEUE, data), (RECORD_QUEUE, data))
-        await self._buffer.append(entries)
-        for envelope in envelopes:
-            MESSAGES_ACCEPTED.labels(envelope.destination).inc()
+            items.append((uuid.UUID(envelope.message_id).bytes,
+                          [(PUBLISH_QUEUE, data), (RECORD_QUEUE, data)]))
+        fresh = await self._buffer.append_new(items)
+        for envelope, is_new in zip(envelopes, fresh, strict=True):
+            counter = MESSAGES_ACCEPTED if is_new else MESSAGES_DUPLICATE
+            counter.labels(envelope.destination).inc()
+        return fresh
 
     def depths(self) -> dict[str, int]:
         depths = {q: self._buffer.depth(q) for q in QUEUES}

@@ -45,7 +45,8 @@ class ReceiverService:
         self.auth = ProducerAuthenticator(self.store)
         self.publishers = build_publishers(settings)
         buffer_dir = settings.buffer_dir or conn.state_dir / "receiver-buffer"
-        self.buffer = LocalQueue(buffer_dir, QUEUES, max_bytes=settings.buffer_max_bytes)
+        self.buffer = LocalQueue(buffer_dir, QUEUES, max_bytes=settings.buffer_max_bytes,
+                                 dedupe_window_s=settings.dedupe_window_s)
         self.pipeline = IngestPipeline(
             self.buffer, self.store, self.registry, self.publishers,
             publish_batch=settings.publish_batch_size, record_batch=settings.mongo_batch_size,

@@ -117,3 +117,32 @@ def test_batch_reports_a_result_per_message(http: httpx.Client, destination: str
         {"destination": destination, "message_id": uuid7(), "body": i} for i in range(501)]})
     assert too_many.status_code == 413
     assert too_many.json()["error"] == "message_too_large"
+
+
+@pytest.mark.parametrize("broker", ["kafka", "rabbitmq", "direct"])
+def test_a_resent_message_is_accepted_as_duplicate_and_delivered_once(
+        bus: RunningBus, http: httpx.Client, unique: str, broker: str) -> None:
+    """A client that did not hear the 202 sends the same message again, alone or in a batch:
+    the receiver answers "duplicate" and the subscriber gets the message once."""
+    code = f"dedupe-{broker}-{unique}"
+    bus.create_destination(code, broker)
+    subscriber = RecordingSubscriber()
+    bus.subscribe(code, "once", bus.serve_subscriber(subscriber), max_concurrency=1)
+    bus.wait_for_workers([f"{code}/once"])
+    message = {"message_id": uuid7(), "biz_id": "k", "body": {"n": 1}}
+
+    first = _post(http, code, json=message)
+    again = _post(http, code, json=message)
+    batch = http.post("/v1/messages", json={"messages": [
+        {**message, "destination": code}, {**message, "destination": code}]})
+    assert (first.status_code, first.json()["status"]) == (202, "accepted")
+    assert (again.status_code, again.json()["status"]) == (202, "duplicate")
+    assert [(r["status"], r.get("duplicate")) for r in batch.json()["results"]] == [
+        (202, True), (202, True)]
+
+    # a later message on the same ordered path: once it is delivered, a duplicate would be too
+    later = uuid7()
+    assert _post(http, code, json={"message_id": later, "biz_id": "k", "body": {"n": 2}}
+                 ).json()["status"] == "accepted"
+    wait_until(lambda: later in subscriber.message_ids(), 30, "the later message")
+    assert [p.message_id for p in subscriber.pushes].count(message["message_id"]) == 1

@@ -7,7 +7,7 @@ import pytest
 
 from msgbus.drain import Drainer
 from msgbus.errors import BufferFull
-from msgbus.localqueue import LocalQueue
+from msgbus.localqueue import Item, LocalQueue
 
 
 async def test_appends_are_fifo_per_queue_and_survive_reopen(tmp_path: Path) -> None:
@@ -31,10 +31,10 @@ async def test_concurrent_appends_share_commits(tmp_path: Path) -> None:
     commits = 0
     original = queue._commit
 
-    def counting(groups: list[list[tuple[str, bytes]]]) -> None:
+    def counting(groups: list[list[Item]]) -> list[list[bool]]:
         nonlocal commits
         commits += 1
-        original(groups)
+        return original(groups)
 
     queue._commit = counting  # type: ignore[method-assign]
     await asyncio.gather(*(queue.append([("q", b"v")]) for _ in range(500)))
@@ -75,4 +75,38 @@ async def test_drainer_retries_a_failing_sink_without_losing_entries(tmp_path: P
     await drainer.close()
     assert received == [b"%d" % i for i in range(50)]
     assert queue.depth("q") == 0 and drainer.failures == 2
+    queue.close()
+
+
+async def test_append_new_skips_keys_seen_within_the_window(tmp_path: Path) -> None:
+    queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8, dedupe_window_s=3600)
+    first = await queue.append_new([(b"id-1", [("q", b"one")]), (b"id-2", [("q", b"two")]),
+                                    (b"id-1", [("q", b"one again, same request")])])
+    assert first == [True, True, False]
+    # concurrent appends of the same key: exactly one wins
+    racing = await asyncio.gather(*(queue.append_new([(b"id-3", [("q", b"three")])])
+                                    for _ in range(20)))
+    assert sorted(r[0] for r in racing) == [False] * 19 + [True]
+    queue.close()
+
+    reopened = LocalQueue(tmp_path, ("q",), max_bytes=10**8, dedupe_window_s=3600)
+    assert await reopened.append_new([(b"id-2", [("q", b"x")]), (None, [("q", b"keyless")])]) \
+        == [False, True]
+    assert [v for _, v in reopened.read("q", 10)] == [b"one", b"two", b"three", b"keyless"]
+    reopened.close()
+
+
+async def test_keys_are_forgotten_after_the_window(tmp_path: Path) -> None:
+    queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8, dedupe_window_s=0.05)
+    assert await queue.append_new([(b"id-1", [("q", b"one")])]) == [True]
+    await asyncio.sleep(0.1)
+    await queue.append_new([(b"other", [("q", b"prunes the expired key")])])
+    assert await queue.append_new([(b"id-1", [("q", b"one, much later")])]) == [True]
+    queue.close()
+
+
+async def test_keys_need_a_dedupe_window(tmp_path: Path) -> None:
+    queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8)
+    with pytest.raises(ValueError, match="dedupe_window_s"):
+        await queue.append_new([(b"id", [("q", b"v")])])
     queue.close()
