@@ -24,6 +24,7 @@ from msgbus_client.delivery import (
     Backlog,
     InFlight,
     group_results,
+    inline_allowed,
     open_spool_and_sender,
 )
 from msgbus_client.errors import ClientClosedError
@@ -246,7 +247,8 @@ class AsyncMsgbusClient:
 
     async def _spool_and_deliver(self, entry: Entry) -> None:
         """One commit, then the inline attempt if it may go; only the commit can raise."""
-        if not self._may_deliver_inline() or self._inline_slots.locked():
+        allowed = inline_allowed(self.settings, self._backlog, self._health)
+        if not allowed or self._inline_slots.locked():
             await asyncio.to_thread(self.spool.put, entry)
             self._leave_to_resender()
             return
@@ -268,10 +270,3 @@ class AsyncMsgbusClient:
         self._backlog.mark()
         if self._resender is not None:
             self._resender.wake()
-
-    def _may_deliver_inline(self) -> bool:
-        return (
-            self.settings.inline_send
-            and not self._backlog
-            and not self._health.backing_off()
-        )

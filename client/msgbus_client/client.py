@@ -31,6 +31,7 @@ from msgbus_client.delivery import (
     Deliverer,
     InFlight,
     group_results,
+    inline_allowed,
     open_spool_and_sender,
 )
 from msgbus_client.errors import ClientClosedError
@@ -242,7 +243,9 @@ class MsgbusClient:
 
     def _spool_and_deliver(self, entry: Entry) -> None:
         """One commit, then the inline attempt if it may go; only the commit can raise."""
-        inline = self._may_deliver_inline() and self._inline_slots.acquire(blocking=False)
+        inline = inline_allowed(
+            self.settings, self._backlog, self._health
+        ) and self._inline_slots.acquire(blocking=False)
         if not inline:
             self.spool.put(entry)
             self._leave_to_resender()
@@ -264,10 +267,3 @@ class MsgbusClient:
     def _leave_to_resender(self) -> None:
         self._backlog.mark()
         self._resender.wake()
-
-    def _may_deliver_inline(self) -> bool:
-        return (
-            self.settings.inline_send
-            and not self._backlog
-            and not self._health.backing_off()
-        )

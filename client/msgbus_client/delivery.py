@@ -35,7 +35,13 @@ log = logging.getLogger("msgbus_client")
 
 
 class InFlight:
-    """Keys of fresh messages a send() is delivering right now; the resender skips them."""
+    """Keys of fresh messages a send() is delivering right now; the resender skips them.
+
+    It is a live container: `Spool.oldest(skip=in_flight)` asks about each key while it walks
+    its read transaction, i.e. after the spool was read. A message whose inline attempt ends in
+    between is then sent by the resender too (at worst twice); asking before reading could skip
+    it yet take a message sent after it, breaking send order.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -49,9 +55,9 @@ class InFlight:
         with self._lock:
             self._keys.difference_update(keys)
 
-    def snapshot(self) -> frozenset[bytes]:
+    def __contains__(self, key: object) -> bool:
         with self._lock:
-            return frozenset(self._keys)
+            return key in self._keys
 
 
 class Backlog:
@@ -84,6 +90,12 @@ class Backlog:
 
     def __bool__(self) -> bool:
         return self._present
+
+
+def inline_allowed(settings: ClientSettings, backlog: Backlog, health: ReceiverHealth) -> bool:
+    """Whether send() may POST a fresh message itself: inline sends are on, no older message
+    waits for the resender (it would be overtaken), and the receiver is not failing."""
+    return settings.inline_send and not backlog and not health.backing_off()
 
 
 def _count(counters: ClientCounters, entries: Sequence[Entry], outcome: Outcome,

@@ -96,8 +96,6 @@ class GroupCommitter:
             lead = not self._leading
             self._leading = True
             self._wake_lingering_leader()
-            if self._closing and not lead:
-                self._cond.notify_all()  # close() may be waiting for arrivals
         if not lead:
             waiter.wait()
             lead = waiter.promoted
@@ -130,23 +128,19 @@ class GroupCommitter:
         with self._cond:
             self._linger()
             group = self._take()
-        for _ in range(_MAX_GROUPS_PER_LEADER - 1):
+        for round_ in range(1, _MAX_GROUPS_PER_LEADER + 1):
             self._commit_and_release(group, own)
             with self._cond:
                 if not self._queue:
                     self._leading = False
                     self._cond.notify_all()  # close() may be waiting
                     return
+                if round_ == _MAX_GROUPS_PER_LEADER:
+                    successor = self._queue[0]
+                    successor.promoted = True
+                    successor.done.release()
+                    return
                 group = self._take()
-        self._commit_and_release(group, own)
-        with self._cond:
-            if self._queue:
-                successor = self._queue[0]
-                successor.promoted = True
-                successor.done.release()
-            else:
-                self._leading = False
-                self._cond.notify_all()
 
     def _take(self) -> list[_Waiter]:
         group = self._queue[: self._max_group]

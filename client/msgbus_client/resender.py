@@ -65,13 +65,9 @@ class _Plan:
         """The next batch, oldest first; an empty spool (but for messages a send() is
         delivering itself) ends the backlog."""
         generation = self.backlog.generation()
-        found = spool.oldest(self.settings.max_batch_messages, self.settings.max_batch_bytes)
-        # Which messages a send() is delivering itself is asked *after* reading the spool: a
-        # message whose inline attempt ends in between is then sent here (at worst twice), while
-        # the other order could skip it but take a message sent after it.
-        busy = in_flight.snapshot()
-        if busy:
-            found = [entry for entry in found if entry.key not in busy]
+        found = spool.oldest(
+            self.settings.max_batch_messages, self.settings.max_batch_bytes, skip=in_flight
+        )
         if not found:
             self.backlog.clear_unless_marked_since(generation)
         return found
