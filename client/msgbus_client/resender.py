@@ -22,14 +22,13 @@ import time
 from msgbus_client.delivery import AsyncDeliverer, Backlog, Deliverer, InFlight
 from msgbus_client.errors import SpoolError
 from msgbus_client.message import Entry
-from msgbus_client.retry import ReceiverHealth
+from msgbus_client.retry import ReceiverHealth, flush_request_timeout_s, flush_wait_s
 from msgbus_client.settings import ClientSettings
 from msgbus_client.spool import Spool
 
 log = logging.getLogger("msgbus_client")
 
 _ERROR_PAUSE_S = 1.0
-_MIN_FLUSH_REQUEST_S = 0.05
 
 
 class _Plan:
@@ -51,15 +50,12 @@ class _Plan:
 
     def backoff_wait(self) -> float | None:
         """Seconds to wait before the next attempt; None means give up (flush deadline)."""
-        wait = self.health.wait_s()
-        if self.deadline is not None and wait >= self.time_left():
-            return None
-        return wait
+        if self.deadline is None:
+            return self.health.wait_s()
+        return flush_wait_s(self.health, self.deadline)
 
     def request_timeout(self) -> float | None:
-        if self.deadline is None:
-            return None
-        return max(_MIN_FLUSH_REQUEST_S, self.time_left())
+        return None if self.deadline is None else flush_request_timeout_s(self.deadline)
 
     def batch(self, spool: Spool, in_flight: InFlight) -> list[Entry]:
         """The next batch, oldest first; an empty spool (but for messages a send() is

@@ -90,3 +90,18 @@ class ReceiverHealth:
 
     def backing_off(self) -> bool:
         return self.wait_s() > 0
+
+
+MIN_FLUSH_REQUEST_S = 0.05  # a flush near its deadline still gives a request this long
+
+
+def flush_wait_s(health: ReceiverHealth, deadline: float) -> float | None:
+    """The wait before the next attempt of a flush that must end by `deadline`
+    (time.monotonic()); None when waiting would reach the deadline: give up then."""
+    wait = health.wait_s()
+    return None if wait >= deadline - time.monotonic() else wait
+
+
+def flush_request_timeout_s(deadline: float) -> float:
+    """A request timeout that ends a flush's request by its deadline."""
+    return max(MIN_FLUSH_REQUEST_S, deadline - time.monotonic())

@@ -35,7 +35,7 @@ from msgbus_client.delivery import Deliverer, open_spool_and_sender
 from msgbus_client.errors import SpoolError, SpoolFormatError, SpoolLockedError, SpoolNotIdleError
 from msgbus_client.ids import now_ms
 from msgbus_client.lockfile import LOCK_FILE_NAME, is_held, owner_name
-from msgbus_client.retry import ReceiverHealth
+from msgbus_client.retry import ReceiverHealth, flush_request_timeout_s, flush_wait_s
 from msgbus_client.settings import ClientSettings
 from msgbus_client.spool import (
     DATA_FILE_NAME,
@@ -57,7 +57,6 @@ log = logging.getLogger("msgbus_client")
 
 DEFAULT_ORPHAN_IDLE_S = 600.0
 MAX_SEARCH_DEPTH = 3
-_MIN_REQUEST_S = 0.05
 
 Progress = Callable[[int, int], None]  # (messages settled so far, messages to drain)
 
@@ -230,12 +229,11 @@ def _deliver_all(
     delivered = settled = 0
     total = spool.pending_count()  # nobody adds messages: the drain holds the spool's lock
     while batch := spool.oldest(settings.max_batch_messages, settings.max_batch_bytes):
-        wait_s = health.wait_s()
-        if time.monotonic() + wait_s >= deadline:
+        wait_s = flush_wait_s(health, deadline)
+        if wait_s is None:
             break
         time.sleep(wait_s)
-        request_s = max(_MIN_REQUEST_S, deadline - time.monotonic())
-        outcome = deliverer.deliver(batch, timeout_s=request_s)
+        outcome = deliverer.deliver(batch, timeout_s=flush_request_timeout_s(deadline))
         delivered += len(outcome.acked)
         settled += len(outcome.acked) + len(outcome.rejected)
         if progress is not None:
