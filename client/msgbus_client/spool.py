@@ -343,49 +343,16 @@ class Spool:
 
     def resend_rejected(self, message_id: str) -> bool:
         """Move one rejected message back to pending (same id); False if it is not there."""
-        key = _key(message_id)
-        found = False
-
-        def work(txn: lmdb.Transaction[bytes], used: int) -> int:
-            nonlocal found
-            record = txn.pop(key, db=self._rejected)
-            found = record is not None
-            if record is None:
-                return used
-            value = record.split(b"\n", 1)[1]
-            txn.put(key, value, db=self._pending)
-            return used + len(value) - len(record)
-
-        with self._lock:
-            self._write(work)
-        if not found:
+        if not self._requeue_rejected([_key(message_id)]):
             return False
         log.info("msgbus_client: rejected message %s queued again", message_id)
-        for callback in list(self._listeners):
-            callback()
         return True
 
     def resend_all_rejected(self) -> int:
         """Move every rejected message back to pending in one transaction; return how many."""
-        moved = 0
-
-        def work(txn: lmdb.Transaction[bytes], used: int) -> int:
-            nonlocal moved
-            records = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=self._rejected)]
-            for key, record in records:
-                txn.delete(key, db=self._rejected)
-                value = record.split(b"\n", 1)[1]
-                txn.put(key, value, db=self._pending)
-                used += len(value) - len(record)
-            moved = len(records)
-            return used
-
-        with self._lock:
-            self._write(work)
+        moved = self._requeue_rejected(None)
         if moved:
             log.info("msgbus_client: %d rejected message(s) queued again", moved)
-            for callback in list(self._listeners):
-                callback()
         return moved
 
     def purge_rejected(self, message_id: str | None = None) -> int:
@@ -410,6 +377,34 @@ class Spool:
         if removed:
             log.warning("msgbus_client: purged %d rejected message(s)", removed)
         return removed
+
+    def _requeue_rejected(self, keys: list[bytes] | None) -> int:
+        """Move rejected messages (those keys, or all) back to pending in one transaction and
+        tell the listeners; return how many moved."""
+        moved = 0
+
+        def work(txn: lmdb.Transaction[bytes], used: int) -> int:
+            nonlocal moved
+            moved = 0  # _write() may run this again after growing the map
+            chosen = keys if keys is not None else [
+                bytes(k) for k, _ in txn.cursor(db=self._rejected)
+            ]
+            for key in chosen:
+                record = txn.pop(key, db=self._rejected)
+                if record is None:
+                    continue
+                value = record.split(b"\n", 1)[1]
+                txn.put(key, value, db=self._pending)
+                used += len(value) - len(record)
+                moved += 1
+            return used
+
+        with self._lock:
+            self._write(work)
+        if moved:
+            for callback in list(self._listeners):
+                callback()
+        return moved
 
     # -- internals ------------------------------------------------------------------------------
 
