@@ -475,10 +475,15 @@ class Spool:
             if found is None:
                 txn.put(b"format", FORMAT_VERSION, db=self._meta)
             elif found != FORMAT_VERSION:
-                raise SpoolFormatError(
-                    f"spool {self.path} has format {found!r}; this msgbus_client reads "
-                    f"{FORMAT_VERSION!r}. Drain it with the version that wrote it."
-                )
+                raise format_error(self.path, found)
+
+
+def format_error(path: Path, found: bytes | None) -> SpoolFormatError:
+    """The error for a spool whose recorded format is not the one this version reads."""
+    return SpoolFormatError(
+        f"spool {path} has format {found!r}; this msgbus_client reads {FORMAT_VERSION!r}. "
+        "Drain it with the version that wrote it."
+    )
 
 
 def first_key_ms(txn: lmdb.Transaction[bytes], db: Any) -> int | None:

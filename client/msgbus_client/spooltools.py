@@ -32,7 +32,7 @@ import httpx
 import lmdb
 
 from msgbus_client.delivery import Deliverer, open_spool_and_sender
-from msgbus_client.errors import SpoolError, SpoolFormatError, SpoolLockedError, SpoolNotIdleError
+from msgbus_client.errors import SpoolError, SpoolLockedError, SpoolNotIdleError
 from msgbus_client.ids import now_ms
 from msgbus_client.lockfile import LOCK_FILE_NAME, is_held, owner_name
 from msgbus_client.retry import ReceiverHealth, flush_request_timeout_s, flush_wait_s
@@ -49,6 +49,7 @@ from msgbus_client.spool import (
     Spool,
     decode_rejected,
     first_key_ms,
+    format_error,
     measure_bytes,
 )
 from msgbus_client.transport import HttpSender
@@ -345,10 +346,7 @@ def _snapshot(path: Path) -> Iterator[tuple[lmdb.Transaction[bytes], Any, Any]]:
         with env.begin() as txn:
             found = txn.get(b"format", db=meta)
             if found != FORMAT_VERSION:
-                raise SpoolFormatError(
-                    f"spool {path} has format {found!r}; this msgbus_client reads "
-                    f"{FORMAT_VERSION!r}"
-                )
+                raise format_error(path, found)
             yield txn, pending, rejected
     except lmdb.Error as exc:
         raise SpoolError(f"cannot read spool {path}: {exc}") from exc
