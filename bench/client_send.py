@@ -36,7 +36,7 @@ from typing import Any
 
 from bench import send_phases as phases
 from bench.live_receiver import DeadPort, LiveReceiver
-from bench.report import rounded, spread
+from bench.report import cell, out, rounded, say, spread
 from bench.send_phases import Sample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,14 +50,6 @@ LABELS = {
     "drain": "drain spool -> live receiver",
 }
 MEMORY_FILESYSTEMS = {"tmpfs", "ramfs", "devtmpfs", "overlay-tmpfs"}
-
-
-def say(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def out(message: str = "") -> None:
-    print(message, flush=True)
 
 
 def filesystem_of(path: Path) -> tuple[str, str]:
@@ -103,10 +95,6 @@ def summarize(samples: list[Sample]) -> dict[str, Any]:
             "mongo_recorded_after_drain_s": settle}
 
 
-def _cell(s: dict[str, float], fmt: str) -> str:
-    return " / ".join(format(s[k], fmt) for k in ("min", "median", "max"))
-
-
 def _verdict(value: float, goal: float) -> str:
     if math.isnan(value):
         return "n/a"
@@ -121,21 +109,21 @@ def table(summary: dict[str, Any], args: argparse.Namespace) -> list[str]:
     for phase in PHASES:
         label = LABELS[phase].format(threads=args.threads)
         lines.append(f"{label:<40} {counts[phase]:>9} "
-                     f"{_cell(summary['rates'][phase], '.0f'):>30}")
+                     f"{cell(summary['rates'][phase], '.0f'):>30}")
     single, group = summary["ratios"]["single_vs_raw"], summary["ratios"]["group_vs_raw"]
     group_rate = summary["rates"]["group"]
     lines += [
         "",
         "ratios, paired per run (min / median / max)       median vs goal",
-        f"{'single / raw':<24} {_cell(single, '.3f'):>26}   >= {GOAL_SINGLE_VS_RAW:.2f}: "
+        f"{'single / raw':<24} {cell(single, '.3f'):>26}   >= {GOAL_SINGLE_VS_RAW:.2f}: "
         f"{_verdict(single['median'], GOAL_SINGLE_VS_RAW)}",
-        f"{'group / raw':<24} {_cell(group, '.2f'):>26}",
-        f"{'group msgs/s':<24} {_cell(group_rate, '.0f'):>26}   >= {GOAL_GROUP_MSGS_PER_S:.0f}: "
+        f"{'group / raw':<24} {cell(group, '.2f'):>26}",
+        f"{'group msgs/s':<24} {cell(group_rate, '.0f'):>26}   >= {GOAL_GROUP_MSGS_PER_S:.0f}: "
         f"{_verdict(group_rate['median'], GOAL_GROUP_MSGS_PER_S)}",
-        f"{'group msgs per fsync':<24} {_cell(summary['group_msgs_per_commit'], '.1f'):>26}",
+        f"{'group msgs per fsync':<24} {cell(summary['group_msgs_per_commit'], '.1f'):>26}",
         "",
         "drain = accepted by the receiver (durable in its local buffer); the receiver then wrote",
-        f"them to MongoDB in {_cell(summary['mongo_recorded_after_drain_s'], '.1f')} s more",
+        f"them to MongoDB in {cell(summary['mongo_recorded_after_drain_s'], '.1f')} s more",
     ]
     return lines
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 from pymongo import MongoClient
 
+from bench.report import say
 from msgbus import services
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.models import BrokerKind, Destination
@@ -30,10 +31,6 @@ from msgbus.store import MongoStore
 
 HOST = "127.0.0.1"
 APP_NAME = "bench-client"
-
-
-def say(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
 class DeadPort:

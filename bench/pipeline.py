@@ -31,21 +31,13 @@ from typing import Any
 import httpx
 
 from bench import producer, subscriber
-from bench.report import BASELINE, Phase, rounded, summarize, table
+from bench.report import BASELINE, Phase, out, rounded, say, summarize, table
 from msgbus import services
 
 HOST = "127.0.0.1"
 BROKERS = ("kafka", "rabbitmq", "direct")
 PROGRESS_EVERY_S = 2.0
 SUBSCRIPTION = "rec"
-
-
-def say(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def out(message: str = "") -> None:
-    print(message, flush=True)
 
 
 def stop_process(process: BaseProcess, name: str) -> None:

@@ -6,11 +6,21 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 BASELINE = "direct-http"
 FIGURES = ("accepted_per_s", "delivered_per_s", "p50_ms", "p95_ms", "p99_ms")
+
+
+def say(message: str) -> None:
+    """Progress, on stderr, so that stdout keeps only the results."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def out(message: str = "") -> None:
+    print(message, flush=True)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -90,7 +100,8 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"min": min(finite), "median": statistics.median(finite), "max": max(finite)}
 
 
-def _cell(s: dict[str, float], fmt: str) -> str:
+def cell(s: dict[str, float], fmt: str) -> str:
+    """A spread as "min / median / max"."""
     return " / ".join(format(s[k], fmt) for k in ("min", "median", "max"))
 
 
@@ -119,16 +130,16 @@ def table(summary: dict[str, Any]) -> list[str]:
     lines = ["min / median / max over runs", head, "-" * len(head)]
     for target, s in summary["targets"].items():
         lines.append(
-            f"{target:<12} {_cell(s['accepted_per_s'], '.0f'):>22}"
-            f" {_cell(s['delivered_per_s'], '.0f'):>22} {_cell(s['p50_ms'], '.1f'):>25}"
-            f" {_cell(s['p95_ms'], '.1f'):>26} {_cell(s['p99_ms'], '.1f'):>26}"
+            f"{target:<12} {cell(s['accepted_per_s'], '.0f'):>22}"
+            f" {cell(s['delivered_per_s'], '.0f'):>22} {cell(s['p50_ms'], '.1f'):>25}"
+            f" {cell(s['p95_ms'], '.1f'):>26} {cell(s['p99_ms'], '.1f'):>26}"
             f" {s['missing']:>8}")
     if summary["vs_baseline"]:
         lines += ["", f"vs the {BASELINE} baseline of the same run (min / median / max)",
                   f"{'broker':<12} {'delivered ÷ baseline':>24} {'p50 overhead ms':>26}"]
         for target, s in summary["vs_baseline"].items():
-            lines.append(f"{target:<12} {_cell(s['delivered_ratio'], '.3f'):>24}"
-                         f" {_cell(s['p50_overhead_ms'], '+.1f'):>26}")
+            lines.append(f"{target:<12} {cell(s['delivered_ratio'], '.3f'):>24}"
+                         f" {cell(s['p50_overhead_ms'], '+.1f'):>26}")
     return lines
 
 

@@ -16,7 +16,6 @@ refused attempt and then sleeps instead of competing for the spool.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import uuid
@@ -29,14 +28,12 @@ from msgbus_client import MsgbusClient
 from msgbus_client.message import build_entry
 from msgbus_client.spool import Spool
 
+from bench.report import say
+
 PROGRESS_EVERY_S = 2.0
 # send() phases: the resender tries once, is refused, and then waits this long
 SPOOL_ONLY = {"inline_send": False, "retry_base_s": 120.0, "retry_max_s": 120.0,
               "idle_poll_s": 120.0}
-
-
-def say(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
 @dataclass
