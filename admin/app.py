@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse
 
-from admin.schemas import AppIn, DestinationIn, SubscriptionIn
+from admin.schemas import AppIn, DestinationIn, RuntimeIn, SubscriptionIn
 from admin.service import AdminService
 from msgbus.auth import bearer_token, same_secret
 from msgbus.errors import NotFound, Unauthorized
@@ -45,9 +45,24 @@ def create_app(service: AdminService) -> FastAPI:
 
     @app.put("/v1/destinations/{code}", dependencies=admin)
     async def put_destination(code: str, body: DestinationIn) -> dict[str, Any]:
-        destination = Destination(code=code, **body.model_dump())
+        fields = body.model_dump()
+        try:  # a broker switch is remembered: dispatchers drain the previous broker
+            existing = await store.get_destination(code)
+            destination = existing.with_broker(body.broker, utcnow()).model_copy(
+                update={k: v for k, v in fields.items() if k != "broker"})
+        except NotFound:
+            destination = Destination(code=code, **fields)
         await store.save_destination(destination)
         return destination.model_dump(mode="json")
+
+    @app.get("/v1/runtime", dependencies=admin)
+    async def get_runtime() -> dict[str, Any]:
+        return await service.runtime_view()
+
+    @app.patch("/v1/runtime", dependencies=admin)
+    async def patch_runtime(body: RuntimeIn) -> dict[str, Any]:
+        await service.update_runtime(body)
+        return await service.runtime_view()
 
     @app.get("/v1/subscriptions", dependencies=admin)
     async def list_subscriptions(destination: str | None = None) -> list[dict[str, Any]]:

@@ -11,6 +11,18 @@ class DestinationIn(BaseModel):
     broker: BrokerKind = BrokerKind.DIRECT
     description: str = ""
     partitions: int = Field(default=4, ge=1, le=256)
+    record_rate_per_s: float = Field(
+        default=0, ge=0, description="MongoDB record writes/s of each receiver; 0: unlimited")
+
+
+class RuntimeIn(BaseModel):
+    """A change of the runtime settings: fields left out keep their value."""
+
+    record_rate_per_s: float | None = Field(
+        default=None, ge=0,
+        description="MongoDB record writes/s of each receiver, all destinations; 0: unlimited")
+    active_clusters: dict[BrokerKind, str] | None = Field(
+        default=None, description="Per broker kind, the cluster receivers publish to")
 
 
 class SubscriptionIn(BaseModel):

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from admin.schemas import RuntimeIn
 from msgbus.auth import hash_api_key, new_api_key
+from msgbus.errors import InvalidInput
+from msgbus.models import BrokerKind, RuntimeConfig, utcnow
 from msgbus.settings import AdminSettings
 from msgbus.store import MongoStore
 
@@ -27,6 +30,32 @@ class AdminService:
         key = new_api_key()
         await self.store.create_app(name, hash_api_key(key), destinations)
         return key
+
+    async def runtime_view(self) -> dict[str, Any]:
+        """The runtime settings, with the clusters each broker kind has to choose from."""
+        runtime = await self.store.get_runtime()
+        conn = self.settings.connections
+        return runtime.model_dump(mode="json") | {"clusters": {
+            kind.value: list(conn.clusters(kind)) for kind in (BrokerKind.KAFKA,
+                                                              BrokerKind.RABBITMQ)}}
+
+    async def update_runtime(self, change: RuntimeIn) -> RuntimeConfig:
+        runtime = await self.store.get_runtime()
+        update: dict[str, Any] = {"updated_at": utcnow()}
+        if change.record_rate_per_s is not None:
+            update["record_rate_per_s"] = change.record_rate_per_s
+        if change.active_clusters is not None:
+            conn = self.settings.connections
+            for kind, cluster in change.active_clusters.items():
+                known = conn.clusters(kind)
+                if cluster not in known:
+                    raise InvalidInput(
+                        f"{kind.value} has no cluster {cluster!r}; configured: "
+                        f"{', '.join(known) or 'none'}", field="active_clusters")
+            update["active_clusters"] = runtime.active_clusters | change.active_clusters
+        runtime = runtime.model_copy(update=update)
+        await self.store.save_runtime(runtime)
+        return runtime
 
     @staticmethod
     def message_summary(doc: dict[str, Any]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ class DispatcherService:
         await self.sender.start()
         self.trace.start()
         await self.registry.start()
-        await self.supervisor.sync()
+        await self.supervisor.start()
 
     async def close(self) -> None:
         await self.registry.close()

@@ -1,39 +1,51 @@
 """`WorkerSupervisor`: keeps one running `SubscriptionWorker` per active subscription in step
 with the registry. A subscription that is added, paused, resumed or changed (URL, concurrency,
-broker of its destination) has its worker started, stopped or replaced within seconds."""
+broker of its destination) has its worker started, stopped or replaced within seconds.
+
+A worker consumes from every configured cluster of its destination's broker kind (receivers
+publish to the active one, which the admin API switches), and after a switch of broker kind
+also from the previous kind for `old_broker_drain_s`: messages already in a broker that is no
+longer used are still delivered."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from dispatcher.worker import SubscriptionWorker, is_for
 from msgbus.brokers.base import SubscriptionConsumer
 from msgbus.delivery.sender import HttpSender
 from msgbus.delivery.trace import TraceWriter
-from msgbus.models import BrokerKind, Destination, Envelope, Subscription
+from msgbus.models import BrokerKind, Envelope, Subscription, utcnow
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
 
 log = logging.getLogger(__name__)
 
+RESYNC_S = 5.0  # also catches drain windows that ended
 
-def make_consumer(settings: DispatcherSettings, destination: Destination,
-                  subscription: Subscription) -> SubscriptionConsumer | None:
-    """The broker consumer of a subscription; None for direct (or an unconfigured broker)."""
+
+def make_consumers(settings: DispatcherSettings, kinds: list[BrokerKind],
+                   subscription: Subscription) -> list[SubscriptionConsumer]:
+    """A subscription's consumers: one per configured cluster of each broker kind it reads
+    (none for direct or an unconfigured broker)."""
     conn = settings.connections
     max_buffered = max(64, 4 * subscription.max_concurrency)
-    if destination.broker is BrokerKind.KAFKA and conn.kafka_bootstrap:
-        from msgbus.brokers.kafka import KafkaSubscriptionConsumer
+    consumers: list[SubscriptionConsumer] = []
+    for kind in kinds:
+        for nodes in conn.clusters(kind).values():
+            if kind is BrokerKind.KAFKA:
+                from msgbus.brokers.kafka import KafkaSubscriptionConsumer
 
-        return KafkaSubscriptionConsumer(subscription, bootstrap=conn.kafka_bootstrap,
-                                         max_buffered=max_buffered)
-    if destination.broker is BrokerKind.RABBITMQ and conn.rabbitmq_url:
-        from msgbus.brokers.rabbitmq import RabbitSubscriptionConsumer
+                consumers.append(KafkaSubscriptionConsumer(
+                    subscription, bootstrap=",".join(nodes), max_buffered=max_buffered))
+            elif kind is BrokerKind.RABBITMQ:
+                from msgbus.brokers.rabbitmq import RabbitSubscriptionConsumer
 
-        return RabbitSubscriptionConsumer(subscription, url=conn.rabbitmq_url,
-                                          max_buffered=max_buffered)
-    return None
+                consumers.append(RabbitSubscriptionConsumer(
+                    subscription, url=nodes, max_buffered=max_buffered))
+    return consumers
 
 
 class WorkerSupervisor:
@@ -45,14 +57,29 @@ class WorkerSupervisor:
         self._trace = trace
         self._workers: dict[str, tuple[tuple[object, ...], SubscriptionWorker]] = {}
         self._lock = asyncio.Lock()
+        self._resync: asyncio.Task[None] | None = None
         registry.on_change(self.sync)
 
-    def _wanted(self) -> dict[str, tuple[Subscription, Destination]]:
+    async def start(self) -> None:
+        await self.sync()
+        self._resync = asyncio.create_task(self._resync_loop(), name="supervisor-resync")
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RESYNC_S)
+            try:
+                await self.sync()
+            except Exception:  # the loop never dies
+                log.exception("re-syncing the workers failed")
+
+    def _wanted(self) -> dict[str, tuple[Subscription, list[BrokerKind]]]:
         wanted = {}
+        now = utcnow()
         for destination in self._registry.destinations():
+            kinds = destination.brokers_to_consume(now, self._settings.old_broker_drain_s)
             for sub in self._registry.subscriptions_of(destination.code):
                 if not sub.paused:
-                    wanted[sub.id] = (sub, destination)
+                    wanted[sub.id] = (sub, kinds)
         return wanted
 
     async def sync(self) -> None:
@@ -63,13 +90,13 @@ class WorkerSupervisor:
                 target = wanted.get(sub_id)
                 if target is None or _version(*target) != version:
                     await self._stop(sub_id)
-            for sub_id, (sub, destination) in wanted.items():
+            for sub_id, (sub, kinds) in wanted.items():
                 if sub_id not in self._workers:
-                    await self._start(sub, destination)
+                    await self._start(sub, kinds)
 
-    async def _start(self, sub: Subscription, destination: Destination) -> None:
-        consumer = make_consumer(self._settings, destination, sub)
-        worker = SubscriptionWorker(sub, consumer, self._sender, self._trace,
+    async def _start(self, sub: Subscription, kinds: list[BrokerKind]) -> None:
+        consumers = make_consumers(self._settings, kinds, sub)
+        worker = SubscriptionWorker(sub, consumers, self._sender, self._trace,
                                     direct_queue_size=self._settings.direct_queue_size)
         try:
             await worker.start()
@@ -78,8 +105,8 @@ class WorkerSupervisor:
                           sub.id)
             await worker.close(grace_s=0)
             return
-        self._workers[sub.id] = (_version(sub, destination), worker)
-        log.info("worker for %s started (%s)", sub.id, destination.broker.value)
+        self._workers[sub.id] = (_version(sub, kinds), worker)
+        log.info("worker for %s started (%s)", sub.id, ", ".join(k.value for k in kinds))
 
     async def _stop(self, sub_id: str) -> None:
         _, worker = self._workers.pop(sub_id)
@@ -99,10 +126,14 @@ class WorkerSupervisor:
         return sorted(self._workers)
 
     async def close(self) -> None:
+        if self._resync is not None:
+            self._resync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resync
         async with self._lock:
             await asyncio.gather(*(self._stop(s) for s in list(self._workers)))
 
 
-def _version(sub: Subscription, destination: Destination) -> tuple[object, ...]:
+def _version(sub: Subscription, kinds: list[BrokerKind]) -> tuple[object, ...]:
     """What, when changed, needs a new worker."""
-    return (sub.model_dump_json(), destination.broker)
+    return (sub.model_dump_json(), tuple(sorted(kinds)))

@@ -1,5 +1,6 @@
 """`SubscriptionWorker`: everything one subscription needs, isolated from the others — its own
-consumer, direct-path queue, concurrency limit (semaphore) and in-flight tasks."""
+consumers (one per broker cluster it reads), direct-path queue, concurrency limit (semaphore)
+and in-flight tasks."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 
 RECEIVE_BATCH = 256
 RECEIVE_WAIT_S = 0.5
+_START_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 
 
 def is_for(subscription: Subscription, envelope: Envelope) -> bool:
@@ -30,11 +32,11 @@ def is_for(subscription: Subscription, envelope: Envelope) -> bool:
 
 class SubscriptionWorker:
     def __init__(
-        self, subscription: Subscription, consumer: SubscriptionConsumer | None,
+        self, subscription: Subscription, consumers: list[SubscriptionConsumer],
         sender: HttpSender, trace: TraceWriter, *, direct_queue_size: int,
     ) -> None:
         self.subscription = subscription
-        self._consumer = consumer
+        self._consumers = consumers
         self._sender = sender
         self._trace = trace
         self._limit = asyncio.Semaphore(subscription.max_concurrency)
@@ -44,9 +46,10 @@ class SubscriptionWorker:
         self._gauge = IN_FLIGHT.labels(subscription.id)
 
     async def start(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.start()
-            self._loops.append(asyncio.create_task(self._consume_loop(self._consumer),
+        """Never fails on a broker: a consumer that cannot connect keeps trying in its loop,
+        and the others (and the direct path) work meanwhile."""
+        for consumer in self._consumers:
+            self._loops.append(asyncio.create_task(self._consume_loop(consumer),
                                                    name=f"consume-{self.subscription.id}"))
         self._loops.append(asyncio.create_task(self._direct_loop(),
                                                name=f"direct-{self.subscription.id}"))
@@ -70,13 +73,29 @@ class SubscriptionWorker:
             _, pending = await asyncio.wait(self._in_flight, timeout=grace_s)
             for task in pending:
                 task.cancel()
-        if self._consumer is not None:
-            await self._consumer.close()
+        for consumer in self._consumers:
+            await consumer.close()
         if not self._direct.empty():
             log.warning("%s: %d direct messages not pushed at close; they stay pending for "
                         "the compensator", self.subscription.id, self._direct.qsize())
 
+    async def _start_consumer(self, consumer: SubscriptionConsumer) -> None:
+        failures = 0
+        while True:
+            try:
+                await consumer.start()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                delay = _START_BACKOFF_S[min(failures, len(_START_BACKOFF_S) - 1)]
+                failures += 1
+                log.warning("%s: consumer cannot start (%s); retrying in %.0fs",
+                            self.subscription.id, exc, delay)
+                await asyncio.sleep(delay)
+
     async def _consume_loop(self, consumer: SubscriptionConsumer) -> None:
+        await self._start_consumer(consumer)
         while True:
             try:
                 batch = await consumer.receive(RECEIVE_BATCH, RECEIVE_WAIT_S)

@@ -65,4 +65,8 @@ class Drainer:
                 continue
             backoff = 0.1
             if moved < self._batch_size:
-                await self._queue.wait_for_entries(self.name, self._idle_wait_s)
+                await self._idle()
+
+    async def _idle(self) -> None:
+        """Called after a batch that was not full: wait for more entries."""
+        await self._queue.wait_for_entries(self.name, self._idle_wait_s)

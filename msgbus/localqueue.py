@@ -11,6 +11,10 @@ With `dedupe_window_s`, `append_new()` remembers each item's unique key (a messa
 long, in the same transaction as the append, and skips an item whose key it has seen: a client
 re-sending a message it is not sure about is then accepted once. Keys are forgotten through a
 second index ordered by the time they were seen, pruned a little at every commit.
+
+A queue may be split into partitions (e.g. one per destination, so that each can be drained at
+its own rate): an entry's target is then `(queue, partition)` instead of `queue`, and its key
+is `partition NUL seq`, so each partition is a FIFO of its own inside the queue's database.
 """
 
 from __future__ import annotations
@@ -36,8 +40,15 @@ _SEEN_DB = b"_seen"  # unique key -> when it was seen (ms)
 _SEEN_BY_TIME_DB = b"_seen_by_time"  # (ms, unique key) -> ""
 _PRUNE_PER_ITEM = 2  # expired keys pruned per appended item: pruning outpaces inserting
 
-# (unique key or None, the (queue, value) entries to append unless the key was seen)
-Item = tuple[bytes | None, list[tuple[str, bytes]]]
+# Where an entry goes: a queue, or a (queue, partition) of a partitioned queue.
+Target = str | tuple[str, str]
+# (unique key or None, the (target, value) entries to append unless the key was seen)
+Item = tuple[bytes | None, list[tuple[Target, bytes]]]
+_PARTITION_END = b"\x00"
+
+
+def _partition_prefix(partition: str) -> bytes:
+    return partition.encode() + _PARTITION_END
 
 
 class LocalQueue:
@@ -60,17 +71,25 @@ class LocalQueue:
         self._dbs = {name: self._env.open_db(name.encode()) for name in queues}
         self._seen = self._env.open_db(_SEEN_DB)
         self._seen_by_time = self._env.open_db(_SEEN_BY_TIME_DB)
-        self._next_seq = {name: self._last_seq(name) + 1 for name in queues}
+        # next sequence number per queue (key None) and per partition, found on first use
+        self._next_seq: dict[tuple[str, str | None], int] = {}
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lmdb-{path.name}")
         self._pending: list[tuple[list[Item], asyncio.Future[list[bool]]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._used_bytes = self._measure_bytes()
         self._appended = {name: asyncio.Event() for name in queues}
 
-    def _last_seq(self, queue: str) -> int:
-        with self._env.begin(db=self._dbs[queue]) as txn:
-            cursor = txn.cursor()
+    def _last_seq(self, txn: lmdb.Transaction[bytes], queue: str, partition: str | None) -> int:
+        cursor = txn.cursor(db=self._dbs[queue])
+        if partition is None:
             return _KEY.unpack(cursor.key())[0] if cursor.last() else 0
+        prefix = _partition_prefix(partition)
+        # the last key of the partition is just before the first key after it
+        found = cursor.prev() if cursor.set_range(partition.encode() + b"\x01") else cursor.last()
+        key = cursor.key()
+        if not found or not key.startswith(prefix) or len(key) != len(prefix) + _KEY.size:
+            return 0
+        return int(_KEY.unpack(key[len(prefix):])[0])
 
     def _measure_bytes(self) -> int:
         with self._env.begin() as txn:
@@ -86,10 +105,23 @@ class LocalQueue:
         return self._used_bytes
 
     def depth(self, queue: str) -> int:
+        """Entries in a queue, all partitions together."""
         with self._env.begin() as txn:
             return int(txn.stat(self._dbs[queue])["entries"])
 
-    async def append(self, entries: list[tuple[str, bytes]]) -> None:
+    def partitions(self, queue: str, limit: int = 100_000) -> list[str]:
+        """The partitions of a partitioned queue that hold entries, in key order."""
+        found_partitions: list[str] = []
+        with self._env.begin(db=self._dbs[queue], buffers=False) as txn:
+            cursor = txn.cursor()
+            found = cursor.first()
+            while found and len(found_partitions) < limit:
+                partition = cursor.key().split(_PARTITION_END, 1)[0]
+                found_partitions.append(partition.decode())
+                found = cursor.set_range(partition + b"\x01")  # skip to the next partition
+        return found_partitions
+
+    async def append(self, entries: list[tuple[Target, bytes]]) -> None:
         """Durably append (queue, value) entries, all or nothing. Raises BufferFull when the
         queue is over its size limit."""
         await self.append_new([(None, entries)])
@@ -125,7 +157,8 @@ class LocalQueue:
             for (_, fut), appended in zip(batch, results, strict=True):
                 if not fut.done():
                     fut.set_result(appended)
-            for queue in {q for items, _ in batch for _, entries in items for q, _ in entries}:
+            targets = {t for items, _ in batch for _, entries in items for t, _ in entries}
+            for queue in {t if isinstance(t, str) else t[0] for t in targets}:
                 self._appended[queue].set()
 
     async def wait_for_entries(self, queue: str, timeout_s: float) -> None:
@@ -152,16 +185,24 @@ class LocalQueue:
         self._used_bytes = self._measure_bytes()
         return results
 
-    def _put_item(self, txn: lmdb.Transaction[bytes], item: Item, seqs: dict[str, int],
-                  now_ms: int) -> bool:
+    def _put_item(self, txn: lmdb.Transaction[bytes], item: Item,
+                  seqs: dict[tuple[str, str | None], int], now_ms: int) -> bool:
         key, entries = item
         if key is not None:
             if not txn.put(key, _KEY.pack(now_ms), db=self._seen, overwrite=False):
                 return False
             txn.put(_KEY.pack(now_ms) + key, b"", db=self._seen_by_time)
-        for queue, value in entries:
-            txn.put(_KEY.pack(seqs[queue]), value, db=self._dbs[queue], append=True)
-            seqs[queue] += 1
+        for target, value in entries:
+            queue, partition = (target, None) if isinstance(target, str) else target
+            slot = (queue, partition)
+            seq = seqs.get(slot)
+            if seq is None:
+                seq = self._last_seq(txn, queue, partition) + 1
+            if partition is None:
+                txn.put(_KEY.pack(seq), value, db=self._dbs[queue], append=True)
+            else:
+                txn.put(_partition_prefix(partition) + _KEY.pack(seq), value, db=self._dbs[queue])
+            seqs[slot] = seq + 1
         return True
 
     def _prune_seen(self, txn: lmdb.Transaction[bytes], now_ms: int, limit: int) -> None:
@@ -175,14 +216,20 @@ class LocalQueue:
             found = cursor.delete()
             limit -= 1
 
-    def read(self, queue: str, limit: int, after: bytes | None = None) -> list[tuple[bytes, bytes]]:
-        """Up to `limit` oldest (key, value) entries of a queue, optionally after a key."""
+    def read(self, queue: str, limit: int, after: bytes | None = None, *,
+             partition: str | None = None) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` oldest (key, value) entries of a queue (or of one of its partitions),
+        optionally after a key."""
         out: list[tuple[bytes, bytes]] = []
+        prefix = b"" if partition is None else _partition_prefix(partition)
         with self._env.begin(db=self._dbs[queue], buffers=False) as txn:
             cursor = txn.cursor()
-            found = cursor.set_range(after + b"\x00") if after else cursor.first()
+            found = cursor.set_range(after + b"\x00" if after else prefix)
             while found and len(out) < limit:
-                out.append((cursor.key(), cursor.value()))
+                key = cursor.key()
+                if not key.startswith(prefix):
+                    break
+                out.append((key, cursor.value()))
                 found = cursor.next()
         return out
 

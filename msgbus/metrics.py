@@ -11,11 +11,36 @@ MESSAGES_DUPLICATE = Counter(
     "Messages the receiver had already accepted (client re-sends), answered 'duplicate'",
     ["destination"])
 MESSAGES_REJECTED = Counter(
-    "msgbus_messages_rejected_total", "Messages the receiver refused, by reason", ["reason"])
+    "msgbus_messages_rejected_total",
+    "Messages (or requests) the receiver refused, by destination ('' when unknown) and reason",
+    ["destination", "reason"])
+REQUEST_LATENCY = Histogram(
+    "msgbus_receiver_request_seconds", "Receiver request latency by endpoint and status class",
+    ["endpoint", "status"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 PUBLISHED = Counter(
-    "msgbus_published_total", "Publish outcomes by broker", ["broker", "outcome"])
+    "msgbus_published_total", "Publish outcomes by broker and cluster",
+    ["broker", "cluster", "outcome"])
+PUBLISH_LATENCY = Histogram(
+    "msgbus_publish_latency_seconds", "Time a broker takes to confirm one publish batch",
+    ["broker", "cluster"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+DIRECT_FALLBACKS = Counter(
+    "msgbus_direct_fallbacks_total",
+    "Messages a broker refused or could not take that went the direct path instead",
+    ["destination", "broker"])
 BUFFER_DEPTH = Gauge(
     "msgbus_local_buffer_entries", "Entries waiting in a local LMDB buffer", ["service", "queue"])
+BUFFER_OLDEST_AGE = Gauge(
+    "msgbus_local_buffer_oldest_age_seconds",
+    "Age of the oldest entry waiting in a local LMDB buffer (0 when empty)", ["service", "queue"])
+BUFFER_BYTES = Gauge(
+    "msgbus_local_buffer_bytes", "Bytes used by a local LMDB buffer, and its limit",
+    ["service", "kind"])
+RECORD_RATE_LIMIT = Gauge(
+    "msgbus_record_rate_limit_per_second",
+    "The MongoDB record write rate in force (0 = unlimited), globally ('*') or per destination",
+    ["destination"])
 PUSHES = Counter(
     "msgbus_pushes_total", "Pushes to subscribers by outcome", ["subscription", "outcome"])
 PUSH_LATENCY = Histogram(

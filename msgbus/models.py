@@ -16,6 +16,7 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 _CODE_RE = re.compile(CODE_PATTERN)
 
 JSON_CONTENT_TYPE = "application/json"
+DEFAULT_CLUSTER = "default"  # the cluster MSGBUS_KAFKA_BOOTSTRAP / MSGBUS_RABBITMQ_URL define
 # RocketMQ's schedule; the last delay repeats until success.
 DEFAULT_RETRY_DELAYS_S: tuple[float, ...] = (
     10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
@@ -71,7 +72,44 @@ class Destination(BaseModel):
     broker: BrokerKind = BrokerKind.DIRECT
     description: str = ""
     partitions: int = Field(default=4, ge=1, le=256, description="Kafka topic partitions")
+    record_rate_per_s: float = Field(
+        default=0, ge=0, description="MongoDB record writes/s of each receiver; 0: unlimited")
+    # Set when `broker` changes: dispatchers keep consuming the previous broker for a while,
+    # so that messages already in it are still delivered.
+    previous_broker: BrokerKind | None = None
+    broker_changed_at: datetime | None = None
     created_at: datetime = Field(default_factory=utcnow)
+
+    def with_broker(self, broker: BrokerKind, now: datetime) -> Destination:
+        """This destination switched to `broker` (unchanged when it already uses it)."""
+        if broker is self.broker:
+            return self
+        return self.model_copy(update={
+            "broker": broker, "previous_broker": self.broker, "broker_changed_at": now})
+
+    def brokers_to_consume(self, now: datetime, drain_s: float) -> list[BrokerKind]:
+        """The current broker, and the previous one during `drain_s` after a switch."""
+        kinds = [self.broker]
+        if (self.previous_broker is not None and self.broker_changed_at is not None
+                and (now - self.broker_changed_at).total_seconds() < drain_s
+                and self.previous_broker not in kinds):
+            kinds.append(self.previous_broker)
+        return kinds
+
+
+class RuntimeConfig(BaseModel):
+    """Bus-wide knobs that operators change at runtime through the admin API; services follow
+    them within one registry refresh."""
+
+    record_rate_per_s: float | None = Field(
+        default=None, ge=0,
+        description="MongoDB record writes/s of each receiver, all destinations; 0: unlimited;"
+                    " None: each receiver's MSGBUS_RECEIVER_RECORD_RATE_PER_S")
+    active_clusters: dict[BrokerKind, str] = Field(
+        default_factory=dict,
+        description="Per broker kind, the cluster receivers publish to (default: the first "
+                    "configured)")
+    updated_at: datetime = Field(default_factory=utcnow)
 
 
 def new_signing_secret() -> str:

@@ -1,4 +1,5 @@
-"""`Registry`: an in-memory copy of destinations and subscriptions, refreshed from MongoDB.
+"""`Registry`: an in-memory copy of destinations, subscriptions and the runtime knobs,
+refreshed from MongoDB.
 
 Services read configuration from here on their hot paths; a change made through the admin API
 reaches them within `refresh_s` (or at once for a destination the registry has not seen yet).
@@ -12,8 +13,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from pymongo.errors import PyMongoError
+
 from msgbus.errors import NotFound
-from msgbus.models import Destination, Subscription
+from msgbus.models import Destination, RuntimeConfig, Subscription
 from msgbus.store import MongoStore
 
 log = logging.getLogger(__name__)
@@ -30,6 +33,7 @@ class Registry:
         self._refresh_s = refresh_s
         self._destinations: dict[str, Destination] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
+        self._runtime = RuntimeConfig()
         self._listeners: list[ChangeListener] = []
         self._task: asyncio.Task[None] | None = None
         self._misses: dict[str, float] = {}  # code -> when to look it up again
@@ -38,7 +42,12 @@ class Registry:
         self._listeners.append(listener)
 
     async def start(self) -> None:
-        await self.reload()
+        """Loads the configuration; when MongoDB is down, starts empty and keeps trying."""
+        try:
+            await self.reload()
+        except PyMongoError as exc:
+            log.warning("registry: MongoDB is unreachable (%s); retrying every %.1fs",
+                        type(exc).__name__, self._refresh_s)
         self._task = asyncio.create_task(self._refresh_loop(), name="registry-refresh")
 
     async def close(self) -> None:
@@ -52,8 +61,11 @@ class Registry:
         subscriptions: dict[str, list[Subscription]] = {}
         for sub in await self._store.list_subscriptions():
             subscriptions.setdefault(sub.destination, []).append(sub)
-        changed = (destinations != self._destinations or subscriptions != self._subscriptions)
+        runtime = await self._store.get_runtime()
+        changed = (destinations != self._destinations or subscriptions != self._subscriptions
+                   or runtime != self._runtime)
         self._destinations, self._subscriptions = destinations, subscriptions
+        self._runtime = runtime
         if changed:
             for listener in self._listeners:
                 await listener()
@@ -83,6 +95,13 @@ class Registry:
                 self._destinations[code] = found
                 return found
         raise NotFound(f"unknown destination {code!r}", field="destination")
+
+    def known_destination(self, code: str) -> Destination | None:
+        """The destination if the registry has it, without asking MongoDB."""
+        return self._destinations.get(code)
+
+    def runtime(self) -> RuntimeConfig:
+        return self._runtime
 
     def destinations(self) -> list[Destination]:
         return list(self._destinations.values())

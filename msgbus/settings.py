@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from msgbus.models import DEFAULT_CLUSTER, BrokerKind
+
 
 class ConnectionSettings(BaseSettings):
     """Where the shared dependencies live. Empty broker URLs mean that broker is not configured."""
@@ -22,11 +24,31 @@ class ConnectionSettings(BaseSettings):
     mongo_db: str = "msgbus"
     kafka_bootstrap: str = ""
     rabbitmq_url: str = ""
+    # Several clusters of a broker kind (e.g. a primary and a standby in two data centres), as
+    # JSON {"name": ["node", ...]}: Kafka nodes are host:port, RabbitMQ nodes amqp:// URLs. The
+    # first cluster is where receivers publish until the admin API switches them. Alone,
+    # `kafka_bootstrap` / `rabbitmq_url` define one cluster named "default".
+    kafka_clusters: dict[str, list[str]] = Field(default_factory=dict)
+    rabbitmq_clusters: dict[str, list[str]] = Field(default_factory=dict)
     # Shared secret of the internal receiver -> dispatcher ("direct") endpoint. The CLI fills it
     # from <state_dir>/internal-token when the environment does not set it.
     internal_token: SecretStr = SecretStr("")
     state_dir: Path = Path(".msgbus")
     config_refresh_s: float = 2.0
+
+    def clusters(self, kind: BrokerKind) -> dict[str, list[str]]:
+        """The configured clusters of a broker kind, name -> node addresses, in order."""
+        if kind is BrokerKind.KAFKA:
+            named, single = self.kafka_clusters, self.kafka_bootstrap.split(",")
+        elif kind is BrokerKind.RABBITMQ:
+            named, single = self.rabbitmq_clusters, self.rabbitmq_url.split(",")
+        else:
+            return {}
+        clusters = {name: nodes for name, nodes in named.items() if nodes}
+        nodes = [node.strip() for node in single if node.strip()]
+        if nodes and DEFAULT_CLUSTER not in clusters:
+            clusters = {DEFAULT_CLUSTER: nodes, **clusters}
+        return clusters
 
 
 class ReceiverSettings(BaseSettings):
@@ -39,11 +61,17 @@ class ReceiverSettings(BaseSettings):
     max_batch_bytes: int = 8 * 1024 * 1024
     buffer_dir: Path | None = None  # default: <state_dir>/receiver-buffer
     buffer_max_bytes: int = 2 * 1024**3
+    orphan_scan_s: float = 30.0  # how often to look for buffer slots dead receivers left
+    orphan_min_idle_s: float = 10.0  # a slot untouched that long can be adopted
     # how long the receiver remembers accepted message ids, to answer a client's re-send
     # "duplicate" instead of publishing it again (per receiver instance)
     dedupe_window_s: float = 600.0
     mongo_batch_size: int = 500
+    # MongoDB record writes per second of this receiver, all destinations (0: unlimited);
+    # the admin API's runtime settings override it.
+    record_rate_per_s: float = 0
     publish_batch_size: int = 500
+    kafka_acks: str = "all"  # "all", "1" or "0": what a Kafka publish waits for
     # Where the direct path hands messages (a dispatcher's internal endpoint).
     dispatcher_url: str = "http://127.0.0.1:8081"
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
@@ -59,6 +87,9 @@ class DispatcherSettings(BaseSettings):
     trace_batch_size: int = 1000
     trace_flush_interval_ms: int = 100
     direct_queue_size: int = 10_000
+    # After a destination switches brokers, how long its subscriptions keep consuming the
+    # previous one (messages already there are still delivered).
+    old_broker_drain_s: float = 3600.0
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 
 

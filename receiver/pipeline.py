@@ -5,25 +5,37 @@ buffer in one fsync'd transaction. Two drainers then work independently:
 - "publish": sends messages to their destination's broker; what the broker refuses goes the
   direct path to a dispatcher; what that refuses too stays pending in MongoDB for the
   compensator (its record is already buffered, so it is never lost);
-- "record": writes the messages and their pending deliveries to MongoDB in batches.
+- "record" (partitioned by destination): writes the messages and their pending deliveries to
+  MongoDB in batches, at the rates the runtime settings allow (`RecordWriter`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
 
 from msgbus.brokers.base import Publisher
 from msgbus.codec import decode, encode
 from msgbus.drain import Drainer
 from msgbus.errors import NotFound
 from msgbus.localqueue import Item, LocalQueue
-from msgbus.metrics import BUFFER_DEPTH, MESSAGES_ACCEPTED, MESSAGES_DUPLICATE, PUBLISHED
-from msgbus.models import BrokerKind, Destination, Envelope
+from msgbus.metrics import (
+    BUFFER_DEPTH,
+    BUFFER_OLDEST_AGE,
+    DIRECT_FALLBACKS,
+    MESSAGES_ACCEPTED,
+    MESSAGES_DUPLICATE,
+    PUBLISH_LATENCY,
+    PUBLISHED,
+    RECORD_RATE_LIMIT,
+)
+from msgbus.models import BrokerKind, Destination, Envelope, utcnow
 from msgbus.registry import Registry
 from msgbus.store import MongoStore
+from receiver.publishers import PublisherSet
+from receiver.recording import RecordWriter
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +47,19 @@ QUEUES = (PUBLISH_QUEUE, RECORD_QUEUE)
 class IngestPipeline:
     def __init__(
         self, buffer: LocalQueue, store: MongoStore, registry: Registry,
-        publishers: Mapping[BrokerKind, Publisher], *, publish_batch: int, record_batch: int,
+        publishers: PublisherSet, *, publish_batch: int, record_batch: int,
+        default_record_rate_per_s: float = 0,
     ) -> None:
-        if BrokerKind.DIRECT not in publishers:
-            raise ValueError("the direct publisher is required: it is every broker's fallback")
         self._buffer = buffer
         self._store = store
         self._registry = registry
         self._publishers = publishers
-        self._topology_done: set[tuple[str, BrokerKind, tuple[str, ...]]] = set()
-        self._warned_unconfigured: set[str] = set()
+        self._default_record_rate = default_record_rate_per_s
+        self._topology_done: set[tuple[str, BrokerKind, str, tuple[str, ...]]] = set()
         self._drainers = [
             Drainer(buffer, PUBLISH_QUEUE, self._publish, batch_size=publish_batch),
-            Drainer(buffer, RECORD_QUEUE, self._record, batch_size=record_batch),
+            RecordWriter(buffer, RECORD_QUEUE, self._record, batch_size=record_batch,
+                         global_rate=self.global_record_rate, rate_of=self.record_rate_of),
         ]
 
     def start(self) -> None:
@@ -59,7 +71,9 @@ class IngestPipeline:
         """Create topics, exchanges and subscription queues as soon as a destination or
         subscription appears, so that consumers find them before the first message."""
         for destination in self._registry.destinations():
-            publisher = self._publisher_for(destination)
+            publisher = self._publishers.for_destination(destination, self._registry.runtime())
+            if not await self._publishers.ready(publisher):
+                continue
             try:
                 await self._ensure_topology(publisher, destination)
             except Exception as exc:  # the publish path retries it
@@ -77,7 +91,7 @@ class IngestPipeline:
         for envelope in envelopes:
             data = encode(envelope)
             items.append((uuid.UUID(envelope.message_id).bytes,
-                          [(PUBLISH_QUEUE, data), (RECORD_QUEUE, data)]))
+                          [(PUBLISH_QUEUE, data), ((RECORD_QUEUE, envelope.destination), data)]))
         fresh = await self._buffer.append_new(items)
         for envelope, is_new in zip(envelopes, fresh, strict=True):
             counter = MESSAGES_ACCEPTED if is_new else MESSAGES_DUPLICATE
@@ -85,10 +99,39 @@ class IngestPipeline:
         return fresh
 
     def depths(self) -> dict[str, int]:
+        """Entries waiting per queue; also refreshes the buffer gauges."""
         depths = {q: self._buffer.depth(q) for q in QUEUES}
         for queue, depth in depths.items():
             BUFFER_DEPTH.labels("receiver", queue).set(depth)
+            BUFFER_OLDEST_AGE.labels("receiver", queue).set(self.oldest_age_s(queue))
         return depths
+
+    def oldest_age_s(self, queue: str) -> float:
+        """Seconds the oldest waiting message of a queue has waited (0 when empty)."""
+        partitions = self._buffer.partitions(queue) if queue == RECORD_QUEUE else [None]
+        oldest = None
+        for partition in partitions:
+            first = self._buffer.read(queue, 1, partition=partition)
+            if first:
+                envelope = decode(first[0][1])
+                accepted = envelope.received_at or envelope.created_at
+                oldest = accepted if oldest is None else min(oldest, accepted)
+        return 0.0 if oldest is None else max(0.0, (utcnow() - oldest).total_seconds())
+
+    # --- record rates (runtime settings, then this receiver's default) -------------------
+
+    def global_record_rate(self) -> float:
+        rate = self._registry.runtime().record_rate_per_s
+        rate = self._default_record_rate if rate is None else rate
+        RECORD_RATE_LIMIT.labels("*").set(rate)
+        return rate
+
+    def record_rate_of(self, code: str) -> float:
+        destination = self._registry.known_destination(code)
+        if destination is None:
+            return 0.0
+        RECORD_RATE_LIMIT.labels(code).set(destination.record_rate_per_s)
+        return destination.record_rate_per_s
 
     # --- sinks ---------------------------------------------------------------------------
 
@@ -114,28 +157,18 @@ class IngestPipeline:
                 continue
             await self._publish_to_destination(destination, envelopes)
 
-    def _publisher_for(self, destination: Destination) -> Publisher:
-        publisher = self._publishers.get(destination.broker)
-        if publisher is not None:
-            return publisher
-        if destination.code not in self._warned_unconfigured:
-            self._warned_unconfigured.add(destination.code)  # once, not on every batch
-            log.warning("broker %s of destination %s is not configured; using direct",
-                        destination.broker, destination.code)
-        return self._publishers[BrokerKind.DIRECT]
-
     async def _publish_to_destination(self, destination: Destination,
                                       envelopes: list[Envelope]) -> None:
-        publisher = self._publisher_for(destination)
+        publisher = self._publishers.for_destination(destination, self._registry.runtime())
         refused = envelopes
         if publisher.kind is not BrokerKind.DIRECT:
             refused = await self._publish_with(publisher, destination, envelopes)
             if not refused:
                 return
-            log.warning("%s refused %d messages of %s; handing them to the direct path",
-                        publisher.kind, len(refused), destination.code)
-        refused = await self._publish_with(self._publishers[BrokerKind.DIRECT], destination,
-                                           refused)
+            log.warning("%s (%s) refused %d messages of %s; handing them to the direct path",
+                        publisher.kind, publisher.cluster, len(refused), destination.code)
+            DIRECT_FALLBACKS.labels(destination.code, publisher.kind.value).inc(len(refused))
+        refused = await self._publish_with(self._publishers.direct, destination, refused)
         if refused:
             log.error("direct path refused %d messages of %s; they stay pending for the "
                       "compensator", len(refused), destination.code)
@@ -143,21 +176,27 @@ class IngestPipeline:
     async def _publish_with(self, publisher: Publisher, destination: Destination,
                             envelopes: list[Envelope]) -> list[Envelope]:
         """Publishes; returns the envelopes the broker did not confirm."""
+        labels = (publisher.kind.value, publisher.cluster)
+        started = time.perf_counter()
         try:
+            if not await self._publishers.ready(publisher):
+                PUBLISHED.labels(*labels, "unreachable").inc(len(envelopes))
+                return envelopes
             await self._ensure_topology(publisher, destination)
             outcomes = await publisher.publish(destination, envelopes)
         except Exception as exc:
-            log.warning("publishing to %s failed: %s", publisher.kind, exc)
-            PUBLISHED.labels(publisher.kind.value, "error").inc(len(envelopes))
+            log.warning("publishing to %s (%s) failed: %s", *labels, exc)
+            PUBLISHED.labels(*labels, "error").inc(len(envelopes))
             return envelopes
+        PUBLISH_LATENCY.labels(*labels).observe(time.perf_counter() - started)
         failed_ids = {o.message_id for o in outcomes if not o.ok}
-        PUBLISHED.labels(publisher.kind.value, "ok").inc(len(envelopes) - len(failed_ids))
-        PUBLISHED.labels(publisher.kind.value, "error").inc(len(failed_ids))
+        PUBLISHED.labels(*labels, "ok").inc(len(envelopes) - len(failed_ids))
+        PUBLISHED.labels(*labels, "error").inc(len(failed_ids))
         return [e for e in envelopes if e.message_id in failed_ids]
 
     async def _ensure_topology(self, publisher: Publisher, destination: Destination) -> None:
         subs = self._registry.subscriptions_of(destination.code)
-        key = (destination.code, publisher.kind, tuple(s.name for s in subs))
+        key = (destination.code, publisher.kind, publisher.cluster, tuple(s.name for s in subs))
         if key not in self._topology_done:
             await publisher.ensure_topology(destination, subs)
             self._topology_done.add(key)

@@ -3,35 +3,21 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
-from msgbus.brokers.base import Publisher
-from msgbus.brokers.direct import DirectPublisher
+from pymongo.errors import PyMongoError
+
+from msgbus.bufferslots import claim_slot
 from msgbus.localqueue import LocalQueue
-from msgbus.models import BrokerKind
 from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
 from msgbus.store import MongoStore
+from receiver.adoption import OrphanAdopter
 from receiver.pipeline import QUEUES, IngestPipeline
 from receiver.producers import ProducerAuthenticator
+from receiver.publishers import PublisherSet, build_publishers
 
 log = logging.getLogger(__name__)
-
-
-def build_publishers(settings: ReceiverSettings) -> dict[BrokerKind, Publisher]:
-    conn = settings.connections
-    publishers: dict[BrokerKind, Publisher] = {
-        BrokerKind.DIRECT: DirectPublisher(settings.dispatcher_url,
-                                           conn.internal_token.get_secret_value()),
-    }
-    if conn.kafka_bootstrap:
-        from msgbus.brokers.kafka import KafkaPublisher
-
-        publishers[BrokerKind.KAFKA] = KafkaPublisher(conn.kafka_bootstrap)
-    if conn.rabbitmq_url:
-        from msgbus.brokers.rabbitmq import RabbitPublisher
-
-        publishers[BrokerKind.RABBITMQ] = RabbitPublisher(conn.rabbitmq_url)
-    return publishers
 
 
 class ReceiverService:
@@ -43,28 +29,49 @@ class ReceiverService:
         self.store = MongoStore(conn.mongo_uri, conn.mongo_db)
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
         self.auth = ProducerAuthenticator(self.store)
-        self.publishers = build_publishers(settings)
-        buffer_dir = settings.buffer_dir or conn.state_dir / "receiver-buffer"
-        self.buffer = LocalQueue(buffer_dir, QUEUES, max_bytes=settings.buffer_max_bytes,
-                                 dedupe_window_s=settings.dedupe_window_s)
-        self.pipeline = IngestPipeline(
-            self.buffer, self.store, self.registry, self.publishers,
+        self.publishers = PublisherSet(build_publishers(settings))
+        # several receivers may share the buffer root: each owns one slot of it
+        buffer_root = settings.buffer_dir or conn.state_dir / "receiver-buffer"
+        self.slot = claim_slot(buffer_root)
+        self.buffer = self.open_buffer(self.slot.path)
+        self.pipeline = self.pipeline_on(self.buffer)
+        self.adopter = OrphanAdopter(buffer_root, self.open_buffer, self.pipeline_on,
+                                     scan_s=settings.orphan_scan_s,
+                                     min_idle_s=settings.orphan_min_idle_s)
+
+    def open_buffer(self, path: Path) -> LocalQueue:
+        """A receiver buffer at `path`: this receiver's own slot, or an orphan it adopts."""
+        return LocalQueue(path, QUEUES, max_bytes=self.settings.buffer_max_bytes,
+                          dedupe_window_s=self.settings.dedupe_window_s)
+
+    def pipeline_on(self, buffer: LocalQueue) -> IngestPipeline:
+        """The ingest pipeline that drains `buffer` (this receiver's, or an adopted one)."""
+        settings = self.settings
+        return IngestPipeline(
+            buffer, self.store, self.registry, self.publishers,
             publish_batch=settings.publish_batch_size, record_batch=settings.mongo_batch_size,
         )
 
     async def start(self) -> None:
-        await self.store.ensure_indexes()
+        """Starts even while MongoDB or a broker is down: what is buffered drains when they
+        are back, and producers the receiver knows keep sending."""
+        try:
+            await self.store.ensure_indexes()
+        except PyMongoError as exc:
+            log.warning("MongoDB is unreachable (%s); indexes are created at the next start",
+                        type(exc).__name__)
         await self.registry.start()
-        for publisher in self.publishers.values():
-            await publisher.start()
+        await self.publishers.start()
         self.pipeline.start()
         await self.pipeline.prepare_topology()
-        log.info("receiver ready (brokers: %s)", ", ".join(p.value for p in self.publishers))
+        self.adopter.start()
+        log.info("receiver ready (publishers: %s)", ", ".join(self.publishers.kinds()))
 
     async def close(self) -> None:
+        await self.adopter.close()
         await self.pipeline.close()
-        for publisher in self.publishers.values():
-            await publisher.close()
+        await self.publishers.close()
         await self.registry.close()
         await self.store.close()
         self.buffer.close()
+        self.slot.release()

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pika
@@ -41,10 +42,18 @@ def declare_on(channel: BlockingChannel, exchange: str, queues: list[str]) -> No
         channel.queue_bind(queue, exchange, routing_key="#")
 
 
-def declare_topology(url: str, exchange: str, queues: list[str]) -> None:
+def node_parameters(urls: str | Sequence[str]) -> list[pika.URLParameters]:
+    """Connection parameters of a cluster's nodes; pika tries them in turn."""
+    try:
+        return [pika.URLParameters(url) for url in ([urls] if isinstance(urls, str) else urls)]
+    except ValueError as exc:
+        raise BrokerError(f"rabbitmq url: {exc}") from exc
+
+
+def declare_topology(urls: str | Sequence[str], exchange: str, queues: list[str]) -> None:
     """Declare (idempotently) over a short-lived connection; raises BrokerError."""
     try:
-        connection = BlockingConnection(pika.URLParameters(url))
+        connection = BlockingConnection(node_parameters(urls))
     except (AMQPError, ValueError) as exc:
         raise BrokerError(f"rabbitmq unreachable: {exc!r}") from exc
     try:
@@ -63,7 +72,8 @@ class AmqpToken:
 
 
 class RabbitSubscriptionConsumer(SubscriptionConsumer):
-    def __init__(self, subscription: Subscription, *, url: str, max_buffered: int) -> None:
+    def __init__(self, subscription: Subscription, *, url: str | Sequence[str],
+                 max_buffered: int) -> None:
         super().__init__(subscription, max_buffered=min(max(1, max_buffered), _MAX_PREFETCH))
         self.queue = consumer_name(subscription.destination, subscription.name)
         self.exchange = topic_name(subscription.destination)
@@ -86,10 +96,7 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
     async def start(self) -> None:
         if self._thread is not None:
             return
-        try:
-            params = pika.URLParameters(self._url)
-        except ValueError as exc:
-            raise BrokerError(f"rabbitmq url: {exc}") from exc
+        params = node_parameters(self._url)
         self._buffer.bind(asyncio.get_running_loop())
         self._stop.clear()
         self._thread = threading.Thread(
@@ -131,10 +138,11 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
 
     # -- consumer thread ---------------------------------------------------------------
 
-    def _run(self, params: pika.URLParameters) -> None:
+    def _run(self, params: list[pika.URLParameters]) -> None:
         while not self._stop.is_set():
+            start = self._failures % len(params)  # after a failure, begin at the next node
             try:
-                self._consume(params)
+                self._consume(params[start:] + params[:start])
             except AMQPError as exc:
                 log.warning("rabbitmq consumer %s: %r", self.queue, exc)
             except Exception:  # the loop never dies
@@ -148,7 +156,7 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
             log.info("rabbitmq consumer %s: reconnecting in %.1fs", self.queue, delay)
             self._stop.wait(delay)
 
-    def _consume(self, params: pika.URLParameters) -> None:
+    def _consume(self, params: list[pika.URLParameters]) -> None:
         connection = BlockingConnection(params)
         with self._lock:
             self._epoch += 1

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from msgbus.models import BrokerKind, Destination, Envelope, Subscription
+from msgbus.models import DEFAULT_CLUSTER, BrokerKind, Destination, Envelope, Subscription
 
 
 def topic_name(destination: str) -> str:
@@ -39,6 +39,7 @@ class PublishOutcome:
 
 class Publisher(ABC):
     kind: BrokerKind
+    cluster: str = DEFAULT_CLUSTER  # which of the configured clusters of `kind` it publishes to
 
     @abstractmethod
     async def start(self) -> None:

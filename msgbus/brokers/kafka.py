@@ -24,7 +24,7 @@ from msgbus.brokers._batch import PublishBatch
 from msgbus.brokers._kafka_consumer import KafkaSubscriptionConsumer
 from msgbus.brokers.base import Publisher, PublishOutcome, topic_name
 from msgbus.errors import BrokerError
-from msgbus.models import BrokerKind, Destination, Envelope, Subscription
+from msgbus.models import DEFAULT_CLUSTER, BrokerKind, Destination, Envelope, Subscription
 
 __all__ = ["KafkaPublisher", "KafkaSubscriptionConsumer"]
 
@@ -51,6 +51,7 @@ class KafkaPublisher(Publisher):
         self,
         bootstrap: str,
         *,
+        cluster: str = DEFAULT_CLUSTER,
         acks: str = "all",
         linger_ms: int = 2,
         publish_timeout_ms: int = 30_000,
@@ -58,12 +59,14 @@ class KafkaPublisher(Publisher):
         extra_config: dict[str, Any] | None = None,
     ) -> None:
         self._bootstrap = bootstrap
+        self.cluster = cluster
         self._publish_timeout_ms = publish_timeout_ms
         self._connect_timeout_s = connect_timeout_s
         self._extra = dict(extra_config or {})
         self._config: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
+            # no duplicates or reordering on retries; librdkafka requires acks=all for it
+            "enable.idempotence": acks in ("all", "-1"),
             "acks": acks,
             "linger.ms": linger_ms,
             "message.timeout.ms": publish_timeout_ms,

@@ -34,7 +34,7 @@ from msgbus.brokers._batch import PublishBatch
 from msgbus.brokers._rabbit_consumer import RabbitSubscriptionConsumer, declare_topology
 from msgbus.brokers.base import Publisher, PublishOutcome, consumer_name, topic_name
 from msgbus.errors import BrokerError
-from msgbus.models import BrokerKind, Destination, Envelope, Subscription
+from msgbus.models import DEFAULT_CLUSTER, BrokerKind, Destination, Envelope, Subscription
 
 __all__ = ["RabbitPublisher", "RabbitSubscriptionConsumer"]
 
@@ -68,8 +68,10 @@ class _Job:
 class _ConfirmingPublisher:
     """Everything here runs on the IO thread, except `submit`, `start` and `stop`."""
 
-    def __init__(self, url: str, confirm_timeout_s: float) -> None:
-        self._params = pika.URLParameters(url)
+    def __init__(self, urls: Sequence[str], confirm_timeout_s: float) -> None:
+        self._nodes = [pika.URLParameters(url) for url in urls]
+        self._node = 0  # the node to connect to next; moves on when one fails
+        self._untried_at_start = len(self._nodes) - 1
         self._confirm_timeout_s = confirm_timeout_s
         self._ioloop = IOLoop()
         self._thread = threading.Thread(target=self._run, name="rabbit-publisher", daemon=True)
@@ -128,7 +130,7 @@ class _ConfirmingPublisher:
         if self._stopping:
             return
         self._connection = SelectConnection(
-            self._params,
+            self._nodes[self._node],
             on_open_callback=self._on_connection_open,
             on_open_error_callback=self._on_connection_error,
             on_close_callback=self._on_connection_closed,
@@ -151,8 +153,13 @@ class _ConfirmingPublisher:
         if self._stopping:
             self._ioloop.stop()
             return
+        self._node = (self._node + 1) % len(self._nodes)
         log.warning("rabbitmq publisher: connect failed: %r", error)
         if not self._first_open.done():
+            if self._untried_at_start > 0:  # try every node once before giving up
+                self._untried_at_start -= 1
+                self._connect()
+                return
             self._first_open.set_exception(error)
             return
         self._reconnect_later()
@@ -165,6 +172,7 @@ class _ConfirmingPublisher:
             self._ioloop.stop()
             return
         log.warning("rabbitmq publisher: connection closed: %r; reconnecting", reason)
+        self._node = (self._node + 1) % len(self._nodes)
         self._reconnect_later()
 
     def _on_channel_open(self, channel: Channel) -> None:
@@ -350,9 +358,13 @@ class _ConfirmingPublisher:
 class RabbitPublisher(Publisher):
     kind = BrokerKind.RABBITMQ
 
-    def __init__(self, url: str, *, confirm_timeout_s: float = 10.0,
-                 connect_timeout_s: float = 10.0) -> None:
-        self._url = url
+    def __init__(self, nodes: str | Sequence[str], *, cluster: str = DEFAULT_CLUSTER,
+                 confirm_timeout_s: float = 10.0, connect_timeout_s: float = 10.0) -> None:
+        """`nodes`: the AMQP URLs of one cluster's nodes, tried in turn when one goes away."""
+        self._urls = [nodes] if isinstance(nodes, str) else list(nodes)
+        if not self._urls:
+            raise ValueError("a RabbitMQ cluster needs at least one node URL")
+        self.cluster = cluster
         self._confirm_timeout_s = confirm_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._io: _ConfirmingPublisher | None = None
@@ -361,7 +373,7 @@ class RabbitPublisher(Publisher):
         if self._io is not None:
             return
         try:
-            io = _ConfirmingPublisher(self._url, self._confirm_timeout_s)
+            io = _ConfirmingPublisher(self._urls, self._confirm_timeout_s)
         except (ValueError, TypeError, AMQPError) as exc:
             raise BrokerError(f"rabbitmq url: {exc}") from exc
         await asyncio.to_thread(io.start, self._connect_timeout_s)
@@ -372,7 +384,7 @@ class RabbitPublisher(Publisher):
     ) -> None:
         exchange = topic_name(destination.code)
         queues = [consumer_name(destination.code, s.name) for s in subscriptions]
-        await asyncio.to_thread(declare_topology, self._url, exchange, queues)
+        await asyncio.to_thread(declare_topology, self._urls, exchange, queues)
 
     async def publish(
         self, destination: Destination, envelopes: Sequence[Envelope]

@@ -1,7 +1,8 @@
 """`MongoStore`: every MongoDB read and write of the bus, on pymongo's native async API.
 
 Collections: messages (one per accepted message), deliveries (one per message and subscription:
-the delivery state), attempts (append-only, one per push), destinations, subscriptions, apps.
+the delivery state), attempts (append-only, one per push), destinations, subscriptions, apps,
+runtime (one document: the knobs operators change at runtime).
 Hot-path writes are batched: insert_many and bulk_write, never one round trip per message.
 """
 
@@ -21,6 +22,7 @@ from msgbus.models import (
     DeliveryStatus,
     Destination,
     Envelope,
+    RuntimeConfig,
     Subscription,
     delivery_id,
     utcnow,
@@ -30,6 +32,7 @@ from msgbus.store import documents as docs
 log = logging.getLogger(__name__)
 
 _DUPLICATE_KEY = 11000
+RUNTIME_ID = "bus"  # the one document of the runtime collection
 
 INDEXES: dict[str, list[IndexModel]] = {
     "messages": [
@@ -67,6 +70,7 @@ class MongoStore:
         self.destinations = self.db["destinations"]
         self.subscriptions = self.db["subscriptions"]
         self.apps = self.db["apps"]
+        self.runtime = self.db["runtime"]
 
     async def ensure_indexes(self) -> None:
         for collection, indexes in INDEXES.items():
@@ -112,6 +116,17 @@ class MongoStore:
         if doc is None:
             raise NotFound(f"unknown subscription {sub_id!r}", field="subscription")
         return docs.subscription_from_doc(doc)
+
+    async def get_runtime(self) -> RuntimeConfig:
+        doc = await self.runtime.find_one({"_id": RUNTIME_ID})
+        if doc is None:
+            return RuntimeConfig()
+        return RuntimeConfig.model_validate({k: v for k, v in doc.items() if k != "_id"})
+
+    async def save_runtime(self, config: RuntimeConfig) -> None:
+        doc = config.model_dump(mode="json") | {"_id": RUNTIME_ID,
+                                                "updated_at": config.updated_at}
+        await self.runtime.replace_one({"_id": RUNTIME_ID}, doc, upsert=True)
 
     # --- producer apps -------------------------------------------------------------------
 

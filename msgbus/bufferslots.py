@@ -1,0 +1,228 @@
+"""Buffer slots: several processes share one buffer root, each owning one `slot-N` dir.
+
+    <root>/slot-0/slot.lock   flock()ed by the owner, which writes "pid=... host=..." into it
+    <root>/slot-0/data.mdb    the owner's LMDB environment (msgbus.localqueue)
+    <root>/slot-1/...
+
+A process owns a slot while it holds an exclusive flock on the slot's lock file; the kernel drops
+the lock when the process exits, even on kill -9. A slot nobody holds that still has an LMDB
+environment is an orphan: `find_orphans` lists them, another process claims one with
+`claim_path` and drains it (receiver/adoption.py), then `ClaimedSlot.remove()`s it.
+flock() needs a local filesystem (not NFS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from msgbus.errors import Unavailable
+
+SLOT_PREFIX = "slot-"
+LOCK_FILE = "slot.lock"
+LMDB_DATA_FILE = "data.mdb"
+DEFAULT_MAX_SLOTS = 64
+# A removed slot is first renamed to this prefix (atomically), so that a process claiming the
+# slot's name meanwhile gets a fresh dir instead of one being deleted under it.
+_REMOVING_PREFIX = ".removing-"
+# A held lock with no owner name is a holder_of() probe (or an owner between flock() and writing
+# its name): wait that long before calling the slot busy, so that probes never turn a claim away.
+_UNNAMED_RETRIES = 5
+_UNNAMED_RETRY_S = 0.01
+_MAX_ATTEMPTS = 100  # lock files replaced under us (slot removed by an adopter) before giving up
+
+
+class ClaimedSlot:
+    """A slot this process owns until `release()` (or `remove()`)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Drop the lock; the dir and its data stay for the next owner."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # no owner name; also marks the slot's last use (mtime)
+        os.close(fd)
+
+    def remove(self) -> None:
+        """Delete the slot dir and everything in it, then drop the lock."""
+        if self._fd is None:
+            raise RuntimeError(f"slot {self.path} is not held")
+        doomed = self.root / f"{_REMOVING_PREFIX}{self.path.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(self.path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"ClaimedSlot({str(self.path)!r}, held={self.held})"
+
+
+def claim_slot(root: Path, max_slots: int = DEFAULT_MAX_SLOTS) -> ClaimedSlot:
+    """Claim the first slot under `root` no live process holds (creating it if needed).
+
+    A process restarted in place takes the lowest free slot, so it usually gets its own old one
+    back with whatever was left in it. Raises `Unavailable` when all `max_slots` are held.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(max_slots):
+        claimed = claim_path(root / f"{SLOT_PREFIX}{n}")
+        if claimed is not None:
+            return claimed
+    raise Unavailable(f"all {max_slots} buffer slots under {root} are held by live processes")
+
+
+def claim_path(slot: Path) -> ClaimedSlot | None:
+    """Claim this one slot (creating it if needed); None when a live process holds it."""
+    lock_path = slot / LOCK_FILE
+    unnamed = 0
+    for _ in range(_MAX_ATTEMPTS):
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the slot dir does not exist (yet, or any more)
+            slot.mkdir(parents=True, exist_ok=True)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _read_owner(fd)
+            os.close(fd)
+            if not owner and unnamed < _UNNAMED_RETRIES:
+                unnamed += 1
+                time.sleep(_UNNAMED_RETRY_S)
+                continue
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if not _is_current(fd, lock_path):  # an adopter removed the slot while we waited
+            os.close(fd)
+            continue
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{owner_name()}\n".encode(), 0)
+        return ClaimedSlot(slot, fd)
+    raise Unavailable(f"buffer slot {slot} keeps being replaced; try again")
+
+
+def holder_of(slot: Path) -> str | None:
+    """Who holds `slot` ("pid=... host=..."), or None when no live process does.
+
+    A probe that never takes a slot away from anyone: it opens an existing lock file read-only
+    (never creating one) and takes a shared flock for an instant; a claim that meets it retries
+    briefly. The answer is a snapshot: an owner may start or exit right after it.
+    """
+    try:
+        fd = os.open(slot / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_owner(fd) or "an unnamed process (it is just starting)"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def slots(root: Path) -> list[Path]:
+    """The slot dirs under `root`, by slot number."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir()
+             if p.is_dir() and p.name.startswith(SLOT_PREFIX)
+             and p.name[len(SLOT_PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(SLOT_PREFIX):]))
+
+
+def idle_s(slot: Path, now: float | None = None) -> float:
+    """Seconds since the slot's LMDB data or lock file last changed."""
+    stamps = []
+    for name in (LMDB_DATA_FILE, LOCK_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            stamps.append((slot / name).stat().st_mtime)
+    if not stamps:
+        return 0.0
+    return max(0.0, (time.time() if now is None else now) - max(stamps))
+
+
+def find_orphans(root: Path, min_idle_s: float) -> list[Path]:
+    """Slots under `root` that hold an LMDB environment, that no live process holds, and that
+    nobody touched for `min_idle_s` (giving a restarting owner the time to take its slot back)."""
+    return [slot for slot in slots(root)
+            if (slot / LMDB_DATA_FILE).is_file() and holder_of(slot) is None
+            and idle_s(slot) >= min_idle_s]
+
+
+def sweep_removed(root: Path) -> int:
+    """Finish removals that a process died in the middle of; returns how many it finished."""
+    finished = 0
+    leftovers = root.iterdir() if root.is_dir() else iter(())
+    for leftover in leftovers:
+        if leftover.is_dir() and leftover.name.startswith(_REMOVING_PREFIX):
+            with _locked_if_free(leftover / LOCK_FILE) as free:
+                if free:  # else its remover is still at work
+                    shutil.rmtree(leftover, ignore_errors=True)
+                    finished += 1
+    return finished
+
+
+@contextlib.contextmanager
+def _locked_if_free(lock_path: Path) -> Iterator[bool]:
+    """Holds `lock_path` exclusively if it exists and nobody holds it; yields whether it is free
+    (a missing lock file counts as free). Never creates the file."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def owner_name() -> str:
+    """How this process names itself in the lock files it holds."""
+    return f"pid={os.getpid()} host={socket.gethostname()}"
+
+
+def _is_current(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is still the file at `path` (not unlinked or replaced)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
+
+
+def _read_owner(fd: int) -> str:
+    try:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip()
+    except OSError:
+        return ""

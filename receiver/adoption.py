@@ -1,0 +1,109 @@
+"""`OrphanAdopter`: drains the buffers that receivers left behind.
+
+A receiver killed with -9 (or stopped while its buffer still held entries) leaves its buffer slot
+unlocked under the shared buffer root (msgbus/bufferslots.py). A live receiver looks for such
+slots when it starts and then every `scan_s`; it locks one, opens it with `open_buffer` and
+drains it with a second ingest pipeline from `make_pipeline` (the same class as its own, on that
+buffer) until every queue is empty, then removes the slot. The pipeline's sinks are idempotent,
+so whatever the dead receiver had already published or recorded may safely go again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from msgbus.bufferslots import ClaimedSlot, claim_path, find_orphans, sweep_removed
+from msgbus.localqueue import LocalQueue
+from receiver.pipeline import IngestPipeline
+
+log = logging.getLogger(__name__)
+
+BufferOpener = Callable[[Path], LocalQueue]
+PipelineFactory = Callable[[LocalQueue], IngestPipeline]
+
+
+class OrphanAdopter:
+    def __init__(
+        self, root: Path, open_buffer: BufferOpener, make_pipeline: PipelineFactory, *,
+        scan_s: float, min_idle_s: float, poll_s: float = 0.2, progress_every_s: float = 10.0,
+    ) -> None:
+        self.root = root
+        self._open_buffer = open_buffer
+        self._make_pipeline = make_pipeline
+        self._scan_s = scan_s
+        self._min_idle_s = min_idle_s
+        self._poll_s = poll_s
+        self._progress_every_s = progress_every_s
+        self._task: asyncio.Task[None] | None = None
+        self.adopted = 0  # slots drained and removed by this adopter
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="adopt-orphaned-buffers")
+
+    async def close(self) -> None:
+        """Stop; a slot being drained is released as it is, for the next adopter."""
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.scan_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a disk or LMDB error on one slot: try again at the next scan
+                log.exception("scanning %s for orphaned buffers failed", self.root)
+            await asyncio.sleep(self._scan_s)
+
+    async def scan_once(self) -> int:
+        """Adopt every orphan found now, one after the other; returns how many were drained."""
+        sweep_removed(self.root)
+        drained = 0
+        for slot in find_orphans(self.root, self._min_idle_s):
+            claimed = claim_path(slot)
+            if claimed is None:  # a starting receiver or another adopter took it meanwhile
+                continue
+            try:
+                await self._drain(claimed)
+            finally:
+                claimed.release()  # no-op after remove()
+            drained += 1
+        return drained
+
+    async def _drain(self, slot: ClaimedSlot) -> None:
+        buffer = self._open_buffer(slot.path)
+        try:
+            pipeline = self._make_pipeline(buffer)
+            waiting = sum(pipeline.depths().values())
+            if waiting:
+                log.warning("adopting the orphaned receiver buffer %s: %d entries to drain",
+                            slot.path, waiting)
+                await self._drain_with(pipeline, slot)
+        finally:
+            buffer.close()
+        slot.remove()
+        self.adopted += 1
+        if waiting:
+            log.warning("orphaned receiver buffer %s: all %d entries drained; slot removed",
+                        slot.path, waiting)
+        else:
+            log.info("removed the empty orphaned receiver buffer %s", slot.path)
+
+    async def _drain_with(self, pipeline: IngestPipeline, slot: ClaimedSlot) -> None:
+        pipeline.start()
+        try:
+            next_note = time.monotonic() + self._progress_every_s
+            while depths := {q: d for q, d in pipeline.depths().items() if d}:
+                if time.monotonic() >= next_note:
+                    log.info("draining the orphaned buffer %s: %s left", slot.path, depths)
+                    next_note += self._progress_every_s
+                await asyncio.sleep(self._poll_s)
+        finally:
+            await pipeline.close()
