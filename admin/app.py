@@ -74,7 +74,7 @@ def create_app(service: AdminService) -> FastAPI:
         await store.get_destination(code)
         try:
             existing = await store.get_subscription(f"{code}/{name}")
-            sub = existing.model_copy(update={**body.model_dump(), "updated_at": utcnow()})
+            sub = existing.model_copy(update={**dict(body), "updated_at": utcnow()})
         except NotFound:
             sub = Subscription(destination=code, name=name, **body.model_dump())
         await store.save_subscription(sub)

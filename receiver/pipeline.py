@@ -165,8 +165,6 @@ class IngestPipeline:
             refused = await self._publish_with(publisher, destination, envelopes)
             if not refused:
                 return
-            log.warning("%s (%s) refused %d messages of %s; handing them to the direct path",
-                        publisher.kind, publisher.cluster, len(refused), destination.code)
             DIRECT_FALLBACKS.labels(destination.code, publisher.kind.value).inc(len(refused))
         refused = await self._publish_with(self._publishers.direct, destination, refused)
         if refused:
@@ -189,10 +187,15 @@ class IngestPipeline:
             PUBLISHED.labels(*labels, "error").inc(len(envelopes))
             return envelopes
         PUBLISH_LATENCY.labels(*labels).observe(time.perf_counter() - started)
-        failed_ids = {o.message_id for o in outcomes if not o.ok}
-        PUBLISHED.labels(*labels, "ok").inc(len(envelopes) - len(failed_ids))
-        PUBLISHED.labels(*labels, "error").inc(len(failed_ids))
-        return [e for e in envelopes if e.message_id in failed_ids]
+        errors = {o.message_id: o.error for o in outcomes if not o.ok}
+        PUBLISHED.labels(*labels, "ok").inc(len(envelopes) - len(errors))
+        PUBLISHED.labels(*labels, "error").inc(len(errors))
+        if errors:
+            log.warning("%s (%s) refused %d messages of %s (e.g. %s)%s", *labels, len(errors),
+                        destination.code, next(iter(errors.values())),
+                        "" if publisher.kind is BrokerKind.DIRECT
+                        else "; handing them to the direct path")
+        return [e for e in envelopes if e.message_id in errors]
 
     async def _ensure_topology(self, publisher: Publisher, destination: Destination) -> None:
         subs = self._registry.subscriptions_of(destination.code)

@@ -9,7 +9,7 @@ import asyncio
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import pika
@@ -28,6 +28,7 @@ from msgbus.brokers.kafka import KafkaPublisher, KafkaSubscriptionConsumer
 from msgbus.brokers.rabbitmq import RabbitPublisher, RabbitSubscriptionConsumer
 from msgbus.errors import BrokerError
 from msgbus.models import BrokerKind, Destination, Envelope, Subscription
+from tests.support.loop import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -78,14 +79,6 @@ async def take(
                 consumer.ack(received)
         got.extend(batch)
     return got
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 def assert_same_messages(sent: list[Envelope], received: list[Received]) -> None:
@@ -233,7 +226,7 @@ async def test_kafka_slow_subscriber_pauses_instead_of_rebalancing(
     try:
         held = await take(consumer, 5, ack=False)
         assert len(held) == 5
-        await wait_until(lambda: consumer.paused)
+        await eventually(lambda: consumer.paused)
         hold_until = time.monotonic() + 7.0  # longer than session.timeout.ms=6000
         while time.monotonic() < hold_until:
             assert await consumer.receive(10, 0.5) == []  # nothing beyond max_buffered
@@ -325,7 +318,7 @@ async def test_rabbit_fanout_to_two_queues_intact_and_ordered(
             assert await consumer.receive(10, 0.3) == []
     finally:
         await closing(*consumers)
-    await wait_until(lambda: all(amqp.depth(q) == 0 for q in queues))  # all acked
+    await eventually(lambda: all(amqp.depth(q) == 0 for q in queues))  # all acked
 
 
 async def test_rabbit_unroutable_publish_is_an_error_outcome(
@@ -389,14 +382,14 @@ async def test_rabbit_consumer_reconnects_and_gets_unacked_redelivered(
         first = await take(consumer, 10, ack=False)
         assert len(first) == 10
         await drop_connection(consumer)
-        await wait_until(lambda: consumer.connections == 2)
+        await eventually(lambda: consumer.connections == 2)
         for r in first:
             consumer.ack(r)  # tokens of the dead connection: ignored, not an error
         again = await take(consumer, 10)
         assert_same_messages(sent, again)
     finally:
         await consumer.close()
-    await wait_until(lambda: amqp.depth(queue) == 0)
+    await eventually(lambda: amqp.depth(queue) == 0)
 
 
 async def test_rabbit_publisher_reconnects_after_connection_loss(
@@ -427,10 +420,10 @@ async def drop_connection(adapter: RabbitPublisher | RabbitSubscriptionConsumer)
         assert io is not None and io._connection is not None
         connection = io._connection
         io._ioloop.add_callback_threadsafe(connection.close)
-        await wait_until(lambda: connection.is_closed)
+        await eventually(lambda: connection.is_closed)
         return
     blocking = adapter._connection
     assert blocking is not None
     blocking.add_callback_threadsafe(blocking.close)
-    await wait_until(lambda: blocking.is_closed)
+    await eventually(lambda: blocking.is_closed)
 

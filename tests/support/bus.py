@@ -34,6 +34,19 @@ from tests.support.loop import BackgroundLoop
 HOST = "127.0.0.1"
 
 
+def sample_value(exposition: str, name: str, labels: dict[str, str]) -> float:
+    """One sample of a Prometheus text exposition whose labels include `labels` (sums them
+    when several match; 0 when none does)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                total += sample.value
+    return total
+
+
 def wait_until(
     condition: Callable[[], Any],
     timeout_s: float = 30,
@@ -61,6 +74,7 @@ class RunningBus:
         state_dir: Path,
         kafka_bootstrap: str = "",
         rabbitmq_url: str = "",
+        **connection_options: Any,
     ) -> None:
         self.loop = loop
         self.admin_token = "test-admin-token"
@@ -72,6 +86,7 @@ class RunningBus:
             internal_token=SecretStr("test-internal-token"),
             state_dir=state_dir,
             config_refresh_s=0.5,
+            **connection_options,
         )
         self._group = ServerGroup()
         self._subscribers = ServerGroup()
@@ -152,8 +167,15 @@ class RunningBus:
 
         return f"http://{HOST}:{self.loop.run(start())}/hook"
 
-    def create_destination(self, code: str, broker: str) -> None:
-        self.admin.put(f"/v1/destinations/{code}", json={"broker": broker}).raise_for_status()
+    def create_destination(self, code: str, broker: str, **options: Any) -> None:
+        """Create or change a destination (changing `broker` switches it at runtime)."""
+        self.admin.put(f"/v1/destinations/{code}",
+                       json={"broker": broker, **options}).raise_for_status()
+
+    def receiver_metric(self, name: str, **labels: str) -> float:
+        """The value of one sample on the receiver's /metrics (0 when absent)."""
+        text = httpx.get(f"{self.receiver_url}/metrics", timeout=10).text
+        return sample_value(text, name, labels)
 
     def subscribe(self, destination: str, name: str, url: str, **options: Any) -> dict[str, Any]:
         response = self.admin.put(

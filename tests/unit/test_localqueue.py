@@ -110,3 +110,25 @@ async def test_keys_need_a_dedupe_window(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="dedupe_window_s"):
         await queue.append_new([(b"id", [("q", b"v")])])
     queue.close()
+
+
+async def test_partitions_are_fifo_of_their_own_and_survive_reopen(tmp_path: Path) -> None:
+    queue = LocalQueue(tmp_path, ("records",), max_bytes=10**8)
+    # "a" and "a-b" share a prefix: their keys must never interleave
+    for i in range(5):
+        await queue.append([(("records", "a-b"), b"ab%d" % i), (("records", "a"), b"a%d" % i)])
+    assert queue.partitions("records") == ["a", "a-b"]
+    assert [v for _, v in queue.read("records", 10, partition="a")] == [
+        b"a0", b"a1", b"a2", b"a3", b"a4"]
+    first_two = queue.read("records", 2, partition="a-b")
+    await queue.delete("records", [k for k, _ in first_two])
+    queue.close()
+
+    reopened = LocalQueue(tmp_path, ("records",), max_bytes=10**8)
+    await reopened.append([(("records", "a"), b"a5"), (("records", "z"), b"z0")])
+    assert reopened.read("records", 10, partition="a")[-1][1] == b"a5"  # continues in order
+    assert [v for _, v in reopened.read("records", 10, partition="a-b")] == [b"ab2", b"ab3",
+                                                                             b"ab4"]
+    assert reopened.partitions("records") == ["a", "a-b", "z"]
+    assert reopened.depth("records") == 6 + 3 + 1
+    reopened.close()
