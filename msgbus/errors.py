@@ -4,6 +4,7 @@
     ├── InvalidInput            bad data from a caller; maps to a 4xx
     │   ├── InvalidMessage        envelope or body is malformed (400/422)
     │   ├── MessageTooLarge       body over the configured limit (413)
+    │   ├── UnsupportedMediaType  a Content-Type the endpoint does not take (415)
     │   └── InvalidConfig         destination/subscription definition is invalid (422)
     ├── NotFound                unknown destination, subscription, message (404)
     ├── Conflict                already exists (409)
@@ -11,7 +12,9 @@
     ├── Forbidden               authenticated but not allowed (403)
     ├── Unavailable             a dependency is down or a local buffer is full (503)
     │   └── BufferFull
-    └── BrokerError             a broker refused or failed an operation
+    └── BrokerError             a broker refused or failed an operation (503)
+
+A 503 tells the caller when to retry: `retry_after_s` becomes the HTTP Retry-After header.
 """
 
 
@@ -20,11 +23,15 @@ class MsgbusError(Exception):
 
     status_code = 500
     code = "internal_error"
+    retry_after_s: int | None = None
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None,
+                 retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
 
     def to_json(self) -> dict[str, str]:
         body = {"error": self.code, "message": self.message}
@@ -46,6 +53,11 @@ class InvalidMessage(InvalidInput):
 class MessageTooLarge(InvalidInput):
     status_code = 413
     code = "message_too_large"
+
+
+class UnsupportedMediaType(InvalidInput):
+    status_code = 415
+    code = "unsupported_media_type"
 
 
 class InvalidConfig(InvalidInput):
@@ -76,12 +88,15 @@ class Forbidden(MsgbusError):
 class Unavailable(MsgbusError):
     status_code = 503
     code = "unavailable"
+    retry_after_s = 1
 
 
 class BufferFull(Unavailable):
     code = "buffer_full"
+    retry_after_s = 5  # the buffer drains at MongoDB's pace: give it a few seconds
 
 
 class BrokerError(MsgbusError):
     status_code = 503
     code = "broker_error"
+    retry_after_s = 1

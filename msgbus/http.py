@@ -1,15 +1,17 @@
-"""Shared FastAPI plumbing: the app of a service, JSON errors from the error hierarchy and the
-/metrics response."""
+"""Shared FastAPI plumbing: the app of a service, JSON errors from the error hierarchy, the
+/metrics response and request timing."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import Histogram
 from pymongo.errors import PyMongoError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -26,8 +28,7 @@ def install_error_handlers(
     async def _bus_error(_: Request, exc: MsgbusError) -> JSONResponse:
         if on_error is not None:
             on_error(exc)
-        headers = {"retry-after": "1"} if isinstance(exc, Unavailable) else None
-        return JSONResponse(exc.to_json(), status_code=exc.status_code, headers=headers)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -39,13 +40,17 @@ def install_error_handlers(
 
     @app.exception_handler(PyMongoError)
     async def _mongo_down(_: Request, exc: PyMongoError) -> JSONResponse:
-        body = {"error": "unavailable", "message": f"MongoDB is unavailable: {type(exc).__name__}"}
-        return JSONResponse(body, status_code=503, headers={"retry-after": "1"})
+        return error_response(Unavailable(f"MongoDB is unavailable: {type(exc).__name__}"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"error": "http_error", "message": str(exc.detail)},
                               status_code=exc.status_code, headers=exc.headers)
+
+
+def error_response(exc: MsgbusError) -> JSONResponse:
+    headers = None if exc.retry_after_s is None else {"retry-after": str(exc.retry_after_s)}
+    return JSONResponse(exc.to_json(), status_code=exc.status_code, headers=headers)
 
 
 def metrics_response() -> Response:
@@ -84,3 +89,43 @@ def service_app(
         return metrics_response()
 
     return app
+
+
+class RequestTimer:
+    """Pure ASGI middleware that observes `histogram` (labels: endpoint, status class) for the
+    requests whose path `endpoint_of` maps to an endpoint name; other requests pass untouched.
+    Pure ASGI because BaseHTTPMiddleware costs a hot path far more than these few microseconds.
+    """
+
+    def __init__(self, app: Any, *, histogram: Histogram,
+                 endpoint_of: Callable[[str], str | None]) -> None:
+        self._app = app
+        self._histogram = histogram
+        self._endpoint_of = endpoint_of
+        self._children: dict[tuple[str, int], Any] = {}  # labels() takes a lock: cache them
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        endpoint = self._endpoint_of(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None:
+            await self._app(scope, receive, send)
+            return
+        status = 500  # what the server answers when an exception escapes
+
+        async def send_status(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        started = time.perf_counter()
+        try:
+            await self._app(scope, receive, send_status)
+        finally:
+            self._observe(endpoint, status // 100, time.perf_counter() - started)
+
+    def _observe(self, endpoint: str, status_class: int, seconds: float) -> None:
+        child = self._children.get((endpoint, status_class))
+        if child is None:
+            child = self._histogram.labels(endpoint, f"{status_class}xx")
+            self._children[(endpoint, status_class)] = child
+        child.observe(seconds)

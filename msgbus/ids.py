@@ -23,7 +23,7 @@ def uuid7() -> str:
 
 def is_message_id(value: object) -> bool:
     """True for a lower-case canonical UUID string (any version; v7 is what clients send)."""
-    return isinstance(value, str) and _UUID_RE.match(value) is not None
+    return isinstance(value, str) and _UUID_RE.fullmatch(value) is not None
 
 
 def uuid7_time(message_id: str) -> datetime:

@@ -1,116 +1,245 @@
 """The receiver's HTTP API (FastAPI). Bodies are read raw and parsed with orjson: faster than a
-pydantic request model, and every error names the field at fault."""
+pydantic request model, and every error names the field at fault. The OpenAPI document of the
+two ingest endpoints is written by hand in receiver/openapi.py for the same reason."""
 
 from __future__ import annotations
 
+import logging
+from functools import partial
 from typing import Any
 
-from fastapi import FastAPI, Request
+import orjson
+from fastapi import FastAPI, Request, Response
+from pymongo.errors import PyMongoError
+from starlette.requests import ClientDisconnect
 
-from msgbus.errors import InvalidInput, MessageTooLarge, MsgbusError
-from msgbus.http import service_app
-from msgbus.metrics import MESSAGES_REJECTED
-from msgbus.models import utcnow
-from receiver.parsing import load_json, parse_envelope
+from msgbus.errors import (
+    BufferFull,
+    InvalidInput,
+    InvalidMessage,
+    MessageTooLarge,
+    MsgbusError,
+    NotFound,
+    Unavailable,
+    UnsupportedMediaType,
+)
+from msgbus.http import RequestTimer, service_app
+from msgbus.metrics import BUFFER_BYTES, MESSAGES_REJECTED, REQUEST_LATENCY
+from msgbus.models import JSON_CONTENT_TYPE, Envelope, is_destination_code, utcnow
+from receiver.openapi import BATCH_PATH, SINGLE_PATH, receiver_openapi
+from receiver.parsing import (
+    ID_HEADER,
+    ExactJson,
+    load_json,
+    parse_envelope,
+    parse_raw,
+    raw_form_header,
+)
+from receiver.pipeline import IngestPipeline
 from receiver.service import ReceiverService
 
-_MESSAGE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["message_id"],
-    "properties": {
-        "message_id": {"type": "string", "format": "uuid", "description": "UUIDv7 from the client"},
-        "biz_id": {"type": "string", "maxLength": 256},
-        "created_at": {"type": "string", "format": "date-time"},
-        "headers": {"type": "object", "additionalProperties": {"type": "string"}},
-        "body": {"description": "any JSON value"},
-        "body_base64": {"type": "string", "description": "opaque bytes instead of body"},
-        "content_type": {"type": "string", "description": "MIME type of body_base64"},
-    },
-}
+log = logging.getLogger(__name__)
 
 
-def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"requestBody": {"required": True,
-                            "content": {"application/json": {"schema": schema}}}}
+def endpoint_of(path: str) -> str | None:
+    """The route template of an ingest request's path (a label of bounded cardinality)."""
+    if path == BATCH_PATH:
+        return BATCH_PATH
+    if path.startswith("/v1/destinations/") and path.endswith("/messages") and (
+            path.count("/") == 4):
+        return SINGLE_PATH
+    return None
+
+
+def _json(data: Any, status_code: int) -> Response:
+    return Response(orjson.dumps(data), status_code=status_code, media_type=JSON_CONTENT_TYPE)
+
+
+def _is_json(content_type: str | None) -> bool:
+    """A JSON envelope comes as application/json, or with no Content-Type at all."""
+    return not content_type or (
+        content_type.partition(";")[0].strip().lower() == JSON_CONTENT_TYPE)
+
+
+def _require_json(content_type: str | None, *, raw_allowed: bool) -> None:
+    if content_type is not None and not _is_json(content_type):
+        raw = (f", or the message itself with its own Content-Type and a {ID_HEADER} header"
+               if raw_allowed else "")
+        raise UnsupportedMediaType(f"Content-Type {content_type[:100]!r}: send a JSON "
+                                   f"envelope as application/json{raw}", field="content-type")
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:
+    """The body, refused as soon as it is over `limit` bytes (never read whole first)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and (
+            int(declared) > limit):
         raise MessageTooLarge(f"request body is {declared} bytes; the limit is {limit}")
-    raw = await request.body()
-    if len(raw) > limit:
-        raise MessageTooLarge(f"request body is {len(raw)} bytes; the limit is {limit}")
-    return raw
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise MessageTooLarge(f"request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        raise InvalidInput("the client went away before sending the whole body") from exc
+    return b"".join(chunks)
+
+
+def _echo_id(item: Any) -> str | None:
+    """A batch item's message_id for its result (never an arbitrary JSON value)."""
+    value = item.get("message_id") if isinstance(item, dict) else None
+    return value if isinstance(value, str) and len(value) <= 100 else None
+
+
+def _batch_item(batch: ExactJson, index: int) -> Any:
+    return batch()["messages"][index]
+
+
+class Ingest:
+    """What both endpoints share: the destination check and the durable accept."""
+
+    def __init__(self, service: ReceiverService) -> None:
+        self._registry = service.registry
+        self._pipeline: IngestPipeline = service.pipeline
+
+    async def check_destination(self, code: str) -> None:
+        if not is_destination_code(code):
+            raise NotFound(f"unknown destination {code[:100]!r} (a code is 1-100 characters "
+                           "of a-z, 0-9, '_', '.' and '-')", field="destination")
+        try:
+            await self._registry.destination(code)
+        except PyMongoError as exc:
+            raise Unavailable(f"cannot look up destination {code!r} while MongoDB is "
+                              "unavailable; retry later") from exc
+
+    async def accept(self, envelopes: list[Envelope]) -> list[bool]:
+        try:
+            return await self._pipeline.accept(envelopes)
+        except MsgbusError as exc:
+            for envelope in envelopes:
+                MESSAGES_REJECTED.labels(envelope.destination, exc.code).inc()
+            if isinstance(exc, BufferFull):
+                raise BufferFull("the receiver's buffer is full (it takes messages faster than "
+                                 "it can record them); retry later") from exc
+            if isinstance(exc, Unavailable):
+                log.warning("the local buffer refused %d messages: %s", len(envelopes), exc)
+                raise Unavailable("the receiver cannot write its buffer; retry later") from exc
+            raise
 
 
 def create_app(service: ReceiverService) -> FastAPI:
     settings = service.settings
-    app = service_app("msgbus receiver", service,
-                      on_error=lambda e: MESSAGES_REJECTED.labels(e.code).inc(),
-                      before_metrics=service.pipeline.depths)
+    auth = service.auth
+    ingest = Ingest(service)
+
+    def refresh_gauges() -> None:
+        service.pipeline.depths()
+        BUFFER_BYTES.labels("receiver", "used").set(service.buffer.used_bytes)
+        BUFFER_BYTES.labels("receiver", "limit").set(service.buffer.max_bytes)
+
+    # Rejections are counted by the handlers, which know the destination (no on_error hook).
+    app = service_app("msgbus receiver", service, before_metrics=refresh_gauges)
+    app.add_middleware(RequestTimer, histogram=REQUEST_LATENCY, endpoint_of=endpoint_of)
     # JSON overhead around a body of max_message_bytes
     single_limit = settings.max_message_bytes * 2 + 16 * 1024
 
-    @app.post("/v1/destinations/{code}/messages", status_code=202,
-              openapi_extra=_json_body(_MESSAGE_SCHEMA))
-    async def send_one(code: str, request: Request) -> dict[str, str]:
-        producer = await service.auth.authenticate(request.headers.get("authorization"))
-        producer.check_allowed(code)
-        await service.registry.destination(code)
-        data = load_json(await _read_limited(request, single_limit))
-        envelope = parse_envelope(data, destination=code, source_app=producer.name,
-                                  max_body_bytes=settings.max_message_bytes, now=utcnow())
-        [fresh] = await service.pipeline.accept([envelope])
-        return {"message_id": envelope.message_id,
-                "status": "accepted" if fresh else "duplicate"}
+    @app.post(SINGLE_PATH)
+    async def send_one(request: Request) -> Response:
+        code: str = request.path_params["code"]
+        destination = ""  # the metric label: only a known destination, never any URL text
+        try:
+            producer = await auth.authenticate(request.headers.get("authorization"))
+            await ingest.check_destination(code)
+            destination = code
+            producer.check_allowed(code)
+            now = utcnow()
+            content_type = request.headers.get("content-type")
+            if ID_HEADER in request.headers and not _is_json(content_type):
+                raw = await _read_limited(request, settings.max_message_bytes)
+                envelope = parse_raw(raw, request.headers.raw, destination=code,
+                                     source_app=producer.name,
+                                     max_body_bytes=settings.max_message_bytes, now=now)
+            else:
+                _require_json(content_type, raw_allowed=True)
+                misplaced = raw_form_header(request.headers.raw)
+                if misplaced is not None:
+                    raise InvalidMessage(
+                        f"the {misplaced} header goes with a raw message of another "
+                        "Content-Type; a JSON envelope carries message_id, biz_id, created_at "
+                        "and headers itself (JSON bytes to keep as they are: body_base64)",
+                        field=misplaced)
+                raw = await _read_limited(request, single_limit)
+                envelope = parse_envelope(load_json(raw), destination=code,
+                                          source_app=producer.name,
+                                          max_body_bytes=settings.max_message_bytes, now=now,
+                                          exact=ExactJson(raw))
+        except MsgbusError as exc:
+            MESSAGES_REJECTED.labels(destination, exc.code).inc()
+            raise
+        [fresh] = await ingest.accept([envelope])
+        return _json({"message_id": envelope.message_id,
+                      "status": "accepted" if fresh else "duplicate"}, 202)
 
-    batch_schema = {"type": "object", "required": ["messages"], "properties": {
-        "messages": {"type": "array", "maxItems": settings.max_batch_count, "items": {
-            "allOf": [_MESSAGE_SCHEMA, {"required": ["destination"]}]}}}}
-
-    @app.post("/v1/messages", openapi_extra=_json_body(batch_schema))
-    async def send_batch(request: Request) -> dict[str, Any]:
-        producer = await service.auth.authenticate(request.headers.get("authorization"))
-        data = load_json(await _read_limited(request, settings.max_batch_bytes))
-        messages = data.get("messages") if isinstance(data, dict) else None
-        if not isinstance(messages, list) or not messages:
-            raise InvalidInput("a batch is an object with a non-empty 'messages' array",
-                               field="messages")
-        if len(messages) > settings.max_batch_count:
-            raise MessageTooLarge(f"a batch holds at most {settings.max_batch_count} messages; "
-                                  f"got {len(messages)}", field="messages")
+    @app.post(BATCH_PATH)
+    async def send_batch(request: Request) -> Response:
+        try:
+            producer = await auth.authenticate(request.headers.get("authorization"))
+            _require_json(request.headers.get("content-type"), raw_allowed=False)
+            raw = await _read_limited(request, settings.max_batch_bytes)
+            data = load_json(raw)
+            messages = data.get("messages") if isinstance(data, dict) else None
+            if not isinstance(messages, list) or not messages:
+                raise InvalidInput("a batch is an object with a non-empty 'messages' array",
+                                   field="messages")
+            if len(messages) > settings.max_batch_count:
+                raise MessageTooLarge(f"a batch holds at most {settings.max_batch_count} "
+                                      f"messages; got {len(messages)}", field="messages")
+        except MsgbusError as exc:
+            MESSAGES_REJECTED.labels("", exc.code).inc()
+            raise
         now = utcnow()
+        exact_batch = ExactJson(raw)
         results: list[dict[str, Any]] = []
-        accepted = []
-        for item in messages:
-            message_id = item.get("message_id") if isinstance(item, dict) else None
+        accepted: list[tuple[int, Envelope]] = []
+        for index, item in enumerate(messages):
+            destination = ""
             try:
                 code = item.get("destination") if isinstance(item, dict) else None
                 if not isinstance(code, str):
-                    raise InvalidInput("each message of a batch needs a 'destination'",
-                                       field="destination")
+                    raise InvalidMessage("each message of a batch needs a 'destination' string",
+                                         field="destination")
+                await ingest.check_destination(code)
+                destination = code
                 producer.check_allowed(code)
-                await service.registry.destination(code)
                 envelope = parse_envelope(item, destination=code, source_app=producer.name,
-                                          max_body_bytes=settings.max_message_bytes, now=now)
+                                          max_body_bytes=settings.max_message_bytes, now=now,
+                                          exact=partial(_batch_item, exact_batch, index))
             except MsgbusError as exc:
-                MESSAGES_REJECTED.labels(exc.code).inc()
-                results.append({"message_id": message_id, "status": exc.status_code,
+                MESSAGES_REJECTED.labels(destination, exc.code).inc()
+                results.append({"message_id": _echo_id(item), "status": exc.status_code,
                                 "error": exc.to_json()})
                 continue
             accepted.append((len(results), envelope))
             results.append({"message_id": envelope.message_id, "status": 202, "error": None})
         if accepted:
-            fresh = await service.pipeline.accept([envelope for _, envelope in accepted])
+            fresh = await ingest.accept([envelope for _, envelope in accepted])
             for (index, _), is_new in zip(accepted, fresh, strict=True):
                 if not is_new:
                     results[index]["duplicate"] = True
-        return {"results": results}
+        return _json({"results": results}, 200)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "mongo": await service.store.ping(),
                 "buffer": service.pipeline.depths()}
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = receiver_openapi(app, settings)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
     return app

@@ -13,6 +13,7 @@ from msgbus.models import BrokerKind, Destination, Envelope, Subscription
 
 INTERNAL_PATH = "/internal/v1/deliveries"
 BATCH_CONTENT_TYPE = "application/x-msgbus-envelopes"
+_STALE_CONNECTION = "dispatcher closed the connection"
 
 
 class DirectPublisher(Publisher):
@@ -36,19 +37,31 @@ class DirectPublisher(Publisher):
         self, destination: Destination, envelopes: Sequence[Envelope]
     ) -> list[PublishOutcome]:
         assert self._session is not None, "DirectPublisher.start() was not called"
-        error: str | None = None
+        data = encode_batch(list(envelopes))
+        error = await self._post(data)
+        if error is not None and error.startswith(_STALE_CONNECTION):
+            # the dispatcher closed an idle kept-alive connection as we reused it: the
+            # request never reached it, so sending again on a fresh connection is safe
+            error = await self._post(data)
+        return [PublishOutcome(e.message_id, error) for e in envelopes]
+
+    async def _post(self, data: bytes) -> str | None:
+        """None when the dispatcher took the batch, else why not."""
+        assert self._session is not None
         try:
             async with self._session.post(
-                self._url, data=encode_batch(list(envelopes)),
+                self._url, data=data,
                 headers={"authorization": f"Bearer {self._token}",
                          "content-type": BATCH_CONTENT_TYPE},
             ) as response:
                 if response.status != 202:
                     detail = (await response.text())[:200]
-                    error = f"dispatcher answered {response.status}: {detail}"
+                    return f"dispatcher answered {response.status}: {detail}"
+        except aiohttp.ServerDisconnectedError as exc:
+            return f"{_STALE_CONNECTION}: {exc}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            error = f"dispatcher unreachable: {type(exc).__name__}: {exc}"
-        return [PublishOutcome(e.message_id, error) for e in envelopes]
+            return f"dispatcher unreachable: {type(exc).__name__}: {exc}"
+        return None
 
     async def close(self) -> None:
         if self._session is not None:

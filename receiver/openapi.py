@@ -1,0 +1,221 @@
+"""The receiver's OpenAPI document.
+
+The ingest handlers read raw bodies (faster than pydantic models, see receiver/app.py), so
+FastAPI cannot infer their request and response schemas: the two operations are written here
+and replace what FastAPI generates for them. docs/protocol.md explains the same in prose.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from msgbus.models import CODE_PATTERN
+from msgbus.settings import ReceiverSettings
+from receiver.parsing import (
+    BIZ_ID_HEADER,
+    HEADER_NAME_PATTERN,
+    ID_HEADER,
+    MAX_BIZ_ID_CHARS,
+    MAX_HEADERS,
+    MEDIA_TYPE_PATTERN,
+    TIME_HEADER,
+    UUID7_PATTERN,
+)
+
+SINGLE_PATH = "/v1/destinations/{code}/messages"
+BATCH_PATH = "/v1/messages"
+
+_NO_CONTROL_CHARS = r"^[^\u0000-\u001f\u007f]*$"
+
+
+def _ref(kind: str, name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/{kind}/{name}"}
+
+
+def _message_properties(max_message_bytes: int) -> dict[str, Any]:
+    return {
+        "message_id": {"type": "string", "pattern": UUID7_PATTERN,
+                       "description": "UUIDv7 made by the client, lower-case canonical form; "
+                                      "re-sending the same id is answered 'duplicate'"},
+        "biz_id": {"type": "string", "minLength": 1, "maxLength": MAX_BIZ_ID_CHARS,
+                   "pattern": _NO_CONTROL_CHARS,
+                   "description": "the business entity (e.g. an order id), for queries and "
+                                  "consumer idempotency"},
+        "created_at": {"type": "string", "format": "date-time",
+                       "description": "RFC 3339 with a time zone; default: when received"},
+        "headers": {"type": "object", "maxProperties": MAX_HEADERS,
+                    "propertyNames": {"pattern": HEADER_NAME_PATTERN},
+                    "additionalProperties": {"type": "string"},
+                    "description": "pushed to subscribers as x-msgbus-<name> headers; values "
+                                   "without control characters (tab allowed), names and values "
+                                   "8192 characters at most in all"},
+        "body": {"description": f"the message: any JSON value (at most {max_message_bytes} "
+                                "bytes encoded, 254 levels deep, integers within 64 bits)"},
+        "body_base64": {"type": "string", "contentEncoding": "base64",
+                        "description": "the message as opaque bytes, instead of 'body'"},
+        "content_type": {"type": "string", "maxLength": 255, "pattern": MEDIA_TYPE_PATTERN,
+                         "description": "MIME type of body_base64 (default "
+                                        "application/octet-stream); 'body' is always JSON"},
+    }
+
+
+def _schemas(settings: ReceiverSettings) -> dict[str, Any]:
+    properties = _message_properties(settings.max_message_bytes)
+    one_body = [{"required": ["body"]}, {"required": ["body_base64"]}]
+    return {
+        "Message": {"type": "object", "required": ["message_id"], "oneOf": one_body,
+                    "properties": properties, "additionalProperties": False},
+        "BatchMessage": {
+            "type": "object", "required": ["destination", "message_id"], "oneOf": one_body,
+            "properties": {"destination": {"type": "string", "pattern": CODE_PATTERN},
+                           **properties},
+            "additionalProperties": False},
+        "Batch": {"type": "object", "required": ["messages"], "properties": {
+            "messages": {"type": "array", "minItems": 1, "maxItems": settings.max_batch_count,
+                         "items": _ref("schemas", "BatchMessage")}}},
+        "Accepted": {"type": "object", "required": ["message_id", "status"],
+                     "additionalProperties": False, "properties": {
+                         "message_id": {"type": "string"},
+                         "status": {"type": "string", "enum": ["accepted", "duplicate"],
+                                    "description": "duplicate: this receiver had already "
+                                                   "accepted the message_id; not sent again"}}},
+        "BatchResult": {
+            "type": "object", "required": ["message_id", "status", "error"],
+            "additionalProperties": False, "properties": {
+                "message_id": {"type": ["string", "null"],
+                               "description": "null when the item had no usable message_id"},
+                "status": {"type": "integer", "enum": [202, 400, 403, 404, 413, 422, 503],
+                           "description": "202 accepted; otherwise what the single endpoint "
+                                          "would have answered for this message"},
+                "error": {"oneOf": [_ref("schemas", "Error"), {"type": "null"}]},
+                "duplicate": {"type": "boolean", "description": "true: already accepted"}}},
+        "BatchResults": {"type": "object", "required": ["results"],
+                         "additionalProperties": False, "properties": {
+                             "results": {"type": "array",
+                                         "items": _ref("schemas", "BatchResult"),
+                                         "description": "one per message, in request order"}}},
+        "Error": {"type": "object", "required": ["error", "message"], "properties": {
+            "error": {"type": "string", "description": "machine-readable code, e.g. "
+                                                       "invalid_message, buffer_full"},
+            "message": {"type": "string", "description": "what is wrong, for a human"},
+            "field": {"type": ["string", "null"],
+                      "description": "the field or header at fault, when there is one"}}},
+    }
+
+
+def _error(description: str, *, retry_after: bool = False) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": _ref("schemas", "Error")}}}
+    if retry_after:
+        response["headers"] = {"Retry-After": _ref("headers", "RetryAfter")}
+    return response
+
+
+_RESPONSES = {
+    "BadRequest": _error("The body is not valid JSON, or not a batch object"),
+    "Unauthorized": _error("Missing, unknown or revoked API key"),
+    "Forbidden": _error("The producer app may not send to this destination"),
+    "NotFound": _error("Unknown destination (or not a valid destination code)"),
+    "TooLarge": _error("The body, message or batch is over the receiver's limits"),
+    "UnsupportedMediaType": _error("A Content-Type other than application/json, without "
+                                   f"the {ID_HEADER} header of a raw message"),
+    "Invalid": _error("The message is malformed; `field` names what is wrong"),
+    "Unavailable": _error("Busy or degraded: the receiver's buffer is full (error "
+                          "'buffer_full'), or MongoDB is down and the API key or destination "
+                          "is not cached. Retry after Retry-After seconds.", retry_after=True),
+}
+
+
+def _raw_header(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "header", "required": False, "description": description,
+            "schema": schema}
+
+
+def _single_operation() -> dict[str, Any]:
+    return {
+        "summary": "Send one message",
+        "operationId": "send_message",
+        "description": (
+            "Either a JSON envelope (`Message`; Content-Type application/json, or none), or "
+            "the message itself as the raw body: any other Content-Type (the message's own) "
+            f"plus the `{ID_HEADER}` header, and optionally `{BIZ_ID_HEADER}`, `{TIME_HEADER}` "
+            "and `x-msgbus-<name>` headers. The raw-form headers are refused with a JSON "
+            "envelope. 202 means the message is durable on the receiver."),
+        "parameters": [
+            {"name": "code", "in": "path", "required": True, "description": "destination code",
+             "schema": {"type": "string", "pattern": CODE_PATTERN}},
+            _raw_header(ID_HEADER, "raw form (required there): the message_id",
+                        {"type": "string", "pattern": UUID7_PATTERN}),
+            _raw_header(BIZ_ID_HEADER, "raw form: the biz_id (UTF-8)",
+                        {"type": "string", "minLength": 1, "maxLength": MAX_BIZ_ID_CHARS}),
+            _raw_header(TIME_HEADER, "raw form: created_at (RFC 3339)",
+                        {"type": "string", "format": "date-time"}),
+        ],
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": _ref("schemas", "Message")},
+            # the raw form, with the ce-id header: any Content-Type but application/json
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        }},
+        "responses": {
+            "202": {"description": "Accepted and durable (or already accepted: 'duplicate')",
+                    "content": {"application/json": {"schema": _ref("schemas", "Accepted")}}},
+            "400": _ref("responses", "BadRequest"),
+            "401": _ref("responses", "Unauthorized"),
+            "403": _ref("responses", "Forbidden"),
+            "404": _ref("responses", "NotFound"),
+            "413": _ref("responses", "TooLarge"),
+            "415": _ref("responses", "UnsupportedMediaType"),
+            "422": _ref("responses", "Invalid"),
+            "503": _ref("responses", "Unavailable"),
+        },
+        "security": [{"bearerAuth": []}],
+        "tags": ["ingest"],
+    }
+
+
+def _batch_operation() -> dict[str, Any]:
+    return {
+        "summary": "Send a batch of messages",
+        "operationId": "send_batch",
+        "description": (
+            "Each message names its destination and gets its own result, in request order; "
+            "the accepted ones are durable when the answer comes. A whole-request error "
+            "(401, 413, 503, ...) means no message of the batch was accepted."),
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": _ref("schemas", "Batch")}}},
+        "responses": {
+            "200": {"description": "One result per message",
+                    "content": {"application/json": {
+                        "schema": _ref("schemas", "BatchResults")}}},
+            "400": _ref("responses", "BadRequest"),
+            "401": _ref("responses", "Unauthorized"),
+            "413": _ref("responses", "TooLarge"),
+            "415": _ref("responses", "UnsupportedMediaType"),
+            "503": _ref("responses", "Unavailable"),
+        },
+        "security": [{"bearerAuth": []}],
+        "tags": ["ingest"],
+    }
+
+
+def receiver_openapi(app: FastAPI, settings: ReceiverSettings) -> dict[str, Any]:
+    document = get_openapi(
+        title=app.title, version=app.version, routes=app.routes,
+        description="The bus's front door: producer apps send messages here. /metrics "
+                    "(Prometheus text) is not described; /health is for probes.")
+    document["paths"][SINGLE_PATH] = {"post": _single_operation()}
+    document["paths"][BATCH_PATH] = {"post": _batch_operation()}
+    components = document.setdefault("components", {})
+    components["schemas"] = {**components.get("schemas", {}), **_schemas(settings)}
+    components["responses"] = _RESPONSES
+    components["headers"] = {"RetryAfter": {
+        "description": "seconds to wait before retrying", "required": True,
+        "schema": {"type": "integer", "minimum": 0}}}
+    components["securitySchemes"] = {"bearerAuth": {
+        "type": "http", "scheme": "bearer",
+        "description": "the producer app's API key (mbk_...), from the admin API"}}
+    return document
