@@ -2,6 +2,10 @@
 
 An entry is deleted only after the sink took it, so a crash anywhere re-delivers the batch to
 the sink; sinks are idempotent. A failing sink is retried with backoff: the loop never dies.
+
+`PartitionedDrainer` drains each partition of a partitioned queue (e.g. one per destination) in
+a task of its own, so that a sink that is slow or failing for one partition (its broker is
+down) never holds back the others.
 """
 
 from __future__ import annotations
@@ -70,3 +74,72 @@ class Drainer:
     async def _idle(self) -> None:
         """Called after a batch that was not full: wait for more entries."""
         await self._queue.wait_for_entries(self.name, self._idle_wait_s)
+
+
+class PartitionedDrainer(Drainer):
+    """A `Drainer` of a partitioned queue: every partition that holds entries gets a task of
+    its own, which moves batches of that partition only (so each batch the sink gets belongs
+    to one partition) and ends when the partition is empty. One partition's failing sink is
+    retried with its own backoff while the other partitions keep moving."""
+
+    def __init__(
+        self, queue: LocalQueue, name: str, sink: Sink, *, batch_size: int,
+        idle_wait_s: float = 0.5, max_backoff_s: float = 5.0,
+    ) -> None:
+        super().__init__(queue, name, sink, batch_size=batch_size, idle_wait_s=idle_wait_s,
+                         max_backoff_s=max_backoff_s)
+        self._partition_tasks: dict[str, asyncio.Task[None]] = {}
+
+    async def drain_once(self) -> int:
+        """Move one batch of every partition, one after the other; returns how many moved."""
+        moved = 0
+        for partition in self._queue.partitions(self.name):
+            moved += await self._drain_partition_once(partition)
+        return moved
+
+    async def _drain_partition_once(self, partition: str) -> int:
+        entries = self._queue.read(self.name, self._batch_size, partition=partition)
+        if not entries:
+            return 0
+        await self._sink([value for _, value in entries])
+        await self._queue.delete(self.name, [key for key, _ in entries])
+        return len(entries)
+
+    def busy_partitions(self) -> list[str]:
+        """Partitions being drained right now."""
+        return sorted(p for p, task in self._partition_tasks.items() if not task.done())
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                for partition in self._queue.partitions(self.name):
+                    task = self._partition_tasks.get(partition)
+                    if task is None or task.done():
+                        self._partition_tasks[partition] = asyncio.create_task(
+                            self._drain_partition(partition),
+                            name=f"drain-{self.name}-{partition}")
+                await self._idle()
+        finally:
+            tasks = list(self._partition_tasks.values())
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._partition_tasks.clear()
+
+    async def _drain_partition(self, partition: str) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                moved = await self._drain_partition_once(partition)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.failures += 1
+                log.warning("draining %s/%s failed (%s); retrying in %.1fs", self.name,
+                            partition, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff_s)
+                continue
+            backoff = 0.1
+            if moved == 0:
+                return

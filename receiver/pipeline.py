@@ -2,7 +2,9 @@
 
 `accept()` is the durability point: it writes each message to two queues of the local LMDB
 buffer in one fsync'd transaction. Two drainers then work independently:
-- "publish": sends messages to their destination's broker; what the broker refuses goes the
+- "publish" (partitioned by destination, each drained by a task of its own, so that a broker
+  that is down never holds back the destinations on other brokers): sends messages to their
+  destination's broker; what the broker refuses goes the
   direct path to a dispatcher; what that refuses too stays pending in MongoDB for the
   compensator (its record is already buffered, so it is never lost);
 - "record" (partitioned by destination): writes the messages and their pending deliveries to
@@ -18,7 +20,7 @@ from collections import defaultdict
 
 from msgbus.brokers.base import Publisher
 from msgbus.codec import decode, encode
-from msgbus.drain import Drainer
+from msgbus.drain import PartitionedDrainer
 from msgbus.errors import NotFound
 from msgbus.localqueue import Item, LocalQueue
 from msgbus.metrics import (
@@ -57,7 +59,8 @@ class IngestPipeline:
         self._default_record_rate = default_record_rate_per_s
         self._topology_done: set[tuple[str, BrokerKind, str, tuple[str, ...]]] = set()
         self._drainers = [
-            Drainer(buffer, PUBLISH_QUEUE, self._publish, batch_size=publish_batch),
+            PartitionedDrainer(buffer, PUBLISH_QUEUE, self._publish,
+                               batch_size=publish_batch),
             RecordWriter(buffer, RECORD_QUEUE, self._record, batch_size=record_batch,
                          global_rate=self.global_record_rate, rate_of=self.record_rate_of),
         ]
@@ -91,7 +94,8 @@ class IngestPipeline:
         for envelope in envelopes:
             data = encode(envelope)
             items.append((uuid.UUID(envelope.message_id).bytes,
-                          [(PUBLISH_QUEUE, data), ((RECORD_QUEUE, envelope.destination), data)]))
+                          [((PUBLISH_QUEUE, envelope.destination), data),
+                           ((RECORD_QUEUE, envelope.destination), data)]))
         fresh = await self._buffer.append_new(items)
         for envelope, is_new in zip(envelopes, fresh, strict=True):
             counter = MESSAGES_ACCEPTED if is_new else MESSAGES_DUPLICATE
@@ -108,9 +112,8 @@ class IngestPipeline:
 
     def oldest_age_s(self, queue: str) -> float:
         """Seconds the oldest waiting message of a queue has waited (0 when empty)."""
-        partitions = self._buffer.partitions(queue) if queue == RECORD_QUEUE else [None]
         oldest = None
-        for partition in partitions:
+        for partition in self._buffer.partitions(queue):
             first = self._buffer.read(queue, 1, partition=partition)
             if first:
                 envelope = decode(first[0][1])

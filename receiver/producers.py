@@ -62,21 +62,21 @@ class ProducerAuthenticator:
         if known is None and self._misses.get(key_hash, 0.0) > time.monotonic():
             raise Unauthorized("unknown or revoked API key")
         lookup = self._start_lookup(key_hash)
-        if self._outage is None:
-            try:
-                producer = await asyncio.shield(lookup)
-            except PyMongoError:
-                producer = None if known is None else known[1]
-                if producer is None:
-                    raise self._unavailable() from None
-            if producer is None:
-                raise Unauthorized("unknown or revoked API key")
-            return producer
-        # During an outage nobody waits for MongoDB: the lookup runs in the background, and
-        # ends the outage when it succeeds.
-        if known is None:
+        if known is not None:
+            # stale while revalidating: a known key never waits for MongoDB (which may be
+            # down); the background lookup refreshes it, or forgets it when it was revoked
+            return known[1]
+        if self._outage is not None:
+            # during an outage nobody waits for MongoDB: the lookup runs in the background,
+            # and ends the outage when it succeeds
             raise self._unavailable()
-        return known[1]
+        try:
+            producer = await asyncio.shield(lookup)
+        except PyMongoError:
+            raise self._unavailable() from None
+        if producer is None:
+            raise Unauthorized("unknown or revoked API key")
+        return producer
 
     @staticmethod
     def _unavailable() -> Unavailable:

@@ -31,6 +31,8 @@ __all__ = ["KafkaPublisher", "KafkaSubscriptionConsumer"]
 log = logging.getLogger(__name__)
 
 _PRODUCE_CHUNK = 500  # yield to the event loop after this many produce() calls
+_PROBE_TIMEOUT_S = 2.0
+_PROBE_EVERY_S = 3.0
 
 
 def _message_key(envelope: Envelope) -> bytes:
@@ -78,10 +80,31 @@ class KafkaPublisher(Publisher):
         self._admin: AdminClient | None = None
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
+        # Set by librdkafka's "all brokers down": publishes then fail at once (their messages
+        # go the direct path) instead of each waiting message.timeout.ms, until a probe of
+        # the cluster succeeds.
+        self._all_down = False
+        self._next_probe_at = 0.0
 
-    @staticmethod
-    def _on_error(err: KafkaError) -> None:
+    def _on_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._all_down = True
         log.warning("kafka producer: %s", err.str())
+
+    async def _reachable(self) -> bool:
+        """False while every broker is down (probed at most every few seconds)."""
+        if not self._all_down:
+            return True
+        if time.monotonic() < self._next_probe_at or self._admin is None:
+            return False
+        try:
+            await asyncio.to_thread(self._admin.list_topics, timeout=_PROBE_TIMEOUT_S)
+        except KafkaException:
+            self._next_probe_at = time.monotonic() + _PROBE_EVERY_S
+            return False
+        self._all_down = False
+        log.info("kafka at %s is reachable again", self._bootstrap)
+        return True
 
     async def start(self) -> None:
         if self._producer is not None:
@@ -145,6 +168,8 @@ class KafkaPublisher(Publisher):
         if not envelopes:
             return []
         producer = self._require()
+        if not await self._reachable():
+            return [PublishOutcome(e.message_id, "kafka: all brokers are down") for e in envelopes]
         topic = topic_name(destination.code)
         batch = PublishBatch(asyncio.get_running_loop(), envelopes)
         deadline = time.monotonic() + self._publish_timeout_ms / 1000

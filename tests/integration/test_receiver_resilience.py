@@ -1,0 +1,299 @@
+"""The receiver keeps accepting through MongoDB and broker outages, a kill -9 and a second
+replica, and every message it answered 202 is recorded in MongoDB and delivered.
+
+Everything runs as separate OS processes: the receiver(s) and the dispatcher
+(`python -m msgbus.cli receiver|dispatcher`), and private servers this module stops and
+restarts on the same port and storage: SecantusDB (MongoDB protocol), tansu (Kafka protocol)
+on S3 storage served by moto, and a RabbitMQ node of its own (the machine's shared RabbitMQ is
+never touched). A steady load of single-message POSTs records the answer to every request; a
+subscriber per destination records every push. Duplicate pushes are allowed (at-least-once)
+and printed. Run with -s to see the progress and the time each phase took.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from msgbus.models import BrokerKind
+from msgbus.services import ServiceError
+from tests.support.deployment import (
+    Deployment,
+    Phases,
+    Servers,
+    start_servers,
+    wait_with_progress,
+)
+from tests.support.load import Answer, SteadyLoad
+from tests.support.procs import say
+
+pytestmark = pytest.mark.integration
+
+RATE_PER_S = 100  # messages per second, over all destinations and receivers
+MAX_LOAD_S = 150  # every load stops by itself after this long (the tests stop it sooner)
+WARM_PUSHES = 30  # pushes per destination that show the whole path works before an outage
+MONGO_OUTAGE_S = 30
+BROKER_OUTAGE_S = 15  # per broker, one after the other
+LOAD_AFTER_S = 6  # load after an outage or a restart, before the load stops
+REPLICA_LOAD_S = 12
+
+
+class NotIsolated(AssertionError):
+    """One broker's outage held back the messages of a destination on another broker."""
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory, rabbitmq_url: str) -> Iterator[Servers]:
+    """Private servers for this module. `rabbitmq_url` only makes sure RabbitMQ is installed."""
+    try:
+        started = start_servers(tmp_path_factory.mktemp("resilience-servers"))
+    except ServiceError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and a private server could not start: {exc}", pytrace=False)
+        pytest.skip(f"a private server could not start: {exc}")
+    yield started
+    started.close()
+
+
+@pytest.fixture
+def deployment(servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
+    servers.restart_stopped()  # a failed test before may have left one down
+    unique = uuid.uuid4().hex[:6]
+    deployed = Deployment(servers, tmp_path, {f"k-{unique}": BrokerKind.KAFKA,
+                                              f"r-{unique}": BrokerKind.RABBITMQ})
+    yield deployed
+    deployed.close()
+
+
+def _warm_up(deployment: Deployment) -> None:
+    """Wait until every destination's subscriber got pushes: the path works end to end."""
+    def pushed() -> tuple[int, int]:
+        return min(deployment.pushes(code) for code in deployment.destinations), WARM_PUSHES
+
+    wait_with_progress("the first pushes of every destination", pushed, 60)
+
+
+def _hold(load: SteadyLoad, seconds: float, what: str) -> None:
+    """Let the load run for `seconds` (scenario time, not an assertion), printing progress."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(5.0, left))
+        say(f"  {what}: {load.summary()}")
+
+
+def _refusals(answers: list[Answer]) -> list[Answer]:
+    return [a for a in answers if not a.accepted]
+
+
+def _examples(answers: list[Answer], limit: int = 3) -> str:
+    return "; ".join(f"{a.status} {a.error}" for a in answers[:limit])
+
+
+def _latency(answers: list[Answer]) -> str:
+    if not answers:
+        return "no answers"
+    latencies = sorted(a.answered_at - a.sent_at for a in answers)
+    return (f"median {latencies[len(latencies) // 2] * 1000:.0f} ms, "
+            f"max {latencies[-1] * 1000:.0f} ms")
+
+
+@dataclass
+class Outage:
+    """A time window in which something was down, and what had been pushed when it ended."""
+
+    what: str
+    began: float
+    ended: float = 0.0
+    pushed: dict[str, set[str]] = field(default_factory=dict)  # destination -> message ids
+
+    def end(self, deployment: Deployment) -> None:
+        self.ended = time.monotonic()
+        self.pushed = {code: sub.message_ids() for code, sub in deployment.subscribers.items()}
+
+    def answers(self, load: SteadyLoad) -> list[Answer]:
+        return load.answered_within(self.began, self.ended)
+
+    def held_back(self, load: SteadyLoad, destination: str) -> str | None:
+        """None if most messages `destination` accepted in the first half of the outage were
+        pushed before it ended (a free path takes well under a second; the other half of the
+        outage is the margin); else what was held back."""
+        half = (self.began + self.ended) / 2
+        early = {a.message_id for a in load.answered_within(self.began, half)
+                 if a.accepted and a.destination == destination}
+        pushed = early & self.pushed.get(destination, set())
+        if early and len(pushed) * 2 >= len(early):
+            return None
+        return (f"while {self.what} ({self.ended - self.began:.0f} s), {len(pushed)} of the "
+                f"{len(early)} messages {destination} accepted in its first half were pushed "
+                f"before it ended")
+
+
+# ---- 1. MongoDB outage -------------------------------------------------------------------------
+
+
+def test_mongodb_outage_during_load_loses_nothing(deployment: Deployment,
+                                                  servers: Servers) -> None:
+    """While MongoDB is down the receiver keeps answering 202 from its local buffer and the
+    dispatcher keeps pushing (its outcomes wait on local disk); both catch up afterwards."""
+    phases = Phases()
+    with deployment.logs_on_failure():
+        with phases.phase("start dispatcher and receiver"):
+            deployment.start()
+        load = deployment.load(rate_per_s=RATE_PER_S, duration_s=MAX_LOAD_S).start()
+        with phases.phase("warm-up"):
+            _warm_up(deployment)
+        with phases.phase("stop MongoDB"):
+            servers.mongo.stop()
+        outage = Outage("MongoDB was down", began=time.monotonic())
+        with phases.phase(f"MongoDB down for {MONGO_OUTAGE_S} s under load"):
+            _hold(load, MONGO_OUTAGE_S, "MongoDB down")
+        outage.end(deployment)
+        with phases.phase("restart MongoDB"):
+            servers.mongo.start()
+        with phases.phase(f"load for {LOAD_AFTER_S} s more"):
+            _hold(load, LOAD_AFTER_S, "MongoDB back")
+            load.stop()
+            load.join()
+        during = outage.answers(load)
+        say(f"load: {load.summary()}; while MongoDB was down: {dict(load.statuses(during))}, "
+            f"latency {_latency(during)}")
+        deployment.check_everything_delivered(load, phases)
+        print(phases.report())
+
+        assert any(a.accepted for a in during), (
+            f"no message was accepted while MongoDB was down: {dict(load.statuses(during))}")
+        refused = _refusals(load.answers())
+        assert not refused, (
+            f"{len(refused)} valid messages were refused ({dict(load.statuses(refused))}), "
+            f"{len(_refusals(during))} of them while MongoDB was down; e.g. {_examples(refused)}")
+        held = [gap for code in deployment.destinations
+                if (gap := outage.held_back(load, code)) is not None]
+        assert not held, "; ".join(held)
+
+
+# ---- 2. broker outages -------------------------------------------------------------------------
+
+
+def _broker_outage(deployment: Deployment, load: SteadyLoad, phases: Phases,
+                   broker: str) -> Outage:
+    servers = deployment.servers
+    stop, start = ((servers.stop_kafka, servers.start_kafka) if broker == "tansu"
+                   else (servers.rabbit.stop, servers.rabbit.start))
+    with phases.phase(f"stop {broker}"):
+        stop()
+    outage = Outage(f"{broker} was down", began=time.monotonic())
+    with phases.phase(f"{broker} down for {BROKER_OUTAGE_S} s under load"):
+        _hold(load, BROKER_OUTAGE_S, f"{broker} down")
+    outage.end(deployment)
+    with phases.phase(f"restart {broker}"):
+        start()
+    return outage
+
+
+def test_broker_outages_during_load_lose_nothing(deployment: Deployment) -> None:
+    """Under one load, tansu is stopped and restarted (its S3 storage keeps what it held; see
+    `Servers.stop_kafka`), then the RabbitMQ node is. Messages a broker cannot take go the
+    direct path to the dispatcher, or wait in the receiver's buffer until the broker is back.
+    A destination on the other broker keeps flowing meanwhile."""
+    phases = Phases()
+    kafka_code, rabbit_code = deployment.destinations
+    with deployment.logs_on_failure():
+        with phases.phase("start dispatcher and receiver"):
+            deployment.start()
+        receiver = deployment.receivers[0]
+        load = deployment.load(rate_per_s=RATE_PER_S, duration_s=MAX_LOAD_S).start()
+        with phases.phase("warm-up"):
+            _warm_up(deployment)
+        kafka_down = _broker_outage(deployment, load, phases, "tansu")
+        rabbit_down = _broker_outage(deployment, load, phases, "RabbitMQ")
+        with phases.phase(f"load for {LOAD_AFTER_S} s more"):
+            _hold(load, LOAD_AFTER_S, "brokers back")
+            load.stop()
+            load.join()
+        during = kafka_down.answers(load) + rabbit_down.answers(load)
+        say(f"load: {load.summary()}; during the outages: {dict(load.statuses(during))}, "
+            f"latency {_latency(during)}")
+        deployment.check_everything_delivered(load, phases)
+        say("publish outcomes: " + "; ".join(
+            receiver.metrics("msgbus_published_total") + receiver.metrics("msgbus_direct_")))
+        print(phases.report())
+
+        assert any(a.accepted for a in during), "nothing was accepted during the outages"
+        refused = _refusals(load.answers())
+        assert not refused, (
+            f"{len(refused)} valid messages were refused ({dict(load.statuses(refused))}), "
+            f"{len(_refusals(during))} during the outages; e.g. {_examples(refused)}")
+        held = [gap for outage, healthy in ((kafka_down, rabbit_code), (rabbit_down, kafka_code))
+                if (gap := outage.held_back(load, healthy)) is not None]
+        say(f"isolation: {'; '.join(held) or 'each destination kept flowing'}")
+    if held:  # (outside the block above: the expected failure needs no logs)
+        raise NotIsolated("; ".join(held))
+
+
+# ---- 3. kill -9 of the receiver ----------------------------------------------------------------
+
+
+def test_receiver_killed_with_sigkill_during_load_loses_nothing(deployment: Deployment) -> None:
+    """The receiver restarts with the same environment, so on the same buffer directory: what
+    it accepted before the kill is published and recorded by the new process."""
+    phases = Phases()
+    with deployment.logs_on_failure():
+        with phases.phase("start dispatcher and receiver"):
+            deployment.start()
+        receiver = deployment.receivers[0]
+        load = deployment.load(rate_per_s=RATE_PER_S, duration_s=MAX_LOAD_S).start()
+        with phases.phase("warm-up"):
+            _warm_up(deployment)
+        health = receiver.health() or {}
+        say(f"receiver buffer just before the kill: {health.get('buffer')}")
+        with phases.phase("kill -9 the receiver and start it again"):
+            killed_at = time.monotonic()
+            receiver.kill9()
+            receiver.start()
+            back_at = time.monotonic()
+        with phases.phase(f"load for {LOAD_AFTER_S} s more"):
+            _hold(load, LOAD_AFTER_S, "receiver restarted")
+            load.stop()
+            load.join()
+        say(f"load: {load.summary()}")
+        deployment.check_everything_delivered(load, phases)
+        print(phases.report())
+
+        refused = _refusals(load.answers())
+        # Only requests cut off by the kill or sent while no receiver listened get no 202,
+        # and they get no HTTP answer at all (the client re-sends them): never a 5xx.
+        answered = [a for a in refused if a.status is not None]
+        assert not answered, f"the receiver refused valid messages: {_examples(answered)}"
+        outside = [a for a in refused if a.answered_at < killed_at or a.sent_at > back_at]
+        assert not outside, f"requests failed outside the kill: {_examples(outside)}"
+        assert load.accepted_ids(), "nothing was accepted"
+
+
+# ---- 4. two receiver replicas ------------------------------------------------------------------
+
+
+def test_two_receiver_replicas_share_the_load_and_lose_nothing(deployment: Deployment) -> None:
+    """Two receivers (own ports and buffer directories) on the same MongoDB and brokers."""
+    phases = Phases()
+    with deployment.logs_on_failure():
+        with phases.phase("start dispatcher and two receivers"):
+            deployment.start(receivers=2)
+        with phases.phase(f"load across both replicas for {REPLICA_LOAD_S} s"):
+            load = deployment.load(rate_per_s=RATE_PER_S, duration_s=REPLICA_LOAD_S).start()
+            load.join()
+        per_receiver = {r.name: sum(1 for a in load.answers()
+                                    if a.accepted and a.receiver == r.url)
+                        for r in deployment.receivers}
+        say(f"load: {load.summary()}; accepted per replica: {per_receiver}")
+        deployment.check_everything_delivered(load, phases)
+        print(phases.report())
+
+        assert all(per_receiver.values()), f"a replica accepted nothing: {per_receiver}"
+        refused = _refusals(load.answers())
+        assert not refused, f"valid messages were refused: {_examples(refused)}"

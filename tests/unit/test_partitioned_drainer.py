@@ -1,0 +1,89 @@
+"""`PartitionedDrainer`: one partition whose sink is stuck or failing never holds back the
+others, and nothing is lost or reordered within a partition."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from msgbus.drain import PartitionedDrainer
+from msgbus.localqueue import LocalQueue, Target
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def test_a_stuck_partition_does_not_hold_back_the_others(tmp_path: Path) -> None:
+    queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8)
+    released = asyncio.Event()
+    received: dict[str, list[bytes]] = {"stuck": [], "free": []}
+
+    async def sink(entries: list[bytes]) -> None:
+        partition = entries[0].split(b":")[0].decode()
+        assert all(e.startswith(partition.encode()) for e in entries)  # one partition a batch
+        if partition == "stuck":
+            await released.wait()  # a broker that does not answer
+        received[partition].extend(entries)
+
+    drainer = PartitionedDrainer(queue, "q", sink, batch_size=5, idle_wait_s=0.05)
+    drainer.start()
+    await queue.append([(("q", "stuck"), b"stuck:%d" % i) for i in range(12)])
+    await queue.append([(("q", "free"), b"free:%d" % i) for i in range(30)])
+    await _until(lambda: len(received["free"]) == 30, "the free partition to drain")
+    assert received["stuck"] == []
+    assert drainer.busy_partitions() == ["stuck"]
+
+    released.set()
+    await _until(lambda: len(received["stuck"]) == 12, "the stuck partition to drain")
+    await drainer.close()
+    assert received["stuck"] == [b"stuck:%d" % i for i in range(12)]
+    assert received["free"] == [b"free:%d" % i for i in range(30)]
+    assert queue.depth("q") == 0
+    queue.close()
+
+
+async def test_a_failing_partition_is_retried_while_the_others_move(tmp_path: Path) -> None:
+    queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8)
+    failures = 3
+    received: list[bytes] = []
+
+    async def sink(entries: list[bytes]) -> None:
+        nonlocal failures
+        if entries[0].startswith(b"bad") and failures:
+            failures -= 1
+            raise ConnectionError("broker down")
+        received.extend(entries)
+
+    drainer = PartitionedDrainer(queue, "q", sink, batch_size=4, idle_wait_s=0.05,
+                                 max_backoff_s=0.2)
+    drainer.start()
+    entries: list[tuple[Target, bytes]] = [(("q", p), b"%s:%d" % (p.encode(), i))
+                                           for i in range(10) for p in ("bad", "good")]
+    await queue.append(entries)
+    await _until(lambda: len(received) == 20, "both partitions to drain")
+    await drainer.close()
+    assert [e for e in received if e.startswith(b"bad")] == [b"bad:%d" % i for i in range(10)]
+    assert drainer.failures == 3 and queue.depth("q") == 0
+    queue.close()
+
+
+async def test_drain_once_moves_a_batch_of_every_partition(tmp_path: Path) -> None:
+    queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8)
+    batches: list[list[bytes]] = []
+
+    async def sink(entries: list[bytes]) -> None:
+        batches.append(entries)
+
+    drainer = PartitionedDrainer(queue, "q", sink, batch_size=3)
+    await queue.append([(("q", p), b"%s%d" % (p.encode(), i)) for p in "ab" for i in range(4)])
+    assert await drainer.drain_once() == 6
+    assert batches == [[b"a0", b"a1", b"a2"], [b"b0", b"b1", b"b2"]]
+    assert queue.depth("q") == 2
+    queue.close()
