@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Generator
 from typing import Any
 
@@ -34,6 +35,25 @@ def make_server(app: Any, host: str, port: int, *, log_level: str = "warning") -
     return EmbeddedServer(config)
 
 
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port with SO_REUSEPORT: several processes, each with such a
+    socket on the same port, share its connections (the kernel spreads them over the
+    processes that listen). Port 0 picks a free port; pass the bound port to the others."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+    # and without it every response waits ~40 ms for the client's delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
+
+
 class ServerGroup:
     """Starts servers in order (each must be up before the next starts) and stops them in
     reverse order."""
@@ -41,8 +61,11 @@ class ServerGroup:
     def __init__(self) -> None:
         self._running: list[tuple[EmbeddedServer, asyncio.Task[None]]] = []
 
-    async def start(self, server: EmbeddedServer, name: str) -> EmbeddedServer:
-        task = asyncio.create_task(server.serve(), name=f"serve-{name}")
+    async def start(self, server: EmbeddedServer, name: str,
+                    sockets: list[socket.socket] | None = None) -> EmbeddedServer:
+        """`sockets`: listen on these (e.g. from `reuse_port_socket`) instead of binding the
+        server's configured host and port."""
+        task = asyncio.create_task(server.serve(sockets=sockets), name=f"serve-{name}")
         while not server.started:
             if task.done():
                 exc = task.exception()

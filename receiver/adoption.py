@@ -81,18 +81,18 @@ class OrphanAdopter:
         buffer = self._open_buffer(slot.path)
         try:
             pipeline = self._make_pipeline(buffer)
-            waiting = sum(pipeline.depths().values())
+            waiting = {queue: depth for queue, depth in pipeline.depths().items() if depth}
             if waiting:
-                log.warning("adopting the orphaned receiver buffer %s: %d entries to drain",
-                            slot.path, waiting)
+                log.warning("adopting the orphaned receiver buffer %s: entries to drain per "
+                            "queue: %s", slot.path, waiting)
                 await self._drain_with(pipeline, slot)
         finally:
             buffer.close()
         slot.remove()
         self.adopted += 1
         if waiting:
-            log.warning("orphaned receiver buffer %s: all %d entries drained; slot removed",
-                        slot.path, waiting)
+            log.warning("orphaned receiver buffer %s: drained (%s) and removed", slot.path,
+                        waiting)
         else:
             log.info("removed the empty orphaned receiver buffer %s", slot.path)
 

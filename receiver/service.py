@@ -69,6 +69,7 @@ class ReceiverService:
 
     async def close(self) -> None:
         await self.adopter.close()
+        await self.auth.close()
         await self.pipeline.close()
         await self.publishers.close()
         await self.registry.close()

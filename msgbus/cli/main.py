@@ -14,7 +14,7 @@ import orjson
 from msgbus.cli.services_cmd import services
 from msgbus.cli.spool_cmd import spool
 from msgbus.cli.stack import ServiceApps, connection_settings, serve_until_signal, server
-from msgbus.serving import ServerGroup
+from msgbus.serving import ServerGroup, reuse_port_socket
 
 DEFAULT_STATE_DIR = Path(".msgbus")
 STATE_DIR = click.option(
@@ -85,25 +85,51 @@ def _from_state(path: Path, option: str) -> str:
     return path.read_text().strip()
 
 
+def _serve(name: str, state_dir: Path, *, reuse_port: bool = False) -> None:
+    apps = ServiceApps(connection_settings(state_dir))
+    app, settings = getattr(apps, name)()
+
+    async def serve() -> None:
+        group = ServerGroup()
+        sockets = [reuse_port_socket(settings.host, settings.port)] if reuse_port else None
+        await group.start(server(app, settings.host, settings.port), name, sockets=sockets)
+        click.echo(f"msgbus {name} on http://{settings.host}:{settings.port}", err=True)
+        await serve_until_signal(group)
+
+    asyncio.run(serve())
+
+
 def _service_command(name: str) -> click.Command:
     @STATE_DIR
     def run(state_dir: Path) -> None:
-        apps = ServiceApps(connection_settings(state_dir))
-        app, settings = getattr(apps, name)()
-
-        async def serve() -> None:
-            group = ServerGroup()
-            await group.start(server(app, settings.host, settings.port), name)
-            click.echo(f"msgbus {name} on http://{settings.host}:{settings.port}", err=True)
-            await serve_until_signal(group)
-
-        asyncio.run(serve())
+        _serve(name, state_dir)
 
     run.__doc__ = f"Run the {name} alone (settings from MSGBUS_* variables)."
     return click.command(name)(run)
 
 
-for _name in ("receiver", "dispatcher", "compensator", "admin"):
+@main.command()
+@STATE_DIR
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              envvar="MSGBUS_RECEIVER_WORKERS",
+              help="Receiver processes sharing the port (SO_REUSEPORT), each with a buffer slot "
+                   "of its own; a worker that dies is restarted.")
+@click.option("--reuse-port", is_flag=True, hidden=True,
+              help="Listen with SO_REUSEPORT (what each worker of --workers N does).")
+def receiver(state_dir: Path, workers: int, reuse_port: bool) -> None:
+    """Run the receiver alone (settings from MSGBUS_* variables)."""
+    if workers == 1:
+        _serve("receiver", state_dir, reuse_port=reuse_port)
+        return
+    from msgbus.cli.workers import run_receiver_workers
+    from msgbus.settings import ReceiverSettings
+
+    connection_settings(state_dir)  # creates the shared token once, before the workers race
+    settings = ReceiverSettings()
+    sys.exit(run_receiver_workers(state_dir, workers, settings.host, settings.port))
+
+
+for _name in ("dispatcher", "compensator", "admin"):
     main.add_command(_service_command(_name))
 main.add_command(services)
 main.add_command(spool)

@@ -1,0 +1,161 @@
+"""`msgbus receiver --workers N`: N receiver processes serving one port.
+
+The parent runs no receiver itself. It starts N children (`msgbus receiver --reuse-port`), each
+listening on the same host:port with SO_REUSEPORT, so the kernel spreads connections over them;
+each child claims its own buffer slot under the shared buffer root (msgbus/bufferslots.py). The
+parent forwards SIGTERM/SIGINT to the children and waits for them, and restarts a child that
+dies unexpectedly after a short backoff (longer while it keeps dying young). The parent holds a
+bound, non-listening socket on the port the whole time: it resolves port 0 and keeps the port
+for the children across restarts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from msgbus.serving import reuse_port_socket
+
+RESTART_BACKOFF_S = 0.5
+MAX_RESTART_BACKOFF_S = 10.0
+SHORT_LIFE_S = 10.0  # a child that dies younger than this backs off longer each time
+MAX_SHORT_LIVES = 5  # ... and after this many in a row, the parent gives up
+STOP_TIMEOUT_S = 30.0  # after SIGTERM, before SIGKILL
+
+
+@dataclass
+class Worker:
+    index: int
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restart_at: float = 0.0
+    backoff_s: float = RESTART_BACKOFF_S
+    short_lives: int = 0
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when the parent dies (Linux), or None.
+    `prctl` is looked up here: between fork and exec the child must not dlopen."""
+    if threading.current_thread() is not threading.main_thread():
+        return None  # the kernel ties PDEATHSIG to the forking thread
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+class WorkerPool:
+    """Keeps `count` copies of `command` running until stopped."""
+
+    def __init__(self, command: list[str], count: int, env: dict[str, str]) -> None:
+        self.command = command
+        self.env = env
+        self.workers = [Worker(i) for i in range(count)]
+        self._stop_signal: int | None = None
+        self._wake = threading.Event()
+
+    def run(self) -> int:
+        """Supervise until SIGTERM/SIGINT; returns the exit code for the parent."""
+        previous = {sig: signal.signal(sig, self._on_signal)
+                    for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return self._supervise()
+        finally:
+            self._stop_all()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self.workers if w.process is not None]
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._stop_signal = signum
+        self._wake.set()
+
+    def _supervise(self) -> int:
+        while self._stop_signal is None:
+            now = time.monotonic()
+            for worker in self.workers:
+                if worker.process is None:
+                    if now >= worker.restart_at:
+                        self._start(worker)
+                elif ((code := worker.process.poll()) is not None
+                      and not self._schedule_restart(worker, code, now)):
+                    return 1
+            self._wake.wait(0.2)
+            self._wake.clear()
+        return 0
+
+    def _start(self, worker: Worker) -> None:
+        worker.process = subprocess.Popen(
+            self.command, env=self.env, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # terminal signals reach the parent only; it forwards them
+            preexec_fn=_die_with_parent())
+        worker.started_at = time.monotonic()
+        click.echo(f"msgbus receiver: worker {worker.index} started (pid "
+                   f"{worker.process.pid})", err=True)
+
+    def _schedule_restart(self, worker: Worker, code: int, now: float) -> bool:
+        """A worker died unexpectedly: plan its restart; False when it keeps dying young."""
+        assert worker.process is not None
+        lived_s = now - worker.started_at
+        if lived_s < SHORT_LIFE_S:
+            worker.short_lives += 1
+        else:
+            worker.short_lives, worker.backoff_s = 0, RESTART_BACKOFF_S
+        pid, worker.process = worker.process.pid, None
+        if worker.short_lives >= MAX_SHORT_LIVES:
+            click.echo(f"msgbus receiver: worker {worker.index} (pid {pid}) exited with code "
+                       f"{code} {worker.short_lives} times in a row within {SHORT_LIFE_S:.0f} s "
+                       "of starting; giving up", err=True)
+            return False
+        worker.restart_at = now + worker.backoff_s
+        click.echo(f"msgbus receiver: worker {worker.index} (pid {pid}) exited with code {code} "
+                   f"after {lived_s:.1f} s; restarting it in {worker.backoff_s:.1f} s", err=True)
+        if lived_s < SHORT_LIFE_S:  # dying young again and again: wait longer each time
+            worker.backoff_s = min(worker.backoff_s * 2, MAX_RESTART_BACKOFF_S)
+        return True
+
+    def _stop_all(self) -> None:
+        running = [w.process for w in self.workers if w.process and w.process.poll() is None]
+        sig = signal.SIGINT if self._stop_signal == signal.SIGINT else signal.SIGTERM
+        for process in running:
+            process.send_signal(sig)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for process in running:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                click.echo(f"msgbus receiver: worker pid {process.pid} did not stop within "
+                           f"{STOP_TIMEOUT_S:.0f} s; killing it", err=True)
+                process.kill()
+                process.wait()
+
+
+def run_receiver_workers(state_dir: Path, count: int, host: str, port: int) -> int:
+    """Serve the receiver from `count` processes on host:port; returns the exit code."""
+    holder = reuse_port_socket(host, port)  # resolves port 0; bound, never listening
+    try:
+        port = int(holder.getsockname()[1])
+        env = {**os.environ, "MSGBUS_RECEIVER_HOST": host, "MSGBUS_RECEIVER_PORT": str(port)}
+        command = [sys.executable, "-m", "msgbus.cli", "receiver", "--state-dir", str(state_dir),
+                   "--workers", "1", "--reuse-port"]
+        pool = WorkerPool(command, count, env)
+        click.echo(f"msgbus receiver: {count} workers on http://{host}:{port}", err=True)
+        code = pool.run()
+        click.echo("msgbus receiver: all workers stopped", err=True)
+        return code
+    finally:
+        holder.close()

@@ -1,0 +1,148 @@
+"""Receivers sharing one buffer root and one port, as real `msgbus receiver` processes on real
+tansu and SecantusDB:
+
+- what a receiver killed with -9 had accepted but not yet recorded is drained into MongoDB by
+  another receiver, which then removes the dead one's buffer slot;
+- `--workers 2` serves one port from two processes, both accept messages, and a worker that
+  dies is replaced.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import secrets
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pymongo import MongoClient
+
+from msgbus import services
+from msgbus.ids import uuid7
+from tests.support import procnet
+from tests.support.bus import wait_until
+from tests.support.receiver_proc import HOST, ReceiverProcess, prepare_store
+from tests.support.tcp_gate import TcpGate
+
+pytestmark = pytest.mark.integration
+
+
+class Setup:
+    def __init__(self, mongo_uri: str, kafka_bootstrap: str, tmp_path: Path) -> None:
+        self.mongo_uri = mongo_uri
+        self.mongo_db = f"test_{secrets.token_hex(6)}"
+        self.destination = f"workers-{secrets.token_hex(4)}"
+        self.api_key = prepare_store(mongo_uri, self.mongo_db, [self.destination])
+        self.buffer_root = tmp_path / "receiver-buffer"
+        self.tmp_path = tmp_path
+        self.env = {
+            "MSGBUS_MONGO_URI": mongo_uri,
+            "MSGBUS_MONGO_DB": self.mongo_db,
+            "MSGBUS_KAFKA_BOOTSTRAP": kafka_bootstrap,
+            "MSGBUS_INTERNAL_TOKEN": "test-internal-token",
+            "MSGBUS_CONFIG_REFRESH_S": "0.5",
+            "MSGBUS_RECEIVER_BUFFER_DIR": str(self.buffer_root),
+            "MSGBUS_RECEIVER_DISPATCHER_URL": "http://127.0.0.1:9",  # Kafka never needs it
+        }
+        self.mongo: MongoClient[dict[str, object]] = MongoClient(mongo_uri)
+        self.processes: list[ReceiverProcess] = []
+
+    def receiver(self, name: str, *, workers: int = 1, **env: str) -> ReceiverProcess:
+        process = ReceiverProcess({**self.env, **env}, services.free_port(),
+                                  self.tmp_path / f"{name}.log", workers=workers,
+                                  state_dir=self.tmp_path / "state")
+        self.processes.append(process)
+        return process.start()
+
+    def recorded(self) -> int:
+        return self.mongo[self.mongo_db]["messages"].count_documents(
+            {"destination": self.destination})
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.stop()
+        self.mongo.close()
+
+
+@pytest.fixture
+def setup(mongo_uri: str, kafka_bootstrap: str, tmp_path: Path) -> Iterator[Setup]:
+    running = Setup(mongo_uri, kafka_bootstrap, tmp_path)
+    yield running
+    running.close()
+
+
+def send(setup: Setup, port: int, count: int, workers: list[int] | None = None,
+         ) -> list[int | None]:
+    """POST `count` messages, each on a new connection; returns which of `workers` served
+    each one (None when no workers are given)."""
+    served_by: list[int | None] = []
+    for n in range(count):
+        connection = http.client.HTTPConnection(HOST, port, timeout=10)
+        try:
+            body = json.dumps({"message_id": uuid7(), "body": {"n": n}})
+            connection.request("POST", f"/v1/destinations/{setup.destination}/messages", body,
+                               {"authorization": f"Bearer {setup.api_key}",
+                                "content-type": "application/json"})
+            response = connection.getresponse()
+            answer = response.read()
+            assert response.status == 202, answer
+            assert json.loads(answer)["status"] == "accepted"
+            client_port = connection.sock.getsockname()[1]  # still open: kept alive
+            served_by.append(procnet.serving(workers, port, client_port) if workers else None)
+        finally:
+            connection.close()
+    return served_by
+
+
+def test_a_killed_receivers_buffer_is_drained_by_another_and_removed(setup: Setup) -> None:
+    survivor = setup.receiver("survivor", MSGBUS_RECEIVER_ORPHAN_SCAN_S="0.5",
+                              MSGBUS_RECEIVER_ORPHAN_MIN_IDLE_S="0")
+    survivor.wait_healthy()
+    mongo_port = int(setup.mongo_uri.rsplit(":", 1)[1])
+    with TcpGate(HOST, mongo_port) as gate:
+        victim = setup.receiver("victim", MSGBUS_MONGO_URI=f"mongodb://{HOST}:{gate.port}")
+        victim.wait_healthy()
+        [victim_slot] = [s for s in setup.buffer_root.iterdir()
+                         if f"pid={victim.pid} " in (s / "slot.lock").read_text()]
+        send(setup, victim.port, 1)  # producer key and destination now cached by the victim
+        wait_until(lambda: setup.recorded() == 1, what="the first message in MongoDB")
+
+        gate.close()  # the victim can no longer record: what it accepts stays in its buffer
+        send(setup, victim.port, 50)
+        victim.kill()
+
+    wait_until(lambda: not victim_slot.exists(), 60,
+               f"the survivor to drain and remove {victim_slot.name}\n{survivor.log()}")
+    assert setup.recorded() == 51
+    assert "adopting the orphaned receiver buffer" in survivor.log()  # and said so
+    assert sorted(p.name for p in setup.buffer_root.iterdir()) == ["slot-0"]  # its own
+
+
+def test_two_workers_share_one_port_and_a_dead_one_is_replaced(setup: Setup) -> None:
+    parent = setup.receiver("workers", workers=2)
+    parent.wait_healthy()
+
+    def listening_workers() -> list[int] | None:
+        workers = procnet.children_of(parent.pid)
+        ready = len(workers) == 2 and procnet.listening(workers, parent.port) == set(workers)
+        return workers if ready else None
+
+    workers = wait_until(listening_workers, 60, "two workers listening on one port")
+    served_by = set(send(setup, parent.port, 40, workers))
+    assert served_by == set(workers)  # the kernel spreads connections over both processes
+    wait_until(lambda: setup.recorded() == 40, what="40 messages in MongoDB")
+    assert sorted(p.name for p in setup.buffer_root.iterdir()) == ["slot-0", "slot-1"]
+
+    os.kill(workers[0], signal.SIGKILL)
+    replaced = wait_until(lambda: (w := listening_workers()) and workers[0] not in w and w,
+                          60, f"a new worker instead of pid {workers[0]}\n{parent.log()}")
+    assert workers[1] in replaced
+    send(setup, parent.port, 20)
+    wait_until(lambda: setup.recorded() == 60, what="60 messages in MongoDB")
+    assert sorted(p.name for p in setup.buffer_root.iterdir()) == ["slot-0", "slot-1"]
+
+    assert parent.stop() == 0
+    assert not any(services.pid_alive(pid) for pid in replaced)
