@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.bus import RunningBus
@@ -42,3 +43,19 @@ def unique() -> str:
 @pytest.fixture
 def spool_dir(tmp_path: Path) -> Path:
     return tmp_path / "spool"
+
+
+@pytest.fixture
+def destination(bus: RunningBus, unique: str) -> str:
+    """A fresh destination on the direct path."""
+    code = f"dest-{unique}"
+    bus.create_destination(code, "direct")
+    return code
+
+
+@pytest.fixture
+def http(bus: RunningBus, api_key: str) -> Iterator[httpx.Client]:
+    """An HTTP client of the receiver, authenticated as the test producer app."""
+    with httpx.Client(base_url=bus.receiver_url, timeout=10,
+                      headers={"authorization": f"Bearer {api_key}"}) as client:
+        yield client

@@ -20,20 +20,6 @@ from tests.support.bus import HOST, RunningBus, wait_until
 from tests.support.subscriber import RecordingSubscriber
 
 
-@pytest.fixture
-def destination(bus: RunningBus, unique: str) -> str:
-    code = f"edges-{unique}"
-    bus.create_destination(code, "direct")
-    return code
-
-
-@pytest.fixture
-def http(bus: RunningBus, api_key: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=bus.receiver_url, timeout=10,
-                      headers={"authorization": f"Bearer {api_key}"}) as client:
-        yield client
-
-
 def _valid() -> dict[str, object]:
     return {"message_id": uuid7(), "body": {"ok": True}}
 

@@ -4,7 +4,6 @@ keeps serving valid messages."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -12,20 +11,6 @@ import pytest
 from msgbus.ids import uuid7
 from tests.support.bus import RunningBus, wait_until
 from tests.support.subscriber import RecordingSubscriber
-
-
-@pytest.fixture
-def destination(bus: RunningBus, unique: str) -> str:
-    code = f"input-{unique}"
-    bus.create_destination(code, "direct")
-    return code
-
-
-@pytest.fixture
-def http(bus: RunningBus, api_key: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=bus.receiver_url, timeout=10,
-                      headers={"authorization": f"Bearer {api_key}"}) as client:
-        yield client
 
 
 def _post(http: httpx.Client, destination: str, **kwargs: object) -> httpx.Response:

@@ -4,10 +4,7 @@ class, and the buffer's size."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from msgbus.ids import uuid7
@@ -39,18 +36,6 @@ def latency_count(samples: Samples, endpoint: str, status: str) -> float:
                  status=status)
 
 
-@pytest.fixture
-def destination(bus: RunningBus, unique: str) -> str:
-    code = f"metrics-{unique}"
-    bus.create_destination(code, "direct")
-    return code
-
-
-@pytest.fixture
-def http(bus: RunningBus, api_key: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=bus.receiver_url, timeout=10,
-                      headers={"authorization": f"Bearer {api_key}"}) as client:
-        yield client
 
 
 def test_rejections_are_counted_by_known_destination_and_reason(
