@@ -4,6 +4,9 @@ parses the same JSON, measured in the same run with wrk.
     python -m bench.ingest [--runs 3] [--duration 8] [--batch-duration 3]
                            [--brokers kafka,rabbitmq] [--quick]
 
+About 30 minutes by default (most of it waiting for MongoDB to catch up after batch bursts);
+--quick about 3.
+
 Per run (runs are interleaved, so machine noise hits every target alike), for 1 and 2 worker
 processes: the bare endpoint with single messages and batches of 100, then the receiver
 (`msgbus receiver --workers N`) with single messages and batches of 100 to a Kafka and to a
