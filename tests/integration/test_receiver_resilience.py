@@ -79,6 +79,23 @@ def _warm_up(deployment: Deployment) -> None:
     wait_with_progress("the first pushes of every destination", pushed, 60)
 
 
+def _caught_up(deployment: Deployment, load: SteadyLoad) -> None:
+    """Wait until each subscriber got every message accepted so far: the bus has recovered
+    from one fault (e.g. a Kafka consumer group re-joining a restarted broker) before the next
+    one, so that a slow recovery is not mistaken for one destination holding back another."""
+    accepted: dict[str, set[str]] = {code: set() for code in deployment.destinations}
+    for answer in load.answers():
+        if answer.accepted:
+            accepted[answer.destination].add(answer.message_id)
+
+    def pushed() -> tuple[int, int]:
+        got = sum(len(ids & deployment.subscribers[code].message_ids())
+                  for code, ids in accepted.items())
+        return got, sum(map(len, accepted.values()))
+
+    wait_with_progress("every message accepted so far to be pushed", pushed, 90)
+
+
 def _hold(load: SteadyLoad, seconds: float, what: str) -> None:
     """Let the load run for `seconds` (scenario time, not an assertion), printing progress."""
     end = time.monotonic() + seconds
@@ -211,6 +228,8 @@ def test_broker_outages_during_load_lose_nothing(deployment: Deployment) -> None
         with phases.phase("warm-up"):
             _warm_up(deployment)
         kafka_down = _broker_outage(deployment, load, phases, "tansu")
+        with phases.phase("recovery from the Kafka outage"):
+            _caught_up(deployment, load)
         rabbit_down = _broker_outage(deployment, load, phases, "RabbitMQ")
         with phases.phase(f"load for {LOAD_AFTER_S} s more"):
             _hold(load, LOAD_AFTER_S, "brokers back")
