@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 
+from msgbus import services
 from msgbus.ids import uuid7
 
 SCRIPTS = Path(__file__).resolve().parent / "wrk"
@@ -52,7 +53,14 @@ class WrkResult:
 
 
 def wrk_binary() -> str:
+    """wrk's path, installed from Debian's package first when missing (as root)."""
     found = shutil.which("wrk")
+    if found is None:
+        try:
+            services.apt_install("wrk")
+        except services.ServiceError as exc:
+            raise WrkError(str(exc)) from exc
+        found = shutil.which("wrk")
     if found is None:
         raise WrkError("wrk not found: `apt-get install wrk` (Debian package)")
     return found

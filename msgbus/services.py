@@ -461,19 +461,24 @@ def rabbitmq_tool(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/lib/rabbitmq/bin")
 
 
-def install_rabbitmq() -> None:
-    """apt-get install rabbitmq-server (root only); apt-get update first if apt does not know it."""
+def apt_install(package: str) -> None:
+    """apt-get install a Debian package (root only); apt-get update first if apt does not
+    know it."""
     if os.geteuid() != 0:
-        raise ServiceError("rabbitmq-server is not installed: `apt-get install rabbitmq-server`")
+        raise ServiceError(f"{package} is not installed: `apt-get install {package}`")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    known = subprocess.run(["apt-cache", "show", "rabbitmq-server"], capture_output=True)
+    known = subprocess.run(["apt-cache", "show", package], capture_output=True)
     if known.returncode != 0:
         say("apt-get update")
         subprocess.run(["apt-get", "update"], env=env, check=False)
-    say("apt-get install -y rabbitmq-server")
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "rabbitmq-server"]
+    say(f"apt-get install -y {package}")
+    install = ["apt-get", "install", "-y", "--no-install-recommends", package]
     if subprocess.run(install, env=env, check=False).returncode != 0:
-        raise ServiceError("`apt-get install -y rabbitmq-server` failed (see its output above)")
+        raise ServiceError(f"`apt-get install -y {package}` failed (see its output above)")
+
+
+def install_rabbitmq() -> None:
+    apt_install("rabbitmq-server")
 
 
 def ensure_rabbitmq(timeout_s: float = 120.0) -> RabbitMQ:
