@@ -207,8 +207,15 @@ def receiver_openapi(app: FastAPI, settings: ReceiverSettings) -> dict[str, Any]
         title=app.title, version=app.version, routes=app.routes,
         description="The bus's front door: producer apps send messages here. /metrics "
                     "(Prometheus text) is not described; /health is for probes.")
-    document["paths"][SINGLE_PATH] = {"post": _single_operation()}
-    document["paths"][BATCH_PATH] = {"post": _batch_operation()}
+    # The ingest endpoints are plain Starlette routes (receiver/app.py), which FastAPI does not
+    # describe: their operations go in, in route order like the paths FastAPI generates.
+    ingest = {SINGLE_PATH: {"post": _single_operation()},
+              BATCH_PATH: {"post": _batch_operation()}}
+    generated = document.get("paths", {})
+    route_paths = [getattr(route, "path", None) for route in app.routes]
+    paths = {path: ingest.get(path) or generated[path] for path in route_paths
+             if isinstance(path, str) and (path in ingest or path in generated)}
+    document["paths"] = {**paths, **generated, **ingest}
     components = document.setdefault("components", {})
     components["schemas"] = {**components.get("schemas", {}), **_schemas(settings)}
     components["responses"] = _RESPONSES
