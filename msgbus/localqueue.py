@@ -174,8 +174,16 @@ class LocalQueue:
         now_ms = int(time.time() * 1000)
         try:
             with self._env.begin(write=True) as txn:
+                # values to append per (queue, partition), in order; written below in bulk
+                values: dict[tuple[str, str | None], list[bytes]] = {}
+                seen_at: list[tuple[bytes, bytes]] = []
                 for items in groups:
-                    results.append([self._put_item(txn, item, seqs, now_ms) for item in items])
+                    results.append(self._gather_items(txn, items, values, seen_at, now_ms))
+                for slot, slot_values in values.items():
+                    self._put_values(txn, slot, slot_values, seqs)
+                if seen_at:
+                    seen_at.sort()
+                    txn.cursor(db=self._seen_by_time).putmulti(seen_at)
                 if self.dedupe_window_s is not None:
                     self._prune_seen(txn, now_ms, _PRUNE_PER_ITEM * sum(map(len, groups)))
         except lmdb.MapFullError as exc:
@@ -185,25 +193,46 @@ class LocalQueue:
         self._used_bytes = self._measure_bytes()
         return results
 
-    def _put_item(self, txn: lmdb.Transaction[bytes], item: Item,
-                  seqs: dict[tuple[str, str | None], int], now_ms: int) -> bool:
-        key, entries = item
-        if key is not None:
-            if not txn.put(key, _KEY.pack(now_ms), db=self._seen, overwrite=False):
-                return False
-            txn.put(_KEY.pack(now_ms) + key, b"", db=self._seen_by_time)
-        for target, value in entries:
-            queue, partition = (target, None) if isinstance(target, str) else target
-            slot = (queue, partition)
-            seq = seqs.get(slot)
-            if seq is None:
-                seq = self._last_seq(txn, queue, partition) + 1
-            if partition is None:
-                txn.put(_KEY.pack(seq), value, db=self._dbs[queue], append=True)
-            else:
-                txn.put(_partition_prefix(partition) + _KEY.pack(seq), value, db=self._dbs[queue])
-            seqs[slot] = seq + 1
-        return True
+    def _gather_items(self, txn: lmdb.Transaction[bytes], items: list[Item],
+                      values: dict[tuple[str, str | None], list[bytes]],
+                      seen_at: list[tuple[bytes, bytes]], now_ms: int) -> list[bool]:
+        """Records the unique keys of `items` (the only per-item writes: whether a key was
+        seen decides whether its item is appended) and gathers the values to append."""
+        appended: list[bool] = []
+        put, seen_db, now_key = txn.put, self._seen, _KEY.pack(now_ms)
+        for key, entries in items:
+            if key is not None:
+                if not put(key, now_key, db=seen_db, overwrite=False):
+                    appended.append(False)
+                    continue
+                seen_at.append((now_key + key, b""))
+            for target, value in entries:
+                slot = (target, None) if isinstance(target, str) else target
+                slot_values = values.get(slot)
+                if slot_values is None:
+                    slot_values = values[slot] = []
+                slot_values.append(value)
+            appended.append(True)
+        return appended
+
+    def _put_values(self, txn: lmdb.Transaction[bytes], slot: tuple[str, str | None],
+                    slot_values: list[bytes], seqs: dict[tuple[str, str | None], int]) -> None:
+        """Appends values to one queue or partition with one putmulti: their keys are
+        consecutive sequence numbers after the slot's last one."""
+        queue, partition = slot
+        first = seqs.get(slot)
+        if first is None:
+            first = self._last_seq(txn, queue, partition) + 1
+        pack = _KEY.pack
+        seq_range = range(first, first + len(slot_values))
+        cursor = txn.cursor(db=self._dbs[queue])
+        if partition is None:  # the keys come after every key of the queue
+            cursor.putmulti(zip(map(pack, seq_range), slot_values, strict=True), append=True)
+        else:  # ordered within the partition, which may be followed by others
+            prefix = _partition_prefix(partition)
+            cursor.putmulti([(prefix + pack(seq), value)
+                             for seq, value in zip(seq_range, slot_values, strict=True)])
+        seqs[slot] = first + len(slot_values)
 
     def _prune_seen(self, txn: lmdb.Transaction[bytes], now_ms: int, limit: int) -> None:
         """Forget up to `limit` keys seen before the dedupe window."""

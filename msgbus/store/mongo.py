@@ -8,6 +8,7 @@ Hot-path writes are batched: insert_many and bulk_write, never one round trip pe
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 _DUPLICATE_KEY = 11000
 RUNTIME_ID = "bus"  # the one document of the runtime collection
+_DOCS_CHUNK = 64  # records turned into documents between two yields to the event loop
 
 INDEXES: dict[str, list[IndexModel]] = {
     "messages": [
@@ -159,8 +161,17 @@ class MongoStore:
         if not records:
             return
         now = utcnow()
-        messages = [docs.message_doc(env, subs) for env, subs in records]
-        pending = [docs.pending_delivery_doc(env, s, now) for env, subs in records for s in subs]
+        messages: list[dict[str, Any]] = []
+        pending: list[dict[str, Any]] = []
+        # built in chunks, yielding between them: a batch of hundreds of records must not
+        # stall the other work of the event loop (the receiver's requests)
+        for start in range(0, len(records), _DOCS_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+            chunk = records[start : start + _DOCS_CHUNK]
+            messages += [docs.message_doc(env, subs) for env, subs in chunk]
+            pending += [docs.pending_delivery_doc(env, s, now) for env, subs in chunk
+                        for s in subs]
         for collection, documents in ((self.messages, messages), (self.deliveries, pending)):
             if not documents:
                 continue
