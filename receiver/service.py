@@ -50,6 +50,7 @@ class ReceiverService:
         return IngestPipeline(
             buffer, self.store, self.registry, self.publishers,
             publish_batch=settings.publish_batch_size, record_batch=settings.mongo_batch_size,
+            default_record_rate_per_s=settings.record_rate_per_s,
         )
 
     async def start(self) -> None:
