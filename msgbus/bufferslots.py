@@ -54,6 +54,13 @@ class ClaimedSlot:
     def held(self) -> bool:
         return self._fd is not None
 
+    def fileno(self) -> int:
+        """The locked file's descriptor: a child process given it holds the lock too (an flock
+        belongs to the open file, shared by every process that has a descriptor of it)."""
+        if self._fd is None:
+            raise RuntimeError(f"slot {self.path} is not held")
+        return self._fd
+
     def release(self) -> None:
         """Drop the lock; the dir and its data stay for the next owner."""
         if self._fd is None:

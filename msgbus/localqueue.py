@@ -12,6 +12,10 @@ long, in the same transaction as the append, and skips an item whose key it has 
 re-sending a message it is not sure about is then accepted once. Keys are forgotten through a
 second index ordered by the time they were seen, pruned a little at every commit.
 
+Several processes may open one environment: e.g. one appends while another drains. A process
+that drains learns of new entries from `notify_appended()` (the appender's `on_commit` hook can
+ring it across processes) or, at the latest, when its wait times out.
+
 A queue may be split into partitions (e.g. one per destination, so that each can be drained at
 its own rate): an entry's target is then `(queue, partition)` instead of `queue`, and its key
 is `partition NUL seq`, so each partition is a FIFO of its own inside the queue's database.
@@ -24,7 +28,7 @@ import contextlib
 import logging
 import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -58,11 +62,13 @@ class LocalQueue:
     def __init__(
         self, path: Path, queues: Sequence[str], *, max_bytes: int,
         map_size: int = _DEFAULT_MAP_SIZE, dedupe_window_s: float | None = None,
+        on_commit: Callable[[], None] | None = None,
     ) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.max_bytes = max_bytes
         self.dedupe_window_s = dedupe_window_s
+        self._on_commit = on_commit  # called on the event loop after each append is durable
         # sync=False: commits are flushed explicitly by append(), deletes lazily.
         self._env = lmdb.open(
             str(path), map_size=max(map_size, max_bytes * 2), max_dbs=len(queues) + 3,
@@ -102,6 +108,8 @@ class LocalQueue:
 
     @property
     def used_bytes(self) -> int:
+        """Bytes in use now (measured: another process may have drained entries)."""
+        self._used_bytes = self._measure_bytes()
         return self._used_bytes
 
     def depth(self, queue: str) -> int:
@@ -130,6 +138,9 @@ class LocalQueue:
         """Durably append each item's entries unless its unique key was appended within the
         dedupe window (or earlier in `items`); returns, per item, whether it was appended.
         A None key is always appended. Raises BufferFull like append()."""
+        if self._used_bytes >= self.max_bytes:
+            # another process may have drained it since our last commit measured it
+            self._used_bytes = self._measure_bytes()
         if self._used_bytes >= self.max_bytes:
             raise BufferFull(f"local buffer {self.path} is full ({self._used_bytes} bytes)")
         if self.dedupe_window_s is None and any(key is not None for key, _ in items):
@@ -160,6 +171,13 @@ class LocalQueue:
             targets = {t for items, _ in batch for _, entries in items for t, _ in entries}
             for queue in {t if isinstance(t, str) else t[0] for t in targets}:
                 self._appended[queue].set()
+            if self._on_commit is not None:
+                self._on_commit()
+
+    def notify_appended(self) -> None:
+        """Wake whoever waits for entries of any queue (another process appended some)."""
+        for event in self._appended.values():
+            event.set()
 
     async def wait_for_entries(self, queue: str, timeout_s: float) -> None:
         """Return when something was appended to `queue` since the last call, or on timeout."""

@@ -1,8 +1,26 @@
-"""Prometheus metrics of every service. Names follow `msgbus_<what>_<unit>`."""
+"""Prometheus metrics of every service. Names follow `msgbus_<what>_<unit>`.
+
+A service made of several processes (`msgbus receiver`: workers and their drain processes) sets
+PROMETHEUS_MULTIPROC_DIR before anything imports prometheus_client: every process then writes
+its values there and /metrics of any of them reports all (prometheus_client's multiprocess mode;
+each gauge says how the processes' values combine).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 MESSAGES_ACCEPTED = Counter(
     "msgbus_messages_accepted_total", "Messages accepted by the receiver", ["destination"])
@@ -30,25 +48,38 @@ DIRECT_FALLBACKS = Counter(
     "Messages a broker refused or could not take that went the direct path instead",
     ["destination", "broker"])
 BUFFER_DEPTH = Gauge(
-    "msgbus_local_buffer_entries", "Entries waiting in a local LMDB buffer", ["service", "queue"])
+    "msgbus_local_buffer_entries", "Entries waiting in a local LMDB buffer", ["service", "queue"],
+    multiprocess_mode="livesum")
 BUFFER_OLDEST_AGE = Gauge(
     "msgbus_local_buffer_oldest_age_seconds",
-    "Age of the oldest entry waiting in a local LMDB buffer (0 when empty)", ["service", "queue"])
+    "Age of the oldest entry waiting in a local LMDB buffer (0 when empty)", ["service", "queue"],
+    multiprocess_mode="livemax")
 BUFFER_BYTES = Gauge(
     "msgbus_local_buffer_bytes", "Bytes used by a local LMDB buffer, and its limit",
-    ["service", "kind"])
+    ["service", "kind"], multiprocess_mode="livesum")
 RECORD_RATE_LIMIT = Gauge(
     "msgbus_record_rate_limit_per_second",
     "The MongoDB record write rate in force (0 = unlimited), globally ('*') or per destination",
-    ["destination"])
+    ["destination"], multiprocess_mode="livemax")
 PUSHES = Counter(
     "msgbus_pushes_total", "Pushes to subscribers by outcome", ["subscription", "outcome"])
 PUSH_LATENCY = Histogram(
     "msgbus_push_latency_seconds", "Subscriber response time", ["subscription"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 IN_FLIGHT = Gauge(
-    "msgbus_pushes_in_flight", "Pushes in flight (semaphore occupancy)", ["subscription"])
+    "msgbus_pushes_in_flight", "Pushes in flight (semaphore occupancy)", ["subscription"],
+    multiprocess_mode="livesum")
 
 
 def render() -> tuple[bytes, str]:
+    if os.environ.get(MULTIPROCESS_DIR_VARIABLE):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(), CONTENT_TYPE_LATEST
+
+
+def forget_process(pid: int) -> None:
+    """A process of a multiprocess service exited: drop its live gauges (its counters stay)."""
+    if os.environ.get(MULTIPROCESS_DIR_VARIABLE):
+        multiprocess.mark_process_dead(pid)

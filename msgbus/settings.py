@@ -8,6 +8,7 @@ are shared (`MSGBUS_MONGO_URI`, ...); a service's own knobs carry its prefix
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -72,6 +73,13 @@ class ReceiverSettings(BaseSettings):
     record_rate_per_s: float = 0
     publish_batch_size: int = 500
     kafka_acks: str = "all"  # "all", "1" or "0": what a Kafka publish waits for
+    # Where the buffer is drained into the brokers and MongoDB: "process" (a drain process
+    # beside each receiver process, so that drain work never delays an answer to a producer)
+    # or "inline" (on the receiver's own event loop: one process, e.g. `msgbus up`).
+    drainer: Literal["process", "inline"] = "process"
+    # Added to the drain process's nice value: when CPU is short, answering producers comes
+    # first and the buffer absorbs the difference (the drain catches up when load drops).
+    drain_nice: int = Field(default=10, ge=0, le=19)
     # Where the direct path hands messages (a dispatcher's internal endpoint).
     dispatcher_url: str = "http://127.0.0.1:8081"
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)

@@ -32,6 +32,7 @@ from msgbus.errors import (
 from msgbus.http import Asgi, LeanEndpoint, RequestTimer, service_app
 from msgbus.metrics import BUFFER_BYTES, MESSAGES_REJECTED, REQUEST_LATENCY
 from msgbus.models import JSON_CONTENT_TYPE, Envelope, is_destination_code, utcnow
+from receiver.intake import Intake
 from receiver.openapi import BATCH_PATH, SINGLE_PATH, receiver_openapi
 from receiver.parsing import (
     ID_HEADER,
@@ -41,7 +42,6 @@ from receiver.parsing import (
     parse_raw,
     raw_form_header,
 )
-from receiver.pipeline import IngestPipeline
 from receiver.service import ReceiverService
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class Ingest:
 
     def __init__(self, service: ReceiverService) -> None:
         self._registry = service.registry
-        self._pipeline: IngestPipeline = service.pipeline
+        self._intake: Intake = service.intake
 
     async def check_destination(self, code: str) -> None:
         if not is_destination_code(code):
@@ -156,7 +156,7 @@ class Ingest:
 
     async def accept(self, envelopes: list[Envelope]) -> list[bool]:
         try:
-            return await self._pipeline.accept(envelopes)
+            return await self._intake.accept(envelopes)
         except MsgbusError as exc:
             for envelope in envelopes:
                 MESSAGES_REJECTED.labels(envelope.destination, exc.code).inc()
@@ -175,7 +175,7 @@ def create_app(service: ReceiverService) -> FastAPI:
     ingest = Ingest(service)
 
     def refresh_gauges() -> None:
-        service.pipeline.depths()
+        service.intake.depths()
         BUFFER_BYTES.labels("receiver", "used").set(service.buffer.used_bytes)
         BUFFER_BYTES.labels("receiver", "limit").set(service.buffer.max_bytes)
 
@@ -286,10 +286,16 @@ def create_app(service: ReceiverService) -> FastAPI:
     app.add_middleware(RequestTimer, histogram=REQUEST_LATENCY, endpoint_of=endpoint_of,
                        lean_route=lean_route)
 
+    def drainer_state() -> dict[str, Any]:
+        process = service.drain_process
+        if process is None:
+            return {"mode": "inline"}
+        return {"mode": "process", "pid": process.pid, "restarts": process.restarts}
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "mongo": await service.store.ping(),
-                "buffer": service.pipeline.depths()}
+                "buffer": service.intake.depths(), "drainer": drainer_state()}
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -1,7 +1,7 @@
-"""From acceptance to broker and MongoDB.
+"""From the receiver's buffer to broker and MongoDB.
 
-`accept()` is the durability point: it writes each message to two queues of the local LMDB
-buffer in one fsync'd transaction. Two drainers then work independently:
+`Intake.accept()` (receiver/intake.py) wrote each message to two queues of the local LMDB
+buffer. Two drainers empty them independently:
 - "publish" (partitioned by destination, each drained by a task of its own, so that a broker
   that is down never holds back the destinations on other brokers): sends messages to their
   destination's broker; what the broker refuses goes the
@@ -13,49 +13,24 @@ buffer in one fsync'd transaction. Two drainers then work independently:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-import uuid
 from collections import defaultdict
 
 from msgbus.brokers.base import Publisher
-from msgbus.codec import decode, decode_cooperatively, encode
+from msgbus.codec import decode_cooperatively
 from msgbus.drain import PartitionedDrainer
 from msgbus.errors import NotFound
-from msgbus.localqueue import Item, LocalQueue
-from msgbus.metrics import (
-    BUFFER_DEPTH,
-    BUFFER_OLDEST_AGE,
-    DIRECT_FALLBACKS,
-    MESSAGES_ACCEPTED,
-    MESSAGES_DUPLICATE,
-    PUBLISH_LATENCY,
-    PUBLISHED,
-    RECORD_RATE_LIMIT,
-)
-from msgbus.models import BrokerKind, Destination, Envelope, Subscription, utcnow
+from msgbus.localqueue import LocalQueue
+from msgbus.metrics import DIRECT_FALLBACKS, PUBLISH_LATENCY, PUBLISHED, RECORD_RATE_LIMIT
+from msgbus.models import BrokerKind, Destination, Envelope, Subscription
 from msgbus.registry import Registry
 from msgbus.store import MongoStore
+from receiver.intake import PUBLISH_QUEUE, RECORD_QUEUE, queue_depths
 from receiver.publishers import PublisherSet
 from receiver.recording import RecordWriter
 
 log = logging.getLogger(__name__)
-
-PUBLISH_QUEUE = "publish"
-RECORD_QUEUE = "record"
-QUEUES = (PUBLISH_QUEUE, RECORD_QUEUE)
-
-
-def _uuid_bytes(message_id: str) -> bytes:
-    """`uuid.UUID(message_id).bytes`, without its cost for the canonical form."""
-    if len(message_id) == 36 and message_id[8] == message_id[13] == message_id[18] \
-            == message_id[23] == "-":
-        with contextlib.suppress(ValueError):
-            raw = bytes.fromhex(message_id.replace("-", ""))
-            if len(raw) == 16:  # fromhex() skips whitespace: then take the general path
-                return raw
-    return uuid.UUID(message_id).bytes
 
 
 class IngestPipeline:
@@ -99,43 +74,9 @@ class IngestPipeline:
         for drainer in self._drainers:
             await drainer.close()
 
-    async def accept(self, envelopes: list[Envelope]) -> list[bool]:
-        """Buffer the messages durably; per message, False when this receiver accepted the
-        same message_id within its dedupe window (a client re-send): it is not queued again."""
-        items: list[Item] = []
-        for envelope in envelopes:
-            data = encode(envelope)
-            destination = envelope.destination
-            items.append((_uuid_bytes(envelope.message_id),
-                          [((PUBLISH_QUEUE, destination), data),
-                           ((RECORD_QUEUE, destination), data)]))
-        fresh = await self._buffer.append_new(items)
-        counts: dict[tuple[str, bool], int] = defaultdict(int)
-        for envelope, is_new in zip(envelopes, fresh, strict=True):
-            counts[envelope.destination, is_new] += 1
-        for (destination, is_new), count in counts.items():
-            counter = MESSAGES_ACCEPTED if is_new else MESSAGES_DUPLICATE
-            counter.labels(destination).inc(count)
-        return fresh
-
     def depths(self) -> dict[str, int]:
-        """Entries waiting per queue; also refreshes the buffer gauges."""
-        depths = {q: self._buffer.depth(q) for q in QUEUES}
-        for queue, depth in depths.items():
-            BUFFER_DEPTH.labels("receiver", queue).set(depth)
-            BUFFER_OLDEST_AGE.labels("receiver", queue).set(self.oldest_age_s(queue))
-        return depths
-
-    def oldest_age_s(self, queue: str) -> float:
-        """Seconds the oldest waiting message of a queue has waited (0 when empty)."""
-        oldest = None
-        for partition in self._buffer.partitions(queue):
-            first = self._buffer.read(queue, 1, partition=partition)
-            if first:
-                envelope = decode(first[0][1])
-                accepted = envelope.received_at or envelope.created_at
-                oldest = accepted if oldest is None else min(oldest, accepted)
-        return 0.0 if oldest is None else max(0.0, (utcnow() - oldest).total_seconds())
+        """Entries waiting per queue of the buffer this pipeline drains."""
+        return queue_depths(self._buffer)
 
     # --- record rates (runtime settings, then this receiver's default) -------------------
 

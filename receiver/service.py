@@ -1,21 +1,26 @@
-"""`ReceiverService`: the receiver's parts, wired from its settings."""
+"""`ReceiverService`: the receiver's parts, wired from its settings.
+
+The receiver answers producers (`Intake`) and drains its buffer (`DrainService`) either in a
+drain process of its own (`drainer="process"`, the default; receiver/drain_process.py) or on
+its own event loop (`drainer="inline"`: `msgbus up`, in-process tests).
+"""
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+import os
 
 from pymongo.errors import PyMongoError
 
 from msgbus.bufferslots import claim_slot
-from msgbus.localqueue import LocalQueue
+from msgbus.metrics import MULTIPROCESS_DIR_VARIABLE
 from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
 from msgbus.store import MongoStore
-from receiver.adoption import OrphanAdopter
-from receiver.pipeline import QUEUES, IngestPipeline
+from receiver.drain_process import DrainProcess
+from receiver.draining import DrainService, open_buffer
+from receiver.intake import Intake
 from receiver.producers import ProducerAuthenticator
-from receiver.publishers import PublisherSet, build_publishers
 
 log = logging.getLogger(__name__)
 
@@ -29,29 +34,20 @@ class ReceiverService:
         self.store = MongoStore(conn.mongo_uri, conn.mongo_db)
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
         self.auth = ProducerAuthenticator(self.store)
-        self.publishers = PublisherSet(build_publishers(settings))
         # several receivers may share the buffer root: each owns one slot of it
         buffer_root = settings.buffer_dir or conn.state_dir / "receiver-buffer"
         self.slot = claim_slot(buffer_root)
-        self.buffer = self.open_buffer(self.slot.path)
-        self.pipeline = self.pipeline_on(self.buffer)
-        self.adopter = OrphanAdopter(buffer_root, self.open_buffer, self.pipeline_on,
-                                     scan_s=settings.orphan_scan_s,
-                                     min_idle_s=settings.orphan_min_idle_s)
-
-    def open_buffer(self, path: Path) -> LocalQueue:
-        """A receiver buffer at `path`: this receiver's own slot, or an orphan it adopts."""
-        return LocalQueue(path, QUEUES, max_bytes=self.settings.buffer_max_bytes,
-                          dedupe_window_s=self.settings.dedupe_window_s)
-
-    def pipeline_on(self, buffer: LocalQueue) -> IngestPipeline:
-        """The ingest pipeline that drains `buffer` (this receiver's, or an adopted one)."""
-        settings = self.settings
-        return IngestPipeline(
-            buffer, self.store, self.registry, self.publishers,
-            publish_batch=settings.publish_batch_size, record_batch=settings.mongo_batch_size,
-            default_record_rate_per_s=settings.record_rate_per_s,
-        )
+        self.drain_process: DrainProcess | None = None
+        self.drains: DrainService | None = None
+        if settings.drainer == "process":
+            self.drain_process = DrainProcess(settings, self.slot)
+            self.buffer = open_buffer(settings, self.slot.path,
+                                      on_commit=self.drain_process.ring)
+        else:
+            self.buffer = open_buffer(settings, self.slot.path)
+            self.drains = DrainService(settings, self.store, self.registry, self.buffer,
+                                       buffer_root)
+        self.intake = Intake(self.buffer)
 
     async def start(self) -> None:
         """Starts even while MongoDB or a broker is down: what is buffered drains when they
@@ -62,17 +58,21 @@ class ReceiverService:
             log.warning("MongoDB is unreachable (%s); indexes are created at the next start",
                         type(exc).__name__)
         await self.registry.start()
-        await self.publishers.start()
-        self.pipeline.start()
-        await self.pipeline.prepare_topology()
-        self.adopter.start()
-        log.info("receiver ready (publishers: %s)", ", ".join(self.publishers.kinds()))
+        if self.drain_process is not None:
+            if not os.environ.get(MULTIPROCESS_DIR_VARIABLE):
+                log.warning("%s is not set: /metrics shows this process only, not the drain "
+                            "process (`msgbus receiver` sets it)", MULTIPROCESS_DIR_VARIABLE)
+            await self.drain_process.start()
+        if self.drains is not None:
+            await self.drains.start()
+        log.info("receiver ready (drainer: %s)", self.settings.drainer)
 
     async def close(self) -> None:
-        await self.adopter.close()
         await self.auth.close()
-        await self.pipeline.close()
-        await self.publishers.close()
+        if self.drain_process is not None:
+            await self.drain_process.close()
+        if self.drains is not None:
+            await self.drains.close()
         await self.registry.close()
         await self.store.close()
         self.buffer.close()

@@ -25,6 +25,7 @@ from types import FrameType
 
 import click
 
+from msgbus.metrics import forget_process
 from msgbus.serving import reuse_port_socket
 
 RESTART_BACKOFF_S = 0.5
@@ -116,6 +117,7 @@ class WorkerPool:
         else:
             worker.short_lives, worker.backoff_s = 0, RESTART_BACKOFF_S
         pid, worker.process = worker.process.pid, None
+        forget_process(pid)
         if worker.short_lives >= MAX_SHORT_LIVES:
             click.echo(f"msgbus receiver: worker {worker.index} (pid {pid}) exited with code "
                        f"{code} {worker.short_lives} times in a row within {SHORT_LIFE_S:.0f} s "

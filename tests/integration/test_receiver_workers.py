@@ -4,7 +4,10 @@ tansu and SecantusDB:
 - what a receiver killed with -9 had accepted but not yet recorded is drained into MongoDB by
   another receiver, which then removes the dead one's buffer slot;
 - `--workers 2` serves one port from two processes, both accept messages, and a worker that
-  dies is replaced.
+  dies is replaced;
+- each receiver process drains its buffer in a drain process of its own: one killed with -9 is
+  replaced and nothing it left is lost, and it never outlives its receiver;
+- /metrics of any worker shows the counts of every worker and drain process.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from pymongo import MongoClient
 
 from msgbus import services
 from msgbus.ids import uuid7
 from tests.support import procnet
-from tests.support.bus import wait_until
+from tests.support.bus import sample_value, wait_until
 from tests.support.receiver_proc import HOST, ReceiverProcess, prepare_store
 from tests.support.tcp_gate import TcpGate
 
@@ -146,3 +150,68 @@ def test_two_workers_share_one_port_and_a_dead_one_is_replaced(setup: Setup) -> 
 
     assert parent.stop() == 0
     assert not any(services.pid_alive(pid) for pid in replaced)
+
+
+def drain_pid(receiver: ReceiverProcess) -> int | None:
+    """The pid of the receiver's drain process, as its /health reports it."""
+    try:
+        health = httpx.get(f"{receiver.url}/health", timeout=5).json()
+    except httpx.HTTPError:
+        return None
+    drainer = health["drainer"]
+    assert drainer["mode"] == "process"
+    return drainer["pid"]
+
+
+def gone(pid: int) -> bool:
+    """The process exited (a zombie waiting for its new parent to reap it counts as exited)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in status
+
+
+def test_a_killed_drain_process_is_replaced_and_what_it_left_is_recorded(setup: Setup) -> None:
+    mongo_port = int(setup.mongo_uri.rsplit(":", 1)[1])
+    with TcpGate(HOST, mongo_port) as gate:
+        receiver = setup.receiver("receiver", MSGBUS_MONGO_URI=f"mongodb://{HOST}:{gate.port}")
+        receiver.wait_healthy()
+        first = wait_until(lambda: drain_pid(receiver), what="the drain process")
+        assert first in procnet.children_of(receiver.pid)
+        send(setup, receiver.port, 1)
+        wait_until(lambda: setup.recorded() == 1, what="the first message in MongoDB")
+
+        gate.close()  # what the receiver accepts now waits in its buffer
+        send(setup, receiver.port, 50)
+        os.kill(first, signal.SIGKILL)
+        second = wait_until(lambda: (pid := drain_pid(receiver)) != first and pid,
+                            30, f"a new drain process\n{receiver.log()}")
+        send(setup, receiver.port, 50)  # the receiver never stopped answering
+        gate.open()
+        wait_until(lambda: setup.recorded() == 101, 60,
+                   f"101 messages in MongoDB\n{receiver.log()}")
+
+    assert "receiver drain process (pid" in receiver.log()  # the restart is logged
+    receiver.kill()  # kill -9: its drain process must not outlive it
+    wait_until(lambda: gone(second), 10, f"drain process {second} to exit")
+
+
+def test_metrics_of_every_worker_and_drain_process_show_on_any_worker(setup: Setup) -> None:
+    parent = setup.receiver("workers", workers=2)
+    parent.wait_healthy()
+    wait_until(lambda: len(procnet.children_of(parent.pid)) == 2, 60, "two workers")
+    send(setup, parent.port, 40)
+    wait_until(lambda: setup.recorded() == 40, what="40 messages in MongoDB")
+
+    def published() -> float:  # by the workers' drain processes
+        text = httpx.get(f"{parent.url}/metrics", timeout=5).text
+        return sample_value(text, "msgbus_published_total", {"broker": "kafka", "outcome": "ok"})
+
+    wait_until(lambda: published() == 40, what="40 publishes on /metrics")
+    for _ in range(6):  # each new connection may land on either worker
+        text = httpx.get(f"{parent.url}/metrics", timeout=5).text
+        assert sample_value(text, "msgbus_messages_accepted_total",
+                            {"destination": setup.destination}) == 40  # both workers' counts
+        assert published() == 40
+    assert parent.stop() == 0

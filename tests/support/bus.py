@@ -122,7 +122,8 @@ class RunningBus:
                 receiver_app(
                     ReceiverService(
                         ReceiverSettings(
-                            port=0, dispatcher_url=self.dispatcher_url, connections=conn
+                            port=0, dispatcher_url=self.dispatcher_url, connections=conn,
+                            drainer="inline",  # in-process, so tests read its metrics
                         )
                     )
                 ),

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,48 @@ async def test_partitions_are_fifo_of_their_own_and_survive_reopen(tmp_path: Pat
     assert reopened.partitions("records") == ["a", "a-b", "z"]
     assert reopened.depth("records") == 6 + 3 + 1
     reopened.close()
+
+
+def _drain_in_another_process(path: str) -> int:
+    """Runs in a child process: delete every entry of queue "q"; returns how many."""
+    queue = LocalQueue(Path(path), ("q",), max_bytes=10**8)
+    try:
+        entries = queue.read("q", 10_000)
+        asyncio.run(queue.delete("q", [key for key, _ in entries]))
+        return len(entries)
+    finally:
+        queue.close()
+
+
+async def test_one_process_appends_and_rings_while_another_drains(tmp_path: Path) -> None:
+    """The receiver/drain-process split: the appender's on_commit hook runs once per durable
+    commit, and a full buffer accepts again once another process drained it."""
+    rung = 0
+
+    def ring() -> None:
+        nonlocal rung
+        rung += 1
+
+    queue = LocalQueue(tmp_path, ("q",), max_bytes=64 * 1024, on_commit=ring)
+    while True:  # fill it up
+        try:
+            await queue.append([("q", b"x" * 4096)])
+        except BufferFull:
+            break
+    assert rung == queue.depth("q") > 0  # one ring per commit, after the commit
+    with concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn")) as other:
+        drained = await asyncio.get_running_loop().run_in_executor(
+            other, _drain_in_another_process, str(tmp_path))
+    assert drained == rung and queue.depth("q") == 0
+    await queue.append([("q", b"accepted again")])  # no stale "full"
+    queue.close()
+
+
+async def test_notify_appended_wakes_a_waiting_drainer(tmp_path: Path) -> None:
+    queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8)
+    waiting = asyncio.create_task(queue.wait_for_entries("q", timeout_s=30))
+    await asyncio.sleep(0.01)
+    queue.notify_appended()  # what the drain process does when the receiver rings
+    await asyncio.wait_for(waiting, 5)
+    queue.close()

@@ -1,0 +1,196 @@
+"""The receiver's drain process: `DrainService` in a process of its own, beside the receiver
+process that answers producers (`drainer="process"`, the default).
+
+Why: publishing and recording cost more CPU per message than accepting one, and on a shared
+event loop (and GIL) their batches delayed answers to producers by tens of milliseconds. In a
+process of its own the drain work runs beside the receiver instead of between its requests.
+
+How the two processes share a buffer slot:
+- The receiver claims the slot (an flock on its lock file) and starts the drain process with
+  that lock file's descriptor, so the slot stays locked while either process lives: no adopter
+  takes a slot whose drain process is still at work.
+- Both open the slot's LMDB environment. The receiver appends; the drain process reads and
+  deletes. After each durable append the receiver writes a byte into a pipe (the "doorbell");
+  the drain process wakes on it instead of polling.
+- The receiver restarts a drain process that dies (a kill -9 loses nothing: entries are
+  deleted only after the brokers and MongoDB took them).
+- When the receiver dies, the doorbell pipe reaches EOF and the drain process exits at once:
+  the slot is then free for the receiver's replacement, or for an adopter (receiver/adoption.py),
+  as the slot of a receiver process that drained inline would be.
+
+The drain process's metrics reach the receiver's /metrics through prometheus_client's
+multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set by `msgbus receiver`).
+
+    python -m receiver.drain_process --slot DIR --lock-fd N --doorbell-fd M  < pickled settings
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import sys
+from pathlib import Path
+
+from msgbus.bufferslots import ClaimedSlot
+from msgbus.metrics import forget_process
+from msgbus.registry import Registry
+from msgbus.settings import ReceiverSettings
+from msgbus.store import MongoStore
+from receiver.draining import DrainService, open_buffer
+
+log = logging.getLogger(__name__)
+
+RESTART_BACKOFF_S = 0.5
+MAX_RESTART_BACKOFF_S = 10.0
+STOP_TIMEOUT_S = 30.0
+
+
+class DrainProcess:
+    """The receiver's side: starts the drain process for its slot, rings its doorbell, restarts
+    it when it dies, and stops it."""
+
+    def __init__(self, settings: ReceiverSettings, slot: ClaimedSlot) -> None:
+        self._settings = settings
+        self._slot = slot
+        self._process: asyncio.subprocess.Process | None = None
+        self._monitor: asyncio.Task[None] | None = None
+        self._bell_read, self._bell_write = os.pipe()  # both ends close-on-exec
+        os.set_blocking(self._bell_write, False)
+        self.restarts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process and self._process.returncode is None else None
+
+    def ring(self) -> None:
+        """Tell the drain process that entries were appended (never blocks)."""
+        with contextlib.suppress(BlockingIOError):  # a full pipe already holds a wake-up
+            os.write(self._bell_write, b"\x00")
+
+    async def start(self) -> None:
+        await self._spawn()
+        self._monitor = asyncio.create_task(self._supervise(), name="drain-process")
+
+    async def _spawn(self) -> None:
+        lock_fd = self._slot.fileno()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "receiver.drain_process", "--slot", str(self._slot.path),
+            "--lock-fd", str(lock_fd), "--doorbell-fd", str(self._bell_read),
+            stdin=asyncio.subprocess.PIPE, pass_fds=(lock_fd, self._bell_read))
+        assert process.stdin is not None
+        process.stdin.write(pickle.dumps(self._settings))  # settings hold secrets: not argv/env
+        await process.stdin.drain()
+        process.stdin.close()
+        self._process = process
+        log.info("receiver drain process started (pid %d) for %s", process.pid,
+                 self._slot.path)
+
+    async def _supervise(self) -> None:
+        backoff = RESTART_BACKOFF_S
+        while True:
+            assert self._process is not None
+            started = asyncio.get_running_loop().time()
+            code = await self._process.wait()
+            forget_process(self._process.pid)
+            if asyncio.get_running_loop().time() - started > 10 * MAX_RESTART_BACKOFF_S:
+                backoff = RESTART_BACKOFF_S
+            log.error("receiver drain process (pid %d) exited with code %s; restarting it in "
+                      "%.1f s", self._process.pid, code, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_RESTART_BACKOFF_S)
+            try:
+                await self._spawn()
+            except OSError as exc:
+                log.error("starting the receiver drain process failed: %s", exc)
+            self.restarts += 1
+            self.ring()  # whatever arrived meanwhile
+
+    async def close(self) -> None:
+        """Stop the drain process (SIGTERM, then SIGKILL after STOP_TIMEOUT_S)."""
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        process = self._process
+        if process is not None and process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
+            except TimeoutError:
+                log.error("receiver drain process (pid %d) did not stop within %.0f s; "
+                          "killing it", process.pid, STOP_TIMEOUT_S)
+                process.kill()
+                await process.wait()
+            forget_process(process.pid)
+        for fd in (self._bell_read, self._bell_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+# --- the drain process ------------------------------------------------------------------
+
+
+async def _drain(settings: ReceiverSettings, slot: ClaimedSlot, doorbell_fd: int) -> None:
+    conn = settings.connections
+    store = MongoStore(conn.mongo_uri, conn.mongo_db)
+    registry = Registry(store, refresh_s=conn.config_refresh_s)
+    buffer = open_buffer(settings, slot.path)
+    service = DrainService(settings, store, registry, buffer, slot.root)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_doorbell() -> None:
+        try:
+            rung = os.read(doorbell_fd, 4096)
+        except BlockingIOError:
+            return
+        if rung:
+            buffer.notify_appended()
+            return
+        # EOF: the receiver process is gone. Exit at once, as if killed, so that its slot is
+        # free for the next receiver at once: every sink is idempotent and nothing was deleted
+        # from the buffer that a broker or MongoDB had not taken.
+        log.warning("the receiver of %s is gone; the drain process exits", slot.path)
+        os._exit(0)
+
+    os.set_blocking(doorbell_fd, False)
+    loop.add_reader(doorbell_fd, on_doorbell)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await registry.start()
+        await service.start()
+        await stop.wait()
+    finally:
+        await service.close()
+        await registry.close()
+        await store.close()
+        buffer.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m receiver.drain_process")
+    parser.add_argument("--slot", type=Path, required=True)
+    parser.add_argument("--lock-fd", type=int, required=True)
+    parser.add_argument("--doorbell-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    settings = pickle.load(sys.stdin.buffer)
+    if not isinstance(settings, ReceiverSettings):
+        parser.error("stdin must hold the receiver's pickled settings")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)-7s %(name)s [drain]: %(message)s")
+    for noisy in ("pymongo", "httpx", "pika"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The lock is the receiver's: closing our descriptor on exit is enough (never truncate).
+    slot = ClaimedSlot(args.slot, args.lock_fd)
+    os.nice(settings.drain_nice)
+    asyncio.run(_drain(settings, slot, args.doorbell_fd))
+
+
+if __name__ == "__main__":
+    main()
