@@ -41,6 +41,11 @@ class Registry:
     def on_change(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
 
+    def remove_listener(self, listener: ChangeListener) -> None:
+        """Stop calling `listener` (e.g. the pipeline of an adopted buffer, once drained)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     async def start(self) -> None:
         """Loads the configuration; when MongoDB is down, starts empty and keeps trying."""
         try:
@@ -67,7 +72,7 @@ class Registry:
         self._destinations, self._subscriptions = destinations, subscriptions
         self._runtime = runtime
         if changed:
-            for listener in self._listeners:
+            for listener in list(self._listeners):  # one may remove itself meanwhile
                 await listener()
 
     async def _refresh_loop(self) -> None:

@@ -71,6 +71,7 @@ class IngestPipeline:
                             publisher.kind, exc)
 
     async def close(self) -> None:
+        self._registry.remove_listener(self.prepare_topology)
         for drainer in self._drainers:
             await drainer.close()
 
