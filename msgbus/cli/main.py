@@ -17,6 +17,7 @@ import orjson
 from msgbus.cli.services_cmd import services
 from msgbus.cli.spool_cmd import spool
 from msgbus.cli.stack import ServiceApps, connection_settings, serve_until_signal, server
+from msgbus.services import pid_alive
 from msgbus.serving import ServerGroup, reuse_port_socket
 
 DEFAULT_STATE_DIR = Path(".msgbus")
@@ -140,13 +141,19 @@ def receiver(state_dir: Path, workers: int, reuse_port: bool) -> None:
 def _share_metrics_between_processes() -> None:
     """Let every process of this receiver (workers, drain processes) report its metrics on the
     /metrics of each: prometheus_client's multiprocess mode, in a directory of this receiver's
-    own (a parent's, when this is one of its workers), removed when it exits."""
+    own (a parent's, when this is one of its workers), removed when it exits. Directories that
+    receivers killed with -9 left behind (their pid is in the name) are removed here."""
     variable = "PROMETHEUS_MULTIPROC_DIR"
     if "prometheus_client" in sys.modules:
         raise RuntimeError(f"{variable} must be set before prometheus_client is imported")
     if os.environ.get(variable):
         return
-    path = tempfile.mkdtemp(prefix="msgbus-receiver-metrics-")
+    prefix = "msgbus-receiver-metrics-"
+    for left in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        owner = left.name[len(prefix):].split("-", 1)[0]
+        if owner.isdigit() and not pid_alive(int(owner)):
+            shutil.rmtree(left, ignore_errors=True)
+    path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
     os.environ[variable] = path
     atexit.register(shutil.rmtree, path, ignore_errors=True)
 
