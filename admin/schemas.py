@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, HttpUrl
 
-from msgbus.models import NAME_PATTERN, BrokerKind, RetryPolicy
+from msgbus.models import NAME_PATTERN, BrokerKind, MessageFilter, RetryPolicy
 
 
 class DestinationIn(BaseModel):
@@ -31,6 +31,9 @@ class SubscriptionIn(BaseModel):
     timeout_ms: int = Field(default=5000, ge=10, le=300_000)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     paused: bool = False
+    max_in_flight: int | None = Field(default=None, ge=1, le=100_000)
+    ordered_by_biz_id: bool = False
+    filters: list[MessageFilter] = Field(default_factory=list)
 
 
 class AppIn(BaseModel):

@@ -6,8 +6,9 @@ import contextlib
 import os
 import socket
 
+from dispatcher.backlog import BacklogMonitor
 from dispatcher.supervisor import WorkerSupervisor
-from msgbus.delivery.sender import HttpSender
+from msgbus.delivery.sender import make_sender
 from msgbus.delivery.trace import QUEUE as TRACE_QUEUE
 from msgbus.delivery.trace import TraceWriter
 from msgbus.localqueue import LocalQueue
@@ -32,8 +33,10 @@ class DispatcherService:
                                        max_bytes=TRACE_BUFFER_MAX_BYTES)
         self.trace = TraceWriter(self.trace_buffer, self.store,
                                  batch_size=settings.trace_batch_size)
-        self.sender = HttpSender(instance=self.instance)
+        self.sender = make_sender(settings.http_client, instance=self.instance)
         self.supervisor = WorkerSupervisor(settings, self.registry, self.sender, self.trace)
+        self.backlog = BacklogMonitor(self.store, self.supervisor.paused_partitions,
+                                      interval_s=settings.backlog_interval_s)
 
     async def start(self) -> None:
         await self.store.ensure_indexes()
@@ -41,8 +44,10 @@ class DispatcherService:
         self.trace.start()
         await self.registry.start()
         await self.supervisor.start()
+        self.backlog.start()
 
     async def close(self) -> None:
+        await self.backlog.close()
         await self.registry.close()
         await self.supervisor.close()
         await self.trace.close()

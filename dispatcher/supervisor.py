@@ -15,7 +15,7 @@ import logging
 
 from dispatcher.worker import SubscriptionWorker, is_for
 from msgbus.brokers.base import SubscriptionConsumer
-from msgbus.delivery.sender import HttpSender
+from msgbus.delivery.sender import Sender
 from msgbus.delivery.trace import TraceWriter
 from msgbus.models import BrokerKind, Envelope, Subscription, utcnow
 from msgbus.registry import Registry
@@ -31,7 +31,7 @@ def make_consumers(settings: DispatcherSettings, kinds: list[BrokerKind],
     """A subscription's consumers: one per configured cluster of each broker kind it reads
     (none for direct or an unconfigured broker)."""
     conn = settings.connections
-    max_buffered = max(64, 4 * subscription.max_concurrency)
+    max_buffered = subscription.in_flight_budget
     consumers: list[SubscriptionConsumer] = []
     for kind in kinds:
         for nodes in conn.clusters(kind).values():
@@ -49,7 +49,7 @@ def make_consumers(settings: DispatcherSettings, kinds: list[BrokerKind],
 
 
 class WorkerSupervisor:
-    def __init__(self, settings: DispatcherSettings, registry: Registry, sender: HttpSender,
+    def __init__(self, settings: DispatcherSettings, registry: Registry, sender: Sender,
                  trace: TraceWriter) -> None:
         self._settings = settings
         self._registry = registry
@@ -124,6 +124,14 @@ class WorkerSupervisor:
 
     def subscription_ids(self) -> list[str]:
         return sorted(self._workers)
+
+    def worker(self, sub_id: str) -> SubscriptionWorker | None:
+        entry = self._workers.get(sub_id)
+        return entry[1] if entry is not None else None
+
+    def paused_partitions(self) -> dict[str, int]:
+        """Per subscription served here, the Kafka partitions its consumers paused."""
+        return {sub_id: worker.paused_partitions for sub_id, (_, worker) in self._workers.items()}
 
     async def close(self) -> None:
         if self._resync is not None:

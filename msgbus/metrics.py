@@ -62,7 +62,29 @@ RECORD_RATE_LIMIT = Gauge(
     "The MongoDB record write rate in force (0 = unlimited), globally ('*') or per destination",
     ["destination"], multiprocess_mode="livemax")
 PUSHES = Counter(
-    "msgbus_pushes_total", "Pushes to subscribers by outcome", ["subscription", "outcome"])
+    "msgbus_pushes_total",
+    "Pushes to subscribers by outcome: delivered, failed (to be retried), parked (given up)",
+    ["subscription", "outcome"])
+SKIPPED = Counter(
+    "msgbus_messages_skipped_total", "Messages a subscription's filters left out (not pushed)",
+    ["subscription"])
+SLOT_WAIT = Histogram(
+    "msgbus_push_slot_wait_seconds",
+    "Time a message waited for one of its subscription's concurrency slots (semaphore)",
+    ["subscription"],
+    buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30))
+PAUSED_PARTITIONS = Gauge(
+    "msgbus_paused_partitions",
+    "Kafka partitions a subscription's consumers paused because its in-flight budget is full",
+    ["subscription"], multiprocess_mode="livesum")
+BACKLOG = Gauge(
+    "msgbus_subscription_backlog",
+    "Deliveries not yet done (pending, failed, retrying) per subscription, from the bus's "
+    "records; capped at 1,000,000", ["subscription"], multiprocess_mode="livemax")
+OLDEST_UNDELIVERED_AGE = Gauge(
+    "msgbus_subscription_oldest_undelivered_age_seconds",
+    "Age of the oldest message not yet delivered to the subscription (0: none)",
+    ["subscription"], multiprocess_mode="livemax")
 PUSH_LATENCY = Histogram(
     "msgbus_push_latency_seconds", "Subscriber response time", ["subscription"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))

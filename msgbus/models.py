@@ -41,6 +41,13 @@ class DeliveryStatus(StrEnum):
     DELIVERED = "delivered"  # the subscriber answered 2xx
     FAILED = "failed"  # last attempt failed; the compensator retries it
     PARKED = "parked"  # gave up by policy (dead letter); re-driven by hand
+    # failed; the dispatcher retries it in place, because the subscription is ordered by biz_id
+    # and the next message of the key waits for it
+    RETRYING = "retrying"
+    SKIPPED = "skipped"  # the subscription's filters did not match: not pushed, on purpose
+
+
+UNDELIVERED_STATUSES = (DeliveryStatus.PENDING, DeliveryStatus.FAILED, DeliveryStatus.RETRYING)
 
 
 @dataclass(slots=True)
@@ -65,6 +72,20 @@ class RetryPolicy(BaseModel):
     max_attempts: int | None = Field(default=None, ge=1, description="None: until success")
     max_age_s: float | None = Field(default=None, gt=0)
     permanent_status_codes: list[int] = Field(default_factory=list)
+
+
+FILTER_FIELD_PATTERN = r"^(biz_id|header:[A-Za-z0-9_.-]+|body:[^.\s][^\s]*)$"
+
+
+class MessageFilter(BaseModel):
+    """Deliver only messages whose `field` has one of `values` (compared as text).
+
+    `field` is `biz_id`, `header:<name>` (a message header, e.g. `header:tag`) or
+    `body:<dotted.path>` (a field of a JSON body, e.g. `body:order.country`; list items by
+    index, `body:items.0.sku`). A message without the field does not match."""
+
+    field: Annotated[str, Field(pattern=FILTER_FIELD_PATTERN)]
+    values: list[str] = Field(min_length=1, max_length=1000)
 
 
 class Destination(BaseModel):
@@ -127,6 +148,19 @@ class Subscription(BaseModel):
     timeout_ms: int = Field(default=5000, ge=10, le=300_000)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     paused: bool = False
+    max_in_flight: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description="Messages taken from the broker and not yet done (pushing, waiting for "
+                    "a slot or for their turn); default max(64, 4 * max_concurrency)")
+    ordered_by_biz_id: bool = Field(
+        default=False,
+        description="Messages with the same biz_id are pushed in the order received, the next "
+                    "only after the previous succeeded or was parked (failures are retried "
+                    "in place by the dispatcher); different biz_ids run in parallel")
+    filters: list[MessageFilter] = Field(
+        default_factory=list,
+        description="All must match for a message to be pushed; the others are recorded as "
+                    "skipped")
     signing_secrets: list[str] = Field(default_factory=lambda: [new_signing_secret()])
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
@@ -141,6 +175,10 @@ class Subscription(BaseModel):
     @property
     def id(self) -> str:
         return subscription_id(self.destination, self.name)
+
+    @property
+    def in_flight_budget(self) -> int:
+        return self.max_in_flight or max(64, 4 * self.max_concurrency)
 
 
 def subscription_id(destination: str, name: str) -> str:
@@ -181,3 +219,5 @@ class DeliveryOutcome:
     biz_id: str | None = None
     next_attempt_at: datetime | None = None
     parked: bool = False
+    retrying_in_place: bool = False  # an ordered subscription's dispatcher retries it itself
+    skipped: bool = False  # filtered out: no push was made; `result` says why

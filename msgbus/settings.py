@@ -98,6 +98,10 @@ class DispatcherSettings(BaseSettings):
     # After a destination switches brokers, how long its subscriptions keep consuming the
     # previous one (messages already there are still delivered).
     old_broker_drain_s: float = 3600.0
+    # How often the backlog and oldest-undelivered-age gauges are read from MongoDB.
+    backlog_interval_s: float = Field(default=15.0, gt=0)
+    # Push HTTP client; aiohttp by the `python -m bench.senders` figures in delivery/sender.py.
+    http_client: Literal["aiohttp", "httpx"] = "aiohttp"
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 
 

@@ -208,6 +208,7 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
                 consumer.resume(partitions)
             log.debug("kafka consumer %s %s %d partitions (%d in flight)", self.group,
                       "paused" if want_pause else "resumed", len(partitions), in_flight)
+        self.paused_partitions = len(partitions) if want_pause else 0
         self._paused = want_pause
         self._reapply_flow = False
 

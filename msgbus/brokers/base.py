@@ -79,6 +79,7 @@ class SubscriptionConsumer(ABC):
     def __init__(self, subscription: Subscription, *, max_buffered: int) -> None:
         self.subscription = subscription
         self.max_buffered = max_buffered
+        self.paused_partitions = 0  # Kafka: partitions paused because max_buffered is reached
 
     @abstractmethod
     async def start(self) -> None: ...

@@ -27,6 +27,7 @@ def encode_outcome(outcome: DeliveryOutcome) -> bytes:
         "l": r.latency_ms, "c": r.status_code, "e": r.error, "i": r.instance,
         "ra": r.retry_after_s, "d": outcome.destination, "ca": outcome.created_at,
         "b": outcome.biz_id, "na": outcome.next_attempt_at, "p": outcome.parked,
+        "rp": outcome.retrying_in_place, "sk": outcome.skipped,
     })
 
 
@@ -40,7 +41,8 @@ def decode_outcome(data: bytes) -> DeliveryOutcome:
         retry_after_s=d["ra"],
     )
     return DeliveryOutcome(result=result, destination=d["d"], created_at=created,
-                           biz_id=d["b"], next_attempt_at=_dt(d["na"]), parked=d["p"])
+                           biz_id=d["b"], next_attempt_at=_dt(d["na"]), parked=d["p"],
+                           retrying_in_place=d.get("rp", False), skipped=d.get("sk", False))
 
 
 class TraceWriter:

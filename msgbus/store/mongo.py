@@ -19,6 +19,7 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from msgbus.errors import Conflict, NotFound, Unavailable
 from msgbus.models import (
+    UNDELIVERED_STATUSES,
     DeliveryOutcome,
     DeliveryStatus,
     Destination,
@@ -190,9 +191,10 @@ class MongoStore:
         """
         if not outcomes:
             return
+        attempts = [docs.attempt_doc(o.result) for o in outcomes if not o.skipped]
         try:
-            await self.attempts.insert_many([docs.attempt_doc(o.result) for o in outcomes],
-                                            ordered=False)
+            if attempts:
+                await self.attempts.insert_many(attempts, ordered=False)
         except BulkWriteError as exc:
             _raise_unless_duplicates(exc)
         ops = [_state_update(group) for group in _group_by_delivery(outcomes).values()]
@@ -246,6 +248,19 @@ class MongoStore:
         return await self.deliveries.count_documents(
             {"subscription": subscription, "status": status.value})
 
+    async def backlog(self, subscription: str, cap: int) -> tuple[int, datetime | None]:
+        """Deliveries of a subscription not yet done (at most `cap` counted) and the creation
+        time of the oldest; one index-backed query per undelivered status."""
+        count, oldest = 0, None
+        for status in UNDELIVERED_STATUSES:
+            query = {"subscription": subscription, "status": status.value}
+            count += await self.deliveries.count_documents(query, limit=cap)
+            first = await self.deliveries.find_one(query, {"created_at": 1},
+                                                   sort=[("created_at", ASCENDING)])
+            if first is not None and (oldest is None or first["created_at"] < oldest):
+                oldest = first["created_at"]
+        return min(count, cap), oldest
+
 
 def _group_by_delivery(outcomes: Sequence[DeliveryOutcome]) -> dict[str, list[DeliveryOutcome]]:
     groups: dict[str, list[DeliveryOutcome]] = {}
@@ -271,8 +286,7 @@ def _state_update(group: list[DeliveryOutcome]) -> UpdateOne:
         fields.update(status=DeliveryStatus.DELIVERED.value, delivered_at=now, next_attempt_at=None)
         query: dict[str, Any] = {"_id": delivery_id(result.message_id, result.subscription)}
     else:
-        status = DeliveryStatus.PARKED if final.parked else DeliveryStatus.FAILED
-        fields.update(status=status.value, next_attempt_at=final.next_attempt_at)
+        fields.update(status=_failed_status(final).value, next_attempt_at=final.next_attempt_at)
         query = {"_id": delivery_id(result.message_id, result.subscription),
                  "status": {"$ne": DeliveryStatus.DELIVERED.value}}
     on_insert = {
@@ -282,5 +296,16 @@ def _state_update(group: list[DeliveryOutcome]) -> UpdateOne:
         "biz_id": final.biz_id,
         "created_at": final.created_at,
     }
-    return UpdateOne(query, {"$set": fields, "$inc": {"attempts": len(group)},
+    attempts = sum(1 for o in group if not o.skipped)
+    return UpdateOne(query, {"$set": fields, "$inc": {"attempts": attempts},
                              "$setOnInsert": on_insert}, upsert=True)
+
+
+def _failed_status(outcome: DeliveryOutcome) -> DeliveryStatus:
+    if outcome.skipped:
+        return DeliveryStatus.SKIPPED
+    if outcome.parked:
+        return DeliveryStatus.PARKED
+    if outcome.retrying_in_place:
+        return DeliveryStatus.RETRYING
+    return DeliveryStatus.FAILED

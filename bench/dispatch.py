@@ -1,0 +1,313 @@
+"""Dispatcher benchmark (issue 5): pushes/s of one dispatcher process against a raw aiohttp push
+loop, the isolation ratio of a healthy subscriber among bad neighbours, and accepted →
+subscriber latency at half of the measured capacity.
+
+    python -m bench.dispatch [--runs 3] [--messages 10000] [--isolation-messages 5000]
+                             [--latency-s 10] [--push-concurrency 16] [--quick]
+
+Everything runs on 127.0.0.1 in processes of its own (bench/dispatch_stack.py): tansu,
+SecantusDB, one `msgbus receiver`, one `msgbus dispatcher`, two subscriber processes and one
+load-generator process; all are stopped by PID at the end, also on Ctrl-C, SIGTERM or an error.
+
+Per run (runs are interleaved, and the order of the paired phases swaps on even runs, so
+machine noise hits both sides of every ratio alike):
+
+1. Pre-load, through the real receiver (batched POSTs), N messages into a "capacity" Kafka
+   destination and M into an "alone" and a "neighbours" destination, every subscription still
+   paused; then wait until the receiver has published and recorded everything.
+2. raw: the load process POSTs the same N bodies straight to the subscriber, with as many
+   requests in flight as the subscription's max_concurrency.
+   capacity: resume the one subscription; the dispatcher pushes the backlog to the same
+   subscriber. Both rates are (N - 1) ÷ (last arrival - first arrival) at the subscriber, so
+   the dispatcher's start and group join are not counted. ratio = dispatcher ÷ raw.
+   CPU: the dispatcher's /proc CPU time from resume until its trace is written, and the load
+   process's own CPU time, per 1000 pushes; "busy" is the dispatcher's CPU seconds per second
+   between the first and the last arrival (1.0 = one core).
+3. isolation: resume A alone (healthy) on "alone"; then A, B (never answers: the push ends in
+   the 1 s timeout), C (500 at once) and D (300 ms per request) on "neighbours", all with the
+   same max_concurrency and a 1 s timeout. A's rate as above; isolation ratio = A with the
+   neighbours ÷ A alone. B, C and D are paused again once A has everything (no compensator
+   runs: their failures are only recorded). Their push rates meanwhile are their request
+   counts at the subscriber ÷ A's delivery window.
+4. latency: resume a subscription on an empty destination, warm it up, then send single
+   messages through the receiver at half of this run's dispatcher rate for `--latency-s`
+   seconds. Latency = arrival at the subscriber - the moment the load process got the
+   receiver's 202 (one machine, one clock; a rare negative value is kept).
+Between phases it waits until the receiver's buffer and the dispatcher's trace backlog are
+empty. Progress goes to stderr; per-run lines, a min/median/max table and, as the last line,
+one JSON object go to stdout. Problems (missing messages, failed requests) make the exit code
+1; a missed goal does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from bench import dispatch_load
+from bench.dispatch_report import RunFigures, json_figures, rounded, summarize, table
+from bench.dispatch_stack import DispatchStack, wait_for
+from bench.report import out, say
+
+ISOLATION_TIMEOUT_MS = 1000
+WARMUP_MESSAGES = 50
+LATENCY_BASE_N = 1_000_000  # message numbers of the measured latency load start here
+
+
+def window(records: list[tuple[int, float, float]]) -> tuple[float, float]:
+    arrivals = [a for _, _, a in records]
+    return (min(arrivals), max(arrivals)) if arrivals else (0.0, 0.0)
+
+
+def rate_of(records: list[tuple[int, float, float]]) -> float:
+    first, last = window(records)
+    return (len(records) - 1) / (last - first) if len(records) > 1 and last > first else 0.0
+
+
+class DispatchBench:
+    def __init__(self, args: argparse.Namespace, stack: DispatchStack) -> None:
+        self.args = args
+        self.s = stack
+
+    def sub(self, kind: str, label: str) -> str:
+        base = self.s.sub_url if kind == "hook" else self.s.neighbours_url
+        return f"{base}/{kind}/{label}"
+
+    def wait_delivered(self, what: str, label: str, count: int,
+                       future: Future[dict[str, Any]] | None = None) -> dict[str, float]:
+        """Wait until the subscriber holds messages 0..count-1 of `label`; samples the
+        dispatcher's CPU at the first and at the last poll that saw progress."""
+        seen: dict[str, float] = {}
+
+        def done() -> bool:
+            self.s.check_alive()
+            if future is not None and future.done() and future.exception() is not None:
+                raise RuntimeError(f"{what}: the load process failed: {future.exception()!r}")
+            got = self.s.count(self.s.sub_url, label, 0, count)["unique"]
+            if got and "t0" not in seen:
+                seen["t0"], seen["cpu0"] = time.monotonic(), self.s.dispatcher_cpu_s()
+            seen["got"] = got
+            if got >= count:
+                seen["t1"], seen["cpu1"] = time.monotonic(), self.s.dispatcher_cpu_s()
+            return got >= count
+
+        wait_for(what, done, self.args.timeout, lambda: f"{seen.get('got', 0)}/{count} delivered")
+        return seen
+
+    # ---- phases ---------------------------------------------------------------------------
+
+    def raw(self, fig: RunFigures) -> None:
+        label, n = f"raw-{fig.run}", self.args.messages
+        say(f"run {fig.run}: raw aiohttp loop, {n} pushes")
+        future = self.s.submit(dispatch_load.raw_push, url=self.sub("hook", label), start=0,
+                               count=n, concurrency=self.args.push_concurrency,
+                               deadline=time.time() + self.args.timeout)
+        self.wait_delivered(f"run {fig.run} raw", label, n, future)
+        result = future.result(timeout=60)
+        if result["failed"] or result["not_sent"]:
+            fig.problems.append(f"raw loop: {result['failed']} failed, {result['not_sent']} "
+                                "not sent")
+        fig.raw_pushes_per_s = rate_of(self.s.records(self.s.sub_url, label, 0, n))
+        fig.raw_cpu_ms_per_1k = result["cpu_s"] * 1e6 / n
+
+    def capacity(self, fig: RunFigures, sub_ids: list[str]) -> None:
+        label, n = f"cap-{fig.run}", self.args.messages
+        say(f"run {fig.run}: dispatcher, backlog of {n} messages")
+        cpu_start = self.s.dispatcher_cpu_s()
+        self.s.set_paused(sub_ids, False)
+        seen = self.wait_delivered(f"run {fig.run} dispatcher", label, n)
+        wait_for("trace", lambda: self.s.trace_backlog() == 0, self.args.timeout)
+        cpu_end = self.s.dispatcher_cpu_s()
+        self.s.set_paused(sub_ids, True)
+        fig.dispatcher_pushes_per_s = rate_of(self.s.records(self.s.sub_url, label, 0, n))
+        fig.dispatcher_cpu_ms_per_1k = (cpu_end - cpu_start) * 1e6 / n
+        if seen["t1"] > seen["t0"]:
+            fig.dispatcher_cpu_busy = (seen["cpu1"] - seen["cpu0"]) / (seen["t1"] - seen["t0"])
+        self.s.wait_workers_stopped(sub_ids)
+
+    def isolation(self, fig: RunFigures, sub_ids: list[str], *, neighbours: bool) -> None:
+        label, n = f"iso-{'mixed' if neighbours else 'alone'}-{fig.run}", self.args.iso_messages
+        say(f"run {fig.run}: subscriber A {'with B, C, D' if neighbours else 'alone'}, "
+            f"backlog of {n}")
+        self.s.set_paused(sub_ids, False)
+        self.wait_delivered(f"run {fig.run} {label}", label, n)
+        hits = {k: self.s.hits(self.s.neighbours_url, f"{k}-{fig.run}") for k in "bcd"}
+        self.s.set_paused(sub_ids, True)
+        records = self.s.records(self.s.sub_url, label, 0, n)
+        rate = rate_of(records)
+        if not neighbours:
+            fig.alone_pushes_per_s = rate
+        else:
+            fig.with_neighbours_pushes_per_s = rate
+            first, last = window(records)
+            span = max(last - first, 1e-9)
+            fig.neighbour_b_per_s = hits["b"] / span
+            fig.neighbour_c_per_s = hits["c"] / span
+            fig.neighbour_d_per_s = hits["d"] / span
+        self.s.wait_workers_stopped(sub_ids)
+
+    def latency(self, fig: RunFigures, code: str, sub_ids: list[str]) -> None:
+        label = f"lat-{fig.run}"
+        rate = fig.dispatcher_pushes_per_s / 2
+        count = max(1, int(rate * self.args.latency_s))
+        url = f"{self.s.receiver_url}/v1/destinations/{code}/messages"
+        self.s.set_paused(sub_ids, False)
+        say(f"run {fig.run}: latency, warming up the subscription")
+        warm = self.s.submit(dispatch_load.paced_send, url=url, api_key=self.s.api_key, start=0,
+                             count=WARMUP_MESSAGES, rate_per_s=50.0, concurrency=8,
+                             deadline=time.time() + self.args.timeout)
+        self.wait_delivered(f"run {fig.run} latency warm-up", label, WARMUP_MESSAGES, warm)
+        warm.result(timeout=60)
+        say(f"run {fig.run}: latency, {count} messages at {rate:,.0f}/s through the receiver")
+        lo = LATENCY_BASE_N
+        future = self.s.submit(dispatch_load.paced_send, url=url, api_key=self.s.api_key,
+                               start=lo, count=count, rate_per_s=rate,
+                               concurrency=self.args.latency_concurrency,
+                               deadline=time.time() + self.args.latency_s + 30)
+        result = future.result(timeout=self.args.latency_s + 90)
+        accepted: dict[int, float] = result["accepted_at"]
+
+        def delivered() -> int:
+            return self.s.count(self.s.sub_url, label, lo, lo + count)["unique"]
+
+        with contextlib.suppress(TimeoutError):
+            wait_for(f"run {fig.run} latency delivery", lambda: delivered() >= len(accepted),
+                     self.args.timeout, lambda: f"{delivered()}/{len(accepted)} delivered")
+        self.s.set_paused(sub_ids, True)
+        arrivals = {n: a for n, _, a in self.s.records(self.s.sub_url, label, lo, lo + count)}
+        fig.latencies_ms = [(arrivals[n] - t) * 1000 for n, t in accepted.items()
+                            if n in arrivals]
+        fig.answer_ms = result["answer_ms"]
+        fig.latency_offered_per_s = rate
+        fig.latency_achieved_per_s = len(accepted) / max(result["finished"] - result["started"],
+                                                         1e-9)
+        missing = len(accepted) - len(fig.latencies_ms)
+        if missing:
+            fig.problems.append(f"latency: {missing} accepted messages never delivered")
+        if result["problems"] or len(accepted) < count:
+            fig.problems.append(f"latency load: {count - len(accepted)} not accepted "
+                                f"{result['problems']}")
+        self.s.wait_workers_stopped(sub_ids)
+
+    # ---- one run --------------------------------------------------------------------------
+
+    def run_once(self, run: int) -> RunFigures:
+        a = self.args
+        fig = RunFigures(run)
+        tag = f"{self.s.run_id}-r{run}"
+
+        def create(name: str, subscribers: dict[str, str], timeout_ms: int = 5000) -> list[str]:
+            return self.s.create(f"dispatch-{tag}-{name}", subscribers,
+                                 concurrency=a.push_concurrency, timeout_ms=timeout_ms)
+
+        cap = create("cap", {"a": self.sub("hook", f"cap-{run}")})
+        alone = create("alone", {"a": self.sub("hook", f"iso-alone-{run}")},
+                       ISOLATION_TIMEOUT_MS)
+        mixed = create("mixed", {"a": self.sub("hook", f"iso-mixed-{run}"),
+                                 "b": self.sub("hang", f"b-{run}"),
+                                 "c": self.sub("fail", f"c-{run}"),
+                                 "d": self.sub("slow", f"d-{run}")}, ISOLATION_TIMEOUT_MS)
+        lat = create("lat", {"a": self.sub("hook", f"lat-{run}")})
+        say(f"run {run}: pre-loading {a.messages} + 2 x {a.iso_messages} messages through the "
+            "receiver")
+        began = time.monotonic()
+        self.s.preload(f"dispatch-{tag}-cap", 0, a.messages)
+        self.s.preload(f"dispatch-{tag}-alone", 0, a.iso_messages)
+        self.s.preload(f"dispatch-{tag}-mixed", 0, a.iso_messages)
+        accepted_s = time.monotonic() - began
+        settled_s = self.s.wait_quiet(f"run {run} pre-load", a.timeout * 2)
+        say(f"run {run}: pre-load accepted in {accepted_s:.1f} s, published and recorded "
+            f"{settled_s:.1f} s later")
+
+        swap = run % 2 == 0
+        for step in (("capacity", "raw") if swap else ("raw", "capacity")):
+            if step == "raw":
+                self.raw(fig)
+            else:
+                self.capacity(fig, cap)
+            self.s.wait_quiet(f"run {run}", a.timeout)
+        for neighbours in ((True, False) if swap else (False, True)):
+            self.isolation(fig, mixed if neighbours else alone, neighbours=neighbours)
+            self.s.wait_quiet(f"run {run}", a.timeout)
+        self.latency(fig, f"dispatch-{tag}-lat", lat)
+        self.s.wait_quiet(f"run {run}", a.timeout)
+        return fig
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.dispatch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=10_000,
+                        help="backlog of the capacity phase, and pushes of the raw loop")
+    parser.add_argument("--isolation-messages", dest="iso_messages", type=int, default=5_000,
+                        help="backlog of each isolation phase")
+    parser.add_argument("--latency-s", type=float, default=10.0,
+                        help="seconds of paced load in the latency phase")
+    parser.add_argument("--push-concurrency", type=int, default=16,
+                        help="every subscription's max_concurrency, and the raw loop's "
+                             "requests in flight (the product default is 16)")
+    parser.add_argument("--latency-concurrency", type=int, default=64,
+                        help="most requests in flight of the paced load")
+    parser.add_argument("--timeout", type=float, default=180.0,
+                        help="seconds any one wait may take before the run gives up")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke check: 1 run, 3000 / 2000 messages, 4 s of latency load")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.runs, args.messages, args.iso_messages, args.latency_s = 1, 3000, 2000, 4.0
+    if min(args.runs, args.messages, args.iso_messages, args.push_concurrency) < 1 or \
+            args.latency_s <= 0:
+        parser.error("counts and durations must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
+    began = time.monotonic()
+    out(f"dispatch benchmark: {args.runs} run(s); {args.messages} messages for capacity, "
+        f"{args.iso_messages} per isolation phase, {args.latency_s:g} s of latency load; "
+        f"push concurrency {args.push_concurrency}")
+    runs: list[RunFigures] = []
+    try:
+        with contextlib.ExitStack() as exits:
+            workdir = Path(tempfile.mkdtemp(prefix="msgbus-dispatch-bench-"))
+            exits.callback(shutil.rmtree, workdir, ignore_errors=True)
+            stack = DispatchStack(workdir, exits)
+            stack.start()
+            bench = DispatchBench(args, stack)
+            for run in range(1, args.runs + 1):
+                runs.append(bench.run_once(run))
+                for line in runs[-1].lines():
+                    out(line)
+            say("done; stopping what the benchmark started")
+    except KeyboardInterrupt:
+        say("interrupted; everything the benchmark started was stopped")
+        return 130
+    summary = summarize(runs)
+    out()
+    for line in table(summary):
+        out(line)
+    elapsed_s = time.monotonic() - began
+    out(f"wall time {elapsed_s:.0f} s")
+    config = {"runs": args.runs, "messages": args.messages, "isolation_messages":
+              args.iso_messages, "latency_s": args.latency_s,
+              "push_concurrency": args.push_concurrency,
+              "isolation_timeout_ms": ISOLATION_TIMEOUT_MS, "elapsed_s": elapsed_s}
+    figures = json_figures(summary, runs, config)
+    out(json.dumps(rounded(figures), separators=(",", ":")))
+    return 1 if figures["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Figures of `python -m bench.dispatch`: one `RunFigures` per run, min/median/max over runs,
+the table and the final JSON object."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bench.report import cell, percentile, spread
+
+GOAL_RATIO_VS_RAW = 0.70
+
+# figure -> (table label, format)
+FIGURES: dict[str, tuple[str, str]] = {
+    "raw_pushes_per_s": ("raw aiohttp push loop, pushes/s", ",.0f"),
+    "dispatcher_pushes_per_s": ("dispatcher (1 process), pushes/s", ",.0f"),
+    "ratio_vs_raw_push": ("dispatcher ÷ raw loop", ".3f"),
+    "raw_cpu_ms_per_1k": ("raw loop CPU ms per 1000 pushes", ",.0f"),
+    "dispatcher_cpu_ms_per_1k": ("dispatcher CPU ms per 1000 pushes", ",.0f"),
+    "dispatcher_cpu_busy": ("dispatcher CPU while pushing, cores", ".2f"),
+    "alone_pushes_per_s": ("A alone, pushes/s", ",.0f"),
+    "with_neighbours_pushes_per_s": ("A with B, C, D, pushes/s", ",.0f"),
+    "isolation_ratio": ("isolation ratio (with ÷ alone)", ".3f"),
+    "neighbour_c_per_s": ("  C (500s) pushes/s meanwhile", ",.0f"),
+    "neighbour_d_per_s": ("  D (300 ms) pushes/s meanwhile", ",.1f"),
+    "neighbour_b_per_s": ("  B (timeouts) pushes/s meanwhile", ",.1f"),
+    "latency_offered_per_s": ("latency load offered, msg/s", ",.0f"),
+    "latency_achieved_per_s": ("latency load accepted, msg/s", ",.0f"),
+    "p50_ms": ("accepted → subscriber p50 ms", ".1f"),
+    "p99_ms": ("accepted → subscriber p99 ms", ".1f"),
+    "max_ms": ("accepted → subscriber max ms", ".1f"),
+    "answer_p50_ms": ("send → 202 p50 ms", ".1f"),
+    "answer_p99_ms": ("send → 202 p99 ms", ".1f"),
+}
+
+
+@dataclass
+class RunFigures:
+    run: int
+    raw_pushes_per_s: float = math.nan
+    dispatcher_pushes_per_s: float = math.nan
+    raw_cpu_ms_per_1k: float = math.nan
+    dispatcher_cpu_ms_per_1k: float = math.nan
+    dispatcher_cpu_busy: float = math.nan
+    alone_pushes_per_s: float = math.nan
+    with_neighbours_pushes_per_s: float = math.nan
+    neighbour_b_per_s: float = math.nan
+    neighbour_c_per_s: float = math.nan
+    neighbour_d_per_s: float = math.nan
+    latency_offered_per_s: float = math.nan
+    latency_achieved_per_s: float = math.nan
+    latencies_ms: list[float] = field(default_factory=list, repr=False)
+    answer_ms: list[float] = field(default_factory=list, repr=False)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ratio_vs_raw_push(self) -> float:
+        return self.dispatcher_pushes_per_s / self.raw_pushes_per_s
+
+    @property
+    def isolation_ratio(self) -> float:
+        return self.with_neighbours_pushes_per_s / self.alone_pushes_per_s
+
+    @property
+    def p50_ms(self) -> float:
+        return percentile(self.latencies_ms, 50)
+
+    @property
+    def p99_ms(self) -> float:
+        return percentile(self.latencies_ms, 99)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.latencies_ms, default=math.nan)
+
+    @property
+    def answer_p50_ms(self) -> float:
+        return percentile(self.answer_ms, 50)
+
+    @property
+    def answer_p99_ms(self) -> float:
+        return percentile(self.answer_ms, 99)
+
+    def figure(self, name: str) -> float:
+        return float(getattr(self, name))
+
+    def lines(self) -> list[str]:
+        r = self
+        lines = [
+            f"run {r.run}  push: raw loop {r.raw_pushes_per_s:,.0f}/s, dispatcher "
+            f"{r.dispatcher_pushes_per_s:,.0f}/s, ratio {r.ratio_vs_raw_push:.3f}; CPU ms per "
+            f"1000 pushes raw {r.raw_cpu_ms_per_1k:,.0f}, dispatcher "
+            f"{r.dispatcher_cpu_ms_per_1k:,.0f} (dispatcher busy {r.dispatcher_cpu_busy:.2f} "
+            "cores while pushing)",
+            f"run {r.run}  isolation: A alone {r.alone_pushes_per_s:,.0f}/s, with neighbours "
+            f"{r.with_neighbours_pushes_per_s:,.0f}/s, ratio {r.isolation_ratio:.3f} "
+            f"(meanwhile B {r.neighbour_b_per_s:,.1f}/s, C {r.neighbour_c_per_s:,.0f}/s, "
+            f"D {r.neighbour_d_per_s:,.1f}/s)",
+            f"run {r.run}  latency at {r.latency_offered_per_s:,.0f} msg/s offered "
+            f"({r.latency_achieved_per_s:,.0f} accepted), {len(r.latencies_ms)} messages: "
+            f"accepted → subscriber p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, max "
+            f"{r.max_ms:.1f} ms; send → 202 p50 {r.answer_p50_ms:.1f} ms, p99 "
+            f"{r.answer_p99_ms:.1f} ms",
+        ]
+        return lines + [f"run {r.run}  PROBLEM: {p}" for p in r.problems]
+
+
+def summarize(runs: list[RunFigures]) -> dict[str, dict[str, float]]:
+    return {name: spread([r.figure(name) for r in runs]) for name in FIGURES}
+
+
+def table(summary: dict[str, dict[str, float]]) -> list[str]:
+    head = f"{'figure':<40} {'min / median / max':>32}"
+    lines = [head, "-" * len(head)]
+    for name, (label, fmt) in FIGURES.items():
+        lines.append(f"{label:<40} {cell(summary[name], fmt):>32}")
+    ratio = summary["ratio_vs_raw_push"]["median"]
+    verdict = "met" if ratio >= GOAL_RATIO_VS_RAW else "MISSED"
+    lines.append(f"\ngoal: dispatcher ≥ {GOAL_RATIO_VS_RAW:.0%} of the raw loop (median): "
+                 f"{ratio:.1%} -> {verdict}")
+    return lines
+
+
+def json_figures(summary: dict[str, dict[str, float]], runs: list[RunFigures],
+                 config: dict[str, Any]) -> dict[str, Any]:
+    medians = {name: s["median"] for name, s in summary.items()}
+    ratio = medians["ratio_vs_raw_push"]
+    return {
+        "bench": "dispatch",
+        "ratio_vs_raw_push": ratio,
+        "isolation_ratio": medians["isolation_ratio"],
+        "p50_ms": medians["p50_ms"],
+        "p99_ms": medians["p99_ms"],
+        "dispatcher_pushes_per_s": medians["dispatcher_pushes_per_s"],
+        "raw_pushes_per_s": medians["raw_pushes_per_s"],
+        "goals": {"ratio_vs_raw_push": {"goal": GOAL_RATIO_VS_RAW,
+                                        "met": bool(ratio >= GOAL_RATIO_VS_RAW)}},
+        "spread": summary,
+        "runs": [{k: v for k, v in asdict(r).items() if k not in ("latencies_ms", "answer_ms")}
+                 | {name: r.figure(name) for name in FIGURES} for r in runs],
+        "config": config,
+        "problems": [f"run {r.run}: {p}" for r in runs for p in r.problems],
+    }
+
+
+def rounded(value: Any) -> Any:
+    """Round floats in nested dicts and lists for the JSON line; nan becomes None."""
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    if isinstance(value, float):
+        return None if not math.isfinite(value) else round(value, 3 if abs(value) < 10 else 1)
+    return value

@@ -1,0 +1,282 @@
+"""What `python -m bench.dispatch` runs, started from scratch on 127.0.0.1 and stopped by PID.
+
+- tansu (Kafka protocol) and SecantusDB (MongoDB protocol) on free ports (`msgbus.services`);
+- two subscriber processes (bench/dispatch_subscriber.py): "sub" for the healthy subscribers
+  and the raw baseline, "neighbours" for the hanging, failing and slow ones, so that serving
+  the bad neighbours never costs the healthy subscriber's process anything;
+- one dispatcher (`msgbus dispatcher`) and one receiver (`msgbus receiver --workers 1`, with
+  its drain process), the production entry points, each in processes of their own;
+- a one-process `ProcessPoolExecutor` (spawn) for the load generators (bench/dispatch_load.py).
+
+Destinations (Kafka) and subscriptions are written to MongoDB with the product's `MongoStore`;
+a subscription is paused and resumed by saving it again, as the admin API does, and the
+dispatcher follows within one registry refresh (`MSGBUS_CONFIG_REFRESH_S`, 1 s here).
+Every process is registered on the caller's ExitStack, so it is stopped also on Ctrl-C or an
+error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import HttpUrl
+
+from bench.dispatch_load import body
+from bench.report import say
+from msgbus import services
+from msgbus.auth import hash_api_key, new_api_key
+from msgbus.ids import uuid7
+from msgbus.models import BrokerKind, Destination, Subscription
+from msgbus.store import MongoStore
+
+HOST = "127.0.0.1"
+APP_NAME = "bench-dispatch"
+STOP_TIMEOUT_S = 30.0
+PRELOAD_BATCH = 500  # the receiver's max_batch_count
+PROGRESS_EVERY_S = 2.0
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout_s: float,
+             progress: Callable[[], str] | None = None, interval_s: float = 0.1) -> float:
+    """Poll `condition` until true; returns the seconds waited. Raises after `timeout_s`."""
+    began = time.monotonic()
+    next_note = began + PROGRESS_EVERY_S
+    while not condition():
+        now = time.monotonic()
+        if now - began > timeout_s:
+            raise TimeoutError(f"{what}: not done after {timeout_s:.0f} s"
+                               + (f" ({progress()})" if progress else ""))
+        if progress is not None and now >= next_note:
+            say(f"  {what}: {progress()} ({now - began:.0f} s)")
+            next_note += PROGRESS_EVERY_S
+        time.sleep(interval_s)
+    return time.monotonic() - began
+
+
+class DispatchStack:
+    def __init__(self, workdir: Path, stack: contextlib.ExitStack) -> None:
+        self.workdir = workdir
+        self.stack = stack
+        self.logs = workdir / "logs"
+        self.run_id = secrets.token_hex(3)
+        self.mongo_db = f"bench_dispatch_{self.run_id}"
+        self.api_key = new_api_key()
+        self.subscriptions: dict[str, Subscription] = {}
+        self._processes: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+        self.env: dict[str, str] = {}
+
+    # ---- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        tansu = services.start_tansu(services.free_port(), self.logs)
+        self.stack.callback(tansu.stop)
+        secantus = services.start_secantus(services.free_port(), self.workdir / "mongo", self.logs)
+        self.stack.callback(secantus.stop)
+        self.mongo_uri = secantus.url
+        self.http = httpx.Client(timeout=30)
+        self.stack.callback(self.http.close)
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")},
+            "MSGBUS_MONGO_URI": self.mongo_uri, "MSGBUS_MONGO_DB": self.mongo_db,
+            "MSGBUS_KAFKA_BOOTSTRAP": tansu.url, "MSGBUS_CONFIG_REFRESH_S": "1",
+            "MSGBUS_INTERNAL_TOKEN": secrets.token_urlsafe(24),
+        }
+        self._call(self._prepare_store())
+
+        self.sub_url = self._start_subscriber("sub")
+        self.neighbours_url = self._start_subscriber("neighbours")
+
+        port = services.free_port()
+        self.dispatcher_url = f"http://{HOST}:{port}"
+        self.dispatcher = self._spawn("dispatcher", self._msgbus("dispatcher"),
+                                      MSGBUS_DISPATCHER_HOST=HOST,
+                                      MSGBUS_DISPATCHER_PORT=str(port))
+        port = services.free_port()
+        self.receiver_url = f"http://{HOST}:{port}"
+        self._spawn("receiver", [*self._msgbus("receiver"), "--workers", "1"],
+                    MSGBUS_RECEIVER_HOST=HOST, MSGBUS_RECEIVER_PORT=str(port),
+                    MSGBUS_RECEIVER_DISPATCHER_URL=self.dispatcher_url)
+        self._wait_healthy("dispatcher", self.dispatcher_url)
+        self._wait_healthy("receiver", self.receiver_url)
+
+        self.load = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self.stack.callback(self.load.shutdown, wait=True, cancel_futures=True)
+
+    def _start_subscriber(self, name: str) -> str:
+        port = services.free_port()
+        self._spawn(name, [sys.executable, "-c",
+                           f"from bench.dispatch_subscriber import serve; serve({port})"])
+        services.wait_for_port(HOST, port, 30)
+        return f"http://{HOST}:{port}"
+
+    def _msgbus(self, command: str) -> list[str]:
+        return [sys.executable, "-m", "msgbus.cli", command,
+                "--state-dir", str(self.workdir / command / "state")]
+
+    def _spawn(self, name: str, command: list[str], **env: str) -> subprocess.Popen[bytes]:
+        log_path = self.logs / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(command, env={**self.env, **env}, stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        self.stack.callback(_stop, process, name)
+        self._processes.append((name, process, log_path))
+        return process
+
+    def check_alive(self) -> None:
+        for name, process, log_path in self._processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {process.returncode}"
+                                   + services.log_tail(log_path))
+
+    def _wait_healthy(self, name: str, url: str, timeout_s: float = 60) -> None:
+        def healthy() -> bool:
+            self.check_alive()
+            with contextlib.suppress(httpx.HTTPError):
+                return self.http.get(f"{url}/health").status_code == 200
+            return False
+
+        waited = wait_for(f"{name} start", healthy, timeout_s)
+        say(f"{name} ready on {url} after {waited:.1f} s")
+
+    # ---- MongoDB: the app, destinations, subscriptions ------------------------------------
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run(coro)
+
+    async def _prepare_store(self) -> None:
+        store = MongoStore(self.mongo_uri, self.mongo_db)
+        try:
+            await store.ensure_indexes()
+            await store.create_app(APP_NAME, hash_api_key(self.api_key), ["*"])
+        finally:
+            await store.close()
+
+    def create(self, code: str, subscribers: dict[str, str], *, concurrency: int,
+               timeout_ms: int) -> list[str]:
+        """A Kafka destination with paused subscriptions {name: url}; returns their ids."""
+        subs = [Subscription(destination=code, name=name, url=HttpUrl(url), paused=True,
+                             max_concurrency=concurrency, timeout_ms=timeout_ms)
+                for name, url in subscribers.items()]
+
+        async def save() -> None:
+            store = MongoStore(self.mongo_uri, self.mongo_db)
+            try:
+                await store.save_destination(Destination(code=code, broker=BrokerKind.KAFKA))
+                for sub in subs:
+                    await store.save_subscription(sub)
+            finally:
+                await store.close()
+
+        self._call(save())
+        self.subscriptions.update({s.id: s for s in subs})
+        return [s.id for s in subs]
+
+    def set_paused(self, sub_ids: list[str], paused: bool) -> None:
+        changed = [self.subscriptions[i].model_copy(update={"paused": paused})
+                   for i in sub_ids]
+
+        async def save() -> None:
+            store = MongoStore(self.mongo_uri, self.mongo_db)
+            try:
+                for sub in changed:
+                    await store.save_subscription(sub)
+            finally:
+                await store.close()
+
+        self._call(save())
+        self.subscriptions.update({s.id: s for s in changed})
+
+    def running_workers(self) -> set[str]:
+        return set(self.http.get(f"{self.dispatcher_url}/health").json()["subscriptions"])
+
+    def wait_workers_stopped(self, sub_ids: list[str], timeout_s: float = 60) -> None:
+        wait_for("stopping workers", lambda: not self.running_workers() & set(sub_ids),
+                 timeout_s, lambda: f"running {sorted(self.running_workers() & set(sub_ids))}",
+                 interval_s=0.2)
+
+    # ---- the receiver ---------------------------------------------------------------------
+
+    def preload(self, code: str, start: int, count: int) -> None:
+        """Send messages n = start .. start+count-1 through the receiver in batches."""
+        headers = {"authorization": f"Bearer {self.api_key}"}
+        for lo in range(start, start + count, PRELOAD_BATCH):
+            hi = min(lo + PRELOAD_BATCH, start + count)
+            messages = [{"message_id": uuid7(), "destination": code, "body": body(n)}
+                        for n in range(lo, hi)]
+            response = self.http.post(f"{self.receiver_url}/v1/messages", headers=headers,
+                                      json={"messages": messages})
+            response.raise_for_status()
+            refused = [r for r in response.json()["results"] if r["status"] != 202]
+            if refused:
+                raise RuntimeError(f"the receiver refused {len(refused)} messages of {code}: "
+                                   f"{refused[0]}")
+
+    def receiver_buffered(self) -> int:
+        return int(sum(self.http.get(f"{self.receiver_url}/health").json()["buffer"].values()))
+
+    def trace_backlog(self) -> int:
+        return int(self.http.get(f"{self.dispatcher_url}/health").json()["trace_backlog"])
+
+    def wait_quiet(self, what: str, timeout_s: float) -> float:
+        """Wait until the receiver has published and recorded everything it accepted and the
+        dispatcher has written its trace to MongoDB, so one phase's background writes do not
+        slow the next. Returns the seconds waited."""
+        return wait_for(
+            f"{what}: settling", lambda: self.receiver_buffered() == 0
+            and self.trace_backlog() == 0, timeout_s,
+            lambda: (f"receiver buffer {self.receiver_buffered()}, dispatcher trace backlog "
+                     f"{self.trace_backlog()}"), interval_s=0.25)
+
+    # ---- the subscribers ------------------------------------------------------------------
+
+    def count(self, base_url: str, label: str, lo: int, hi: int) -> dict[str, int]:
+        return dict(self.http.get(f"{base_url}/_count/{label}",
+                                  params={"lo": lo, "hi": hi}).json())
+
+    def records(self, base_url: str, label: str, lo: int,
+                hi: int) -> list[tuple[int, float, float]]:
+        rows = self.http.get(f"{base_url}/_records/{label}", params={"lo": lo, "hi": hi}).json()
+        return [(int(n), float(s), float(a)) for n, s, a in rows]
+
+    def hits(self, base_url: str, label: str) -> int:
+        return int(self.http.get(f"{base_url}/_hits/{label}").json()["hits"])
+
+    def submit(self, fn: Callable[..., dict[str, Any]], **kwargs: Any) -> Future[dict[str, Any]]:
+        return self.load.submit(fn, **kwargs)
+
+    def dispatcher_cpu_s(self) -> float:
+        return process_cpu_s(self.dispatcher.pid)
+
+
+def _stop(process: subprocess.Popen[bytes], name: str) -> None:
+    """SIGTERM a process we started, SIGKILL it if it lingers."""
+    if process.poll() is not None:
+        return
+    say(f"stopping {name} (pid {process.pid})")
+    process.terminate()
+    try:
+        process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)

@@ -1,0 +1,105 @@
+"""Subscribers of `python -m bench.dispatch`: raw ASGI under uvicorn, in a process of their own.
+
+One app answers four kinds of subscriber, chosen by the first path segment:
+
+- `POST /hook/<label>`: healthy. Records each message like `bench.subscriber.Recorder` (per
+  body `n`: the body's `sent_at` and the arrival `time.time()`), answers 200 at once.
+- `POST /hang/<label>`: never answers in time. Reads the request, then waits until the client
+  gives up and disconnects (at most `HANG_MAX_S`), so a push always ends in the dispatcher's
+  timeout and no request is left open for long.
+- `POST /fail/<label>`: answers 500 at once.
+- `POST /slow/<label>`: takes `SLOW_S` (300 ms), then records the message and answers 200.
+
+`GET /_hits/<label>` -> `{"hits": requests received}` (every kind counts its requests);
+`GET /_count/<label>?lo=A&hi=B` and `GET /_records/<label>?lo=A&hi=B` as in bench.subscriber.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections import Counter
+from typing import Any
+
+import orjson
+
+from bench.subscriber import Recorder
+from msgbus.asgi import answer_lifespan, read_body, respond
+
+HOST = "127.0.0.1"
+SLOW_S = 0.3
+HANG_MAX_S = 30.0
+
+
+class DispatchSubscriber:
+    def __init__(self) -> None:
+        self.recorder = Recorder()
+        self.hits: Counter[str] = Counter()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if await answer_lifespan(scope, receive, send):
+            return
+        if scope["type"] != "http":
+            return
+        kind, _, label = scope["path"][1:].partition("/")
+        if scope["method"] == "GET":
+            if kind == "_hits":
+                await respond(send, 200, orjson.dumps({"hits": self.hits[label]}),
+                              b"application/json")
+            else:
+                await self.recorder(scope, receive, send)  # _count, _records, 404
+            return
+        self.hits[label] += 1
+        if kind == "hook":
+            self.recorder.record(label, await read_body(receive), time.time())
+            await respond(send, 200, b"ok")
+        elif kind == "fail":
+            await read_body(receive)
+            await respond(send, 500, b"failing on purpose")
+        elif kind == "slow":
+            body = await read_body(receive)
+            await asyncio.sleep(SLOW_S)
+            self.recorder.record(label, body, time.time())
+            await respond(send, 200, b"ok")
+        elif kind == "hang":
+            await read_body(receive)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_disconnected(receive), HANG_MAX_S)
+            with contextlib.suppress(Exception):  # the client is usually gone by now
+                await respond(send, 504, b"too late")
+        else:
+            await respond(send, 404, b"not found")
+
+
+async def _disconnected(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def serve(port: int) -> None:
+    """Process target: serve a `DispatchSubscriber` on 127.0.0.1:`port` until SIGTERM.
+    SIGINT is ignored (a Ctrl-C reaches the whole process group; the parent stops us by pid)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import uvloop
+
+        factory: Any = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(_serve(port))
+
+
+async def _serve(port: int) -> None:
+    from msgbus.serving import make_server
+
+    server = make_server(DispatchSubscriber(), HOST, port)
+    server.config.backlog = 4096
+
+    def should_exit() -> None:
+        server.should_exit = True
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, should_exit)
+    await server.serve()

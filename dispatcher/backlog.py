@@ -1,0 +1,60 @@
+"""`BacklogMonitor`: per subscription this dispatcher serves, the backlog and the age of the oldest
+undelivered message from the bus's own records (broker watermarks are unreliable on tansu), and
+the partitions its consumers paused, as gauges."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from msgbus.metrics import BACKLOG, OLDEST_UNDELIVERED_AGE, PAUSED_PARTITIONS
+from msgbus.models import utcnow
+from msgbus.store import MongoStore
+
+log = logging.getLogger(__name__)
+
+BACKLOG_CAP = 1_000_000
+
+
+class BacklogMonitor:
+    def __init__(self, store: MongoStore, paused_partitions: Callable[[], dict[str, int]], *,
+                 interval_s: float) -> None:
+        self._store = store
+        self._paused_partitions = paused_partitions  # subscription id -> paused partitions
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+        self._shown: set[str] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="backlog-monitor")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.update()
+            except Exception as exc:  # MongoDB down: keep the last figures, try again later
+                log.warning("backlog metrics not updated: %s", exc)
+            await asyncio.sleep(self._interval_s)
+
+    async def update(self) -> None:
+        paused = self._paused_partitions()
+        for sub_id in self._shown - set(paused):  # no longer served here
+            for gauge in (BACKLOG, OLDEST_UNDELIVERED_AGE, PAUSED_PARTITIONS):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(sub_id)
+        self._shown = set(paused)
+        now = utcnow()
+        for sub_id, partitions in paused.items():
+            PAUSED_PARTITIONS.labels(sub_id).set(partitions)
+            count, oldest = await self._store.backlog(sub_id, BACKLOG_CAP)
+            BACKLOG.labels(sub_id).set(count)
+            age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
+            OLDEST_UNDELIVERED_AGE.labels(sub_id).set(age)

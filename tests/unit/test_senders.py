@@ -1,0 +1,152 @@
+"""Both senders (`aiohttp`, `httpx`) against a real HTTP server on 127.0.0.1: what a push returns
+for a 2xx, a 5xx with Retry-After, a timeout and a refused connection, and what the subscriber
+receives (the exact body and the signed headers)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+
+from msgbus.delivery.sender import Sender, make_sender
+from msgbus.delivery.signing import sign
+from msgbus.ids import uuid7
+from msgbus.models import Envelope, Subscription
+from msgbus.services import free_port
+
+HOST = "127.0.0.1"
+SLOW_ANSWER_S = 1.0
+# What a refused connect raises, per sender: the error text starts with it.
+CONNECT_ERRORS = {"aiohttp": "ClientConnectorError", "httpx": "ConnectError"}
+
+
+@dataclass
+class Server:
+    url: str
+    received: dict[str, tuple[dict[str, str], bytes]] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+async def server() -> AsyncIterator[Server]:
+    """aiohttp on 127.0.0.1, a free port: /ok -> 200, /fail -> 500 with `Retry-After: 7`,
+    /busy -> 503 with an HTTP-date Retry-After, /slow -> 200 after SLOW_ANSWER_S."""
+    received: dict[str, tuple[dict[str, str], bytes]] = {}
+
+    async def record(request: web.Request) -> None:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        received[headers["ce-id"]] = (headers, await request.read())
+
+    async def ok(request: web.Request) -> web.Response:
+        await record(request)
+        return web.Response(status=200, text="ok")
+
+    async def fail(request: web.Request) -> web.Response:
+        await record(request)
+        return web.Response(status=500, text="boom", headers={"Retry-After": "7"})
+
+    async def busy(request: web.Request) -> web.Response:
+        await record(request)
+        return web.Response(status=503, headers={"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"})
+
+    async def slow(request: web.Request) -> web.Response:
+        await record(request)
+        await asyncio.sleep(SLOW_ANSWER_S)
+        return web.Response(status=200, text="late")
+
+    app = web.Application()
+    app.add_routes([web.post("/ok", ok), web.post("/fail", fail), web.post("/busy", busy),
+                    web.post("/slow", slow)])
+    runner = web.AppRunner(app, shutdown_timeout=SLOW_ANSWER_S + 1)
+    await runner.setup()
+    site = web.TCPSite(runner, HOST, 0, backlog=1024)
+    await site.start()
+    port = runner.addresses[0][1]
+    yield Server(f"http://{HOST}:{port}", received)
+    await runner.cleanup()
+
+
+@pytest.fixture(params=["aiohttp", "httpx"])
+async def sender(request: pytest.FixtureRequest) -> AsyncIterator[Sender]:
+    sender = make_sender(request.param, instance="test-1")
+    await sender.start()
+    yield sender
+    await sender.close()
+
+
+def subscription(url: str, timeout_ms: int = 5000) -> Subscription:
+    return Subscription(destination="orders", name="billing", url=url,  # type: ignore[arg-type]
+                        timeout_ms=timeout_ms)
+
+
+def envelope() -> Envelope:
+    return Envelope(message_id=uuid7(), destination="orders", biz_id="o-42", source_app="shop",
+                    body='{"order": 42, "name": "Zoë"}'.encode())
+
+
+def kind(sender: Sender) -> str:
+    return "httpx" if type(sender).__name__ == "HttpxSender" else "aiohttp"
+
+
+async def test_2xx_is_ok_and_the_request_is_signed_with_the_exact_body(
+        server: Server, sender: Sender) -> None:
+    sub, env = subscription(f"{server.url}/ok"), envelope()
+    result = await sender.push(env, sub, attempt=3)
+    assert result.ok and result.status_code == 200 and result.error is None
+    assert (result.message_id, result.subscription, result.attempt, result.instance) == (
+        env.message_id, sub.id, 3, "test-1")
+    assert result.retry_after_s is None and result.latency_ms > 0
+    headers, body = server.received[env.message_id]
+    assert body == env.body
+    assert headers["ce-id"] == headers["webhook-id"] == env.message_id
+    assert headers["ce-attempt"] == "3" and headers["ce-bizid"] == "o-42"
+    assert headers["content-type"] == env.content_type
+    timestamp = int(headers["webhook-timestamp"])
+    assert headers["webhook-signature"] == sign(sub.signing_secrets, env.message_id, timestamp,
+                                                env.body)
+
+
+async def test_500_is_an_error_with_status_and_retry_after(
+        server: Server, sender: Sender) -> None:
+    result = await sender.push(envelope(), subscription(f"{server.url}/fail"), attempt=1)
+    assert not result.ok
+    assert (result.status_code, result.error, result.retry_after_s) == (500, "HTTP 500", 7.0)
+
+
+async def test_retry_after_as_a_date_is_left_to_the_policy(
+        server: Server, sender: Sender) -> None:
+    result = await sender.push(envelope(), subscription(f"{server.url}/busy"), attempt=1)
+    assert (result.status_code, result.error, result.retry_after_s) == (503, "HTTP 503", None)
+
+
+async def test_timeout_is_an_error_and_the_sender_still_works(
+        server: Server, sender: Sender) -> None:
+    result = await sender.push(envelope(), subscription(f"{server.url}/slow", timeout_ms=100),
+                               attempt=1)
+    assert not result.ok and result.status_code is None
+    assert result.error == "timeout after 100 ms"
+    assert 90 <= result.latency_ms < SLOW_ANSWER_S * 1000
+    after = await sender.push(envelope(), subscription(f"{server.url}/ok"), attempt=1)
+    assert after.ok, after.error
+
+
+async def test_refused_connection_is_a_connection_error(sender: Sender) -> None:
+    result = await sender.push(envelope(), subscription(f"http://{HOST}:{free_port()}/hook"),
+                               attempt=1)
+    assert not result.ok and result.status_code is None and result.error is not None
+    assert result.error.startswith(CONNECT_ERRORS[kind(sender)]), result.error
+
+
+async def test_many_concurrent_pushes_all_arrive(server: Server, sender: Sender) -> None:
+    sub = subscription(f"{server.url}/ok")
+    envelopes = [envelope() for _ in range(50)]
+    results = await asyncio.gather(*(sender.push(e, sub, attempt=1) for e in envelopes))
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
+    assert all(server.received[e.message_id][1] == e.body for e in envelopes)
+
+
+def test_unknown_client_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown HTTP client"):
+        make_sender("requests", instance="x")
