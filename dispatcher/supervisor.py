@@ -39,7 +39,8 @@ def make_consumers(settings: DispatcherSettings, kinds: list[BrokerKind],
                 from msgbus.brokers.kafka import KafkaSubscriptionConsumer
 
                 consumers.append(KafkaSubscriptionConsumer(
-                    subscription, bootstrap=",".join(nodes), max_buffered=max_buffered))
+                    subscription, bootstrap=",".join(nodes), max_buffered=max_buffered,
+                    extra_config={"fetch.wait.max.ms": settings.kafka_fetch_wait_ms}))
             elif kind is BrokerKind.RABBITMQ:
                 from msgbus.brokers.rabbitmq import RabbitSubscriptionConsumer
 

@@ -14,11 +14,12 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from msgbus.brokers.base import SubscriptionConsumer
+from msgbus.delivery.breaker import CircuitBreaker
 from msgbus.delivery.filters import matches
 from msgbus.delivery.retry import decide_retry
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.trace import TraceWriter
-from msgbus.metrics import IN_FLIGHT, PUSH_LATENCY, PUSHES, SKIPPED, SLOT_WAIT
+from msgbus.metrics import CIRCUIT_OPEN, IN_FLIGHT, PUSH_LATENCY, PUSHES, SKIPPED, SLOT_WAIT
 from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, Subscription, utcnow
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class SubscriptionWorker:
         self._gauge = IN_FLIGHT.labels(subscription.id)
         self._slot_wait = SLOT_WAIT.labels(subscription.id)
         self._latency = PUSH_LATENCY.labels(subscription.id)
+        self._breaker = CircuitBreaker(subscription.id)
+        self._circuit_gauge = CIRCUIT_OPEN.labels(subscription.id)
 
     async def start(self) -> None:
         """Never fails on a broker: a consumer that cannot connect keeps trying in its loop,
@@ -155,6 +158,7 @@ class SubscriptionWorker:
 
     async def _acquire_slot(self) -> None:
         started = time.perf_counter()
+        await self._breaker.admit()
         await self._limit.acquire()
         self._slot_wait.observe(time.perf_counter() - started)
         self._gauge.inc()
@@ -183,7 +187,10 @@ class SubscriptionWorker:
     async def _push(self, envelope: Envelope, attempt: int) -> AttemptResult:
         """Called with a slot acquired; frees it when the subscriber has answered."""
         try:
-            return await self._sender.push(envelope, self.subscription, attempt=attempt)
+            result = await self._sender.push(envelope, self.subscription, attempt=attempt)
+            self._breaker.record(result)
+            self._circuit_gauge.set(self._breaker.is_open)
+            return result
         finally:
             # The semaphore limits the subscriber's load, not our bookkeeping: recording the
             # outcome (an fsync) happens after the slot is free. The broker's unacked window

@@ -77,6 +77,10 @@ PAUSED_PARTITIONS = Gauge(
     "msgbus_paused_partitions",
     "Kafka partitions a subscription's consumers paused because its in-flight budget is full",
     ["subscription"], multiprocess_mode="livesum")
+CIRCUIT_OPEN = Gauge(
+    "msgbus_subscription_circuit_open",
+    "1 while pushes to the subscription are stopped because it kept failing (probed now and "
+    "then)", ["subscription"], multiprocess_mode="livemax")
 BACKLOG = Gauge(
     "msgbus_subscription_backlog",
     "Deliveries not yet done (pending, failed, retrying) per subscription, from the bus's "

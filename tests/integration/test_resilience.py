@@ -326,10 +326,12 @@ def test_two_receiver_replicas_share_the_load_and_lose_nothing(deployment: Deplo
 # ---- 5. kill -9 of the dispatcher --------------------------------------------------------------
 
 
-def test_dispatcher_killed_with_sigkill_mid_flight_loses_nothing(deployment: Deployment) -> None:
-    """What the killed dispatcher had taken from the brokers and not yet recorded comes back
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+def test_dispatcher_stopped_mid_flight_loses_nothing(deployment: Deployment, how: str) -> None:
+    """What a killed dispatcher had taken from the brokers and not yet recorded comes back
     (Kafka: from the last committed offset; RabbitMQ: unacked messages are requeued) to the
-    restarted one: nothing is lost, and the only duplicates are pushes of that window."""
+    restarted one: nothing is lost, and the only duplicates are pushes of that window. A
+    graceful stop (SIGTERM) finishes its pushes, records them and commits: no duplicates."""
     phases = Phases()
     with deployment.logs_on_failure():
         with phases.phase("start dispatcher and receiver"):
@@ -339,8 +341,11 @@ def test_dispatcher_killed_with_sigkill_mid_flight_loses_nothing(deployment: Dep
         load = deployment.load(rate_per_s=RATE_PER_S, duration_s=MAX_LOAD_S).start()
         with phases.phase("warm-up"):
             _warm_up(deployment)
-        with phases.phase("kill -9 the dispatcher, 3 s down, start it again"):
-            dispatcher.kill9()
+        with phases.phase(f"stop the dispatcher ({how}), 3 s down, start it again"):
+            if how == "sigkill":
+                dispatcher.kill9()
+            else:
+                dispatcher.stop()
             _hold(load, 3, "dispatcher down")
             dispatcher.start()
         with phases.phase(f"load for {LOAD_AFTER_S} s more"):
@@ -353,7 +358,7 @@ def test_dispatcher_killed_with_sigkill_mid_flight_loses_nothing(deployment: Dep
 
         # the in-flight window: the in-flight budget, plus what was pushed and acked since the
         # last Kafka offset commit (every 0.5 s)
-        window = DISPATCHER_IN_FLIGHT_BUDGET + RATE_PER_S
+        window = DISPATCHER_IN_FLIGHT_BUDGET + RATE_PER_S if how == "sigkill" else 0
         for code, subscriber in deployment.subscribers.items():
             duplicates = len(subscriber.pushes) - len(subscriber.message_ids())
             assert duplicates <= window, f"{code}: {duplicates} duplicate pushes"

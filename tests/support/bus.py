@@ -105,7 +105,8 @@ class RunningBus:
     async def _start(self) -> None:
         conn = self.connections
         self.dispatcher_service = DispatcherService(
-            DispatcherSettings(port=0, trace_flush_interval_ms=20, connections=conn))
+            DispatcherSettings(port=0, trace_flush_interval_ms=20, backlog_interval_s=0.5,
+                               connections=conn))
         dispatcher = await self._group.start(
             make_server(
                 dispatcher_app(self.dispatcher_service),
