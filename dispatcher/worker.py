@@ -53,6 +53,13 @@ class SubscriptionWorker:
         # ordered subscriptions: per biz_id, the messages waiting for the one being delivered
         self._lanes: dict[str, deque[tuple[Envelope, Ack | None]]] = {}
         self._closing = asyncio.Event()  # ends in-place retry waits at once
+        # admitted messages for the pushers; None tells a pusher to stop
+        self._ready: asyncio.Queue[tuple[Envelope, Ack | None] | None] = asyncio.Queue(
+            maxsize=subscription.max_concurrency)
+        self._pushers: list[asyncio.Task[None]] = []
+        self._to_record: list[tuple[DeliveryOutcome, Ack | None]] = []
+        self._pushes = {outcome: PUSHES.labels(subscription.id, outcome)
+                        for outcome in ("delivered", "failed", "parked")}
         self._gauge = IN_FLIGHT.labels(subscription.id)
         self._slot_wait = SLOT_WAIT.labels(subscription.id)
         self._latency = PUSH_LATENCY.labels(subscription.id)
@@ -67,6 +74,8 @@ class SubscriptionWorker:
                                                    name=f"consume-{self.subscription.id}"))
         self._loops.append(asyncio.create_task(self._direct_loop(),
                                                name=f"direct-{self.subscription.id}"))
+        self._pushers = [asyncio.create_task(self._pusher(), name=f"push-{self.subscription.id}")
+                         for _ in range(self.subscription.max_concurrency)]
 
     @property
     def consumers(self) -> list[SubscriptionConsumer]:
@@ -92,6 +101,7 @@ class SubscriptionWorker:
         for task in self._loops:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._stop_pushers(grace_s)
         if self._in_flight:
             _, pending = await asyncio.wait(self._in_flight, timeout=grace_s)
             for task in pending:
@@ -101,6 +111,18 @@ class SubscriptionWorker:
         if not self._direct.empty():
             log.warning("%s: %d direct messages not pushed at close; they stay pending for "
                         "the compensator", self.subscription.id, self._direct.qsize())
+
+    async def _stop_pushers(self, grace_s: float) -> None:
+        """Pushes under way finish; messages still waiting are left unacked (the broker hands
+        them to the next worker, nobody got them yet)."""
+        while not self._ready.empty():
+            self._ready.get_nowait()
+        for _ in self._pushers:
+            self._ready.put_nowait(None)
+        if self._pushers:
+            _, pending = await asyncio.wait(self._pushers, timeout=grace_s)
+            for task in pending:
+                task.cancel()
 
     async def _start_consumer(self, consumer: SubscriptionConsumer) -> None:
         failures = 0
@@ -140,16 +162,40 @@ class SubscriptionWorker:
             await self._admit(envelope, None)
 
     async def _admit(self, envelope: Envelope, ack: Ack | None) -> None:
-        """Start the message's way to the subscriber. Waits for a concurrency slot (so the
-        consumer reads no faster than the subscriber takes), except for an ordered one, which
-        waits in its key's lane instead."""
+        """Start the message's way to the subscriber. Waits for room among the pushers' ready
+        messages (so the consumer reads no faster than the subscriber takes), except for an
+        ordered one, which waits in its key's lane instead."""
         if not matches(self.subscription, envelope):
             self._track(self._skip(envelope, ack))
         elif self.subscription.ordered_by_biz_id and envelope.biz_id is not None:
             self._enqueue_in_lane(envelope.biz_id, envelope, ack)
         else:
+            await self._ready.put((envelope, ack))
+
+    async def _pusher(self) -> None:
+        """One of max_concurrency pushers: takes the next message as soon as its push is
+        answered (no task per message, no wait for the consume loop), hands the outcome to a
+        recording task, goes on."""
+        while (item := await self._ready.get()) is not None:
+            envelope, ack = item
             await self._acquire_slot()
-            self._track(self._deliver(envelope, ack))
+            outcome = await self._attempt(envelope, 1, retry_in_place=False)
+            if not self._to_record:
+                asyncio.get_running_loop().call_soon(self._record_collected)
+            self._to_record.append((outcome, ack))
+
+    def _record_collected(self) -> None:
+        """The outcomes the pushers collected in one turn of the loop: one local write, then
+        their acks, in one task."""
+        collected, self._to_record = self._to_record, []
+        self._track(self._record_then_ack(collected))
+
+    async def _record_then_ack(self, collected: list[tuple[DeliveryOutcome, Ack | None]]
+                               ) -> None:
+        await self._record_many([outcome for outcome, _ in collected])
+        for _, ack in collected:
+            if ack is not None:
+                ack()
 
     def _track(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -179,7 +225,7 @@ class SubscriptionWorker:
             while lane and not self._closing.is_set():
                 envelope, ack = lane[0]
                 await self._acquire_slot()
-                await self._deliver(envelope, ack, retry_in_place=True)
+                await self._deliver_in_order(envelope, ack)
                 lane.popleft()
         finally:
             del self._lanes[key]
@@ -198,25 +244,31 @@ class SubscriptionWorker:
             self._limit.release()
             self._gauge.dec()
 
-    async def _deliver(self, envelope: Envelope, ack: Ack | None, *,
-                       retry_in_place: bool = False) -> None:
-        """Called with a slot acquired. Without `retry_in_place` a failure is recorded for the
-        compensator; with it (ordered subscriptions) the message is pushed again here, after
-        the policy's delay, until it succeeds or the policy parks it."""
+    async def _attempt(self, envelope: Envelope, attempt: int, *,
+                       retry_in_place: bool) -> DeliveryOutcome:
+        """One push (called with a slot acquired) and what it means for the delivery."""
         sub = self.subscription
+        result = await self._push(envelope, attempt)
+        outcome = DeliveryOutcome(result=result, destination=envelope.destination,
+                                  created_at=envelope.created_at, biz_id=envelope.biz_id)
+        if result.ok:
+            self._pushes["delivered"].inc()
+        else:
+            decision = decide_retry(sub.retry_policy, result, attempts_so_far=attempt,
+                                    first_created_at=envelope.created_at, now=utcnow())
+            outcome.parked, outcome.next_attempt_at = decision.park, decision.next_attempt_at
+            outcome.retrying_in_place = retry_in_place and not decision.park
+            self._pushes["parked" if outcome.parked else "failed"].inc()
+        self._latency.observe(result.latency_ms / 1000)
+        return outcome
+
+    async def _deliver_in_order(self, envelope: Envelope, ack: Ack | None) -> None:
+        """Called with a slot acquired: pushes the message, and after a failure again (after
+        the policy's delay) until it succeeds or the policy parks it; the next message of its
+        key waits meanwhile."""
         attempt = 1
         while True:
-            result = await self._push(envelope, attempt)
-            outcome = DeliveryOutcome(result=result, destination=envelope.destination,
-                                      created_at=envelope.created_at, biz_id=envelope.biz_id)
-            if not result.ok:
-                decision = decide_retry(sub.retry_policy, result, attempts_so_far=attempt,
-                                        first_created_at=envelope.created_at, now=utcnow())
-                outcome.parked, outcome.next_attempt_at = decision.park, decision.next_attempt_at
-                outcome.retrying_in_place = retry_in_place and not decision.park
-            label = "delivered" if result.ok else "parked" if outcome.parked else "failed"
-            PUSHES.labels(sub.id, label).inc()
-            self._latency.observe(result.latency_ms / 1000)
+            outcome = await self._attempt(envelope, attempt, retry_in_place=True)
             await self._record(outcome)
             if not outcome.retrying_in_place or outcome.next_attempt_at is None:
                 break
@@ -244,10 +296,13 @@ class SubscriptionWorker:
             ack()
 
     async def _record(self, outcome: DeliveryOutcome) -> None:
+        await self._record_many([outcome])
+
+    async def _record_many(self, outcomes: list[DeliveryOutcome]) -> None:
         """The broker is acked only once the outcome is durable: retried until it is."""
         while True:
             try:
-                await self._trace.record(outcome)
+                await self._trace.record_many(outcomes)
                 return
             except Exception:
                 log.exception("%s: recording an outcome failed; retrying",

@@ -61,6 +61,10 @@ class TraceWriter:
         """Returns once the outcome is durable locally (fsync, shared with concurrent calls)."""
         await self._buffer.append([(QUEUE, encode_outcome(outcome))])
 
+    async def record_many(self, outcomes: list[DeliveryOutcome]) -> None:
+        """Like record(), for several outcomes in one local write."""
+        await self._buffer.append([(QUEUE, encode_outcome(o)) for o in outcomes])
+
     def backlog(self) -> int:
         return self._buffer.depth(QUEUE)
 
