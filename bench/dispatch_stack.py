@@ -34,6 +34,7 @@ import httpx
 from pydantic import HttpUrl
 
 from bench.dispatch_load import body
+from bench.ingest_stack import stop_process
 from bench.report import say
 from msgbus import services
 from msgbus.auth import hash_api_key, new_api_key
@@ -43,7 +44,6 @@ from msgbus.store import MongoStore
 
 HOST = "127.0.0.1"
 APP_NAME = "bench-dispatch"
-STOP_TIMEOUT_S = 30.0
 PRELOAD_BATCH = 500  # the receiver's max_batch_count
 PROGRESS_EVERY_S = 2.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -139,7 +139,7 @@ class DispatchStack:
             process = subprocess.Popen(command, env={**self.env, **env}, stdin=subprocess.DEVNULL,
                                        stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
-        self.stack.callback(_stop, process, name)
+        self.stack.callback(stop_process, process, name)
         self._processes.append((name, process, log_path))
         return process
 
@@ -267,16 +267,3 @@ class DispatchStack:
 
     def dispatcher_cpu_s(self) -> float:
         return process_cpu_s(self.dispatcher.pid)
-
-
-def _stop(process: subprocess.Popen[bytes], name: str) -> None:
-    """SIGTERM a process we started, SIGKILL it if it lingers."""
-    if process.poll() is not None:
-        return
-    say(f"stopping {name} (pid {process.pid})")
-    process.terminate()
-    try:
-        process.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)

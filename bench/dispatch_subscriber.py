@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from collections import Counter
 from typing import Any
 
 import orjson
 
-from bench.subscriber import Recorder
+from bench.subscriber import Recorder, serve_app
 from msgbus.asgi import answer_lifespan, read_body, respond
 
 HOST = "127.0.0.1"
@@ -79,27 +78,5 @@ async def _disconnected(receive: Any) -> None:
 
 
 def serve(port: int) -> None:
-    """Process target: serve a `DispatchSubscriber` on 127.0.0.1:`port` until SIGTERM.
-    SIGINT is ignored (a Ctrl-C reaches the whole process group; the parent stops us by pid)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        import uvloop
-
-        factory: Any = uvloop.new_event_loop
-    except ImportError:
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(_serve(port))
-
-
-async def _serve(port: int) -> None:
-    from msgbus.serving import make_server
-
-    server = make_server(DispatchSubscriber(), HOST, port)
-    server.config.backlog = 4096
-
-    def should_exit() -> None:
-        server.should_exit = True
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, should_exit)
-    await server.serve()
+    """Process target: serve a `DispatchSubscriber` on 127.0.0.1:`port` until SIGTERM."""
+    serve_app(DispatchSubscriber, port)

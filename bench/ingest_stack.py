@@ -156,7 +156,7 @@ class IngestStack:
             process = subprocess.Popen(command, env={**self.env, **env} if self.env else None,
                                        stdin=subprocess.DEVNULL, stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True)
-        self.stack.callback(_stop, process, name)
+        self.stack.callback(stop_process, process, name)
         self._processes.append((name, process, log_path))
         return process
 
@@ -251,7 +251,7 @@ class IngestStack:
             connection.close()
 
 
-def _stop(process: subprocess.Popen[bytes], name: str) -> None:
+def stop_process(process: subprocess.Popen[bytes], name: str) -> None:
     """SIGTERM a process we started, SIGKILL it if it lingers."""
     if process.poll() is not None:
         return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -78,10 +79,15 @@ class Recorder:
 
 
 def serve(port: int) -> None:
-    """Process target: serve a `Recorder` on 127.0.0.1:`port` until SIGTERM.
+    """Process target: serve a `Recorder` on 127.0.0.1:`port` until SIGTERM."""
+    serve_app(Recorder, port)
 
-    SIGINT is ignored: a Ctrl-C reaches the whole process group, and the parent, which still
-    reads the records, stops this process by its pid."""
+
+def serve_app(make_app: Callable[[], Any], port: int) -> None:
+    """Process target: serve `make_app()` on 127.0.0.1:`port` until SIGTERM.
+
+    SIGINT is ignored: a Ctrl-C reaches the whole process group, and the parent, which may
+    still read from this process, stops it by its pid."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import uvloop
@@ -90,13 +96,13 @@ def serve(port: int) -> None:
     except ImportError:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(_serve(port))
+        runner.run(_serve(make_app(), port))
 
 
-async def _serve(port: int) -> None:
+async def _serve(app: Any, port: int) -> None:
     from msgbus.serving import make_server
 
-    server = make_server(Recorder(), HOST, port)  # installs no signal handlers of its own
+    server = make_server(app, HOST, port)  # installs no signal handlers of its own
     server.config.backlog = 4096
 
     def should_exit() -> None:

@@ -178,7 +178,8 @@ class SubscriptionWorker:
         recording task, goes on."""
         while (item := await self._ready.get()) is not None:
             envelope, ack = item
-            await self._acquire_slot()
+            if not await self._acquire_slot():
+                return  # closing: not pushed, not acked; the broker hands it on
             outcome = await self._attempt(envelope, 1, retry_in_place=False)
             if not self._to_record:
                 asyncio.get_running_loop().call_soon(self._record_collected)
@@ -202,12 +203,22 @@ class SubscriptionWorker:
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
 
-    async def _acquire_slot(self) -> None:
+    async def _acquire_slot(self) -> bool:
+        """Waits for the circuit breaker and a concurrency slot; False (and no slot) when the
+        worker closes first."""
         started = time.perf_counter()
-        await self._breaker.admit()
+        if self._breaker.is_open:  # the wait may be long: let close() end it
+            admitted = asyncio.ensure_future(self._breaker.admit())
+            closing = asyncio.ensure_future(self._closing.wait())
+            await asyncio.wait((admitted, closing), return_when=asyncio.FIRST_COMPLETED)
+            admitted.cancel()
+            closing.cancel()
+        if self._closing.is_set():
+            return False
         await self._limit.acquire()
         self._slot_wait.observe(time.perf_counter() - started)
         self._gauge.inc()
+        return True
 
     def _enqueue_in_lane(self, key: str, envelope: Envelope, ack: Ack | None) -> None:
         lane = self._lanes.get(key)
@@ -224,7 +235,8 @@ class SubscriptionWorker:
         try:
             while lane and not self._closing.is_set():
                 envelope, ack = lane[0]
-                await self._acquire_slot()
+                if not await self._acquire_slot():
+                    break
                 await self._deliver_in_order(envelope, ack)
                 lane.popleft()
         finally:
@@ -278,7 +290,8 @@ class SubscriptionWorker:
             if self._closing.is_set():
                 return  # not acked: the broker hands it to the next worker
             attempt += 1
-            await self._acquire_slot()
+            if not await self._acquire_slot():
+                return
         if ack is not None:
             ack()
 

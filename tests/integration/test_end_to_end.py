@@ -109,5 +109,10 @@ def test_failing_subscriber_is_recorded_failed_while_the_other_gets_everything(
                                  labels) > 0)
 
     wait_until(backlog_shown, 30, "the broken subscription's backlog and oldest age")
+
+    # its pushers wait for the next probe; pausing it must not wait for that
+    bus.admin.post(f"/v1/destinations/{destination}/subscriptions/sub1/pause").raise_for_status()
+    wait_until(lambda: failed_id not in httpx.get(f"{bus.dispatcher_url}/health").json()[
+        "subscriptions"], 5, "the broken subscription's worker to stop")
     wait_until(lambda: _delivered_with_trace(bus, f"{destination}/sub0") == len(ids), 60,
                "the healthy subscriber's deliveries recorded")

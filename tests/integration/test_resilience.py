@@ -81,6 +81,16 @@ def _warm_up(deployment: Deployment) -> None:
     wait_with_progress("the first pushes of every destination", pushed, 60)
 
 
+def _start_under_load(deployment: Deployment, phases: Phases) -> SteadyLoad:
+    """Dispatcher and receiver started, a steady load running, the whole path warm."""
+    with phases.phase("start dispatcher and receiver"):
+        deployment.start()
+    load = deployment.load(rate_per_s=RATE_PER_S, duration_s=MAX_LOAD_S).start()
+    with phases.phase("warm-up"):
+        _warm_up(deployment)
+    return load
+
+
 def _caught_up(deployment: Deployment, load: SteadyLoad) -> None:
     """Wait until each subscriber got every message accepted so far: the bus has recovered
     from one fault (e.g. a Kafka consumer group re-joining a restarted broker) before the next
@@ -162,11 +172,7 @@ def test_mongodb_outage_during_load_loses_nothing(deployment: Deployment,
     dispatcher keeps pushing (its outcomes wait on local disk); both catch up afterwards."""
     phases = Phases()
     with deployment.logs_on_failure():
-        with phases.phase("start dispatcher and receiver"):
-            deployment.start()
-        load = deployment.load(rate_per_s=RATE_PER_S, duration_s=MAX_LOAD_S).start()
-        with phases.phase("warm-up"):
-            _warm_up(deployment)
+        load = _start_under_load(deployment, phases)
         with phases.phase("stop MongoDB"):
             servers.mongo.stop()
         outage = Outage("MongoDB was down", began=time.monotonic())
@@ -223,12 +229,8 @@ def test_broker_outages_during_load_lose_nothing(deployment: Deployment) -> None
     phases = Phases()
     kafka_code, rabbit_code = deployment.destinations
     with deployment.logs_on_failure():
-        with phases.phase("start dispatcher and receiver"):
-            deployment.start()
+        load = _start_under_load(deployment, phases)
         receiver = deployment.receivers[0]
-        load = deployment.load(rate_per_s=RATE_PER_S, duration_s=MAX_LOAD_S).start()
-        with phases.phase("warm-up"):
-            _warm_up(deployment)
         kafka_down = _broker_outage(deployment, load, phases, "tansu")
         with phases.phase("recovery from the Kafka outage"):
             _caught_up(deployment, load)
@@ -268,12 +270,8 @@ def test_receiver_killed_with_sigkill_during_load_loses_nothing(deployment: Depl
     it accepted before the kill is published and recorded by the new process."""
     phases = Phases()
     with deployment.logs_on_failure():
-        with phases.phase("start dispatcher and receiver"):
-            deployment.start()
+        load = _start_under_load(deployment, phases)
         receiver = deployment.receivers[0]
-        load = deployment.load(rate_per_s=RATE_PER_S, duration_s=MAX_LOAD_S).start()
-        with phases.phase("warm-up"):
-            _warm_up(deployment)
         health = receiver.health() or {}
         say(f"receiver buffer just before the kill: {health.get('buffer')}")
         with phases.phase("kill -9 the receiver and start it again"):
@@ -334,13 +332,9 @@ def test_dispatcher_stopped_mid_flight_loses_nothing(deployment: Deployment, how
     graceful stop (SIGTERM) finishes its pushes, records them and commits: no duplicates."""
     phases = Phases()
     with deployment.logs_on_failure():
-        with phases.phase("start dispatcher and receiver"):
-            deployment.start()
+        load = _start_under_load(deployment, phases)
         dispatcher = deployment.dispatcher
         assert dispatcher is not None
-        load = deployment.load(rate_per_s=RATE_PER_S, duration_s=MAX_LOAD_S).start()
-        with phases.phase("warm-up"):
-            _warm_up(deployment)
         with phases.phase(f"stop the dispatcher ({how}), 3 s down, start it again"):
             if how == "sigkill":
                 dispatcher.kill9()
