@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from msgbus_client.errors import WebhookVerificationError
+from msgbus_client.verify import verify_push
 
 from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.ids import uuid7
@@ -278,3 +280,35 @@ class SlowRecorder:
         await asyncio.sleep(self.delay_s)
         self.ids.append(request_headers(scope)["ce-id"])
         await respond(send, 200, b"")
+
+
+def test_a_rotated_secret_signs_beside_the_previous_one_until_that_is_dropped(
+        bus: RunningBus, api_key: str, unique: str) -> None:
+    destination = f"rotate-{unique}"
+    bus.create_destination(destination, "rabbitmq")
+    subscriber = RecordingSubscriber()
+    path = f"/v1/destinations/{destination}/subscriptions/s"
+    old_secret = bus.subscribe(destination, "s", bus.serve_subscriber(subscriber))[
+        "signing_secrets"][0]
+    bus.wait_for_workers([f"{destination}/s"])
+
+    rotated = bus.admin.post(f"{path}/secrets/rotate")
+    rotated.raise_for_status()
+    new_secret, previous = rotated.json()["signing_secrets"]
+    assert previous == old_secret and new_secret.startswith("whsec_")
+    time.sleep(1.5)  # the dispatcher follows within a registry refresh
+    (during,) = send_batches(bus, api_key, [{"destination": destination, "body": {}}])
+    wait_until(lambda: during in subscriber.message_ids(), 30, "a push during the rotation")
+    push = next(p for p in subscriber.pushes if p.message_id == during)
+    assert len(push.headers["webhook-signature"].split()) == 2
+    verify_push(old_secret, push.headers, push.body)  # a subscriber not yet switched
+    verify_push(new_secret, push.headers, push.body)  # and one that already is
+
+    bus.admin.delete(f"{path}/secrets/previous").raise_for_status()
+    time.sleep(1.5)
+    (after,) = send_batches(bus, api_key, [{"destination": destination, "body": {}}])
+    wait_until(lambda: after in subscriber.message_ids(), 30, "a push after the rotation")
+    push = next(p for p in subscriber.pushes if p.message_id == after)
+    verify_push(new_secret, push.headers, push.body)
+    with pytest.raises(WebhookVerificationError):
+        verify_push(old_secret, push.headers, push.body)
