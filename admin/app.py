@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -81,37 +82,41 @@ def create_app(service: AdminService) -> FastAPI:
         # The signing secrets are shown to whoever configures the subscriber.
         return sub.model_dump(mode="json")
 
-    async def change_subscription(code: str, name: str, **changes: Any) -> dict[str, Any]:
+    async def change_subscription(code: str, name: str,
+                                  change: Callable[[Subscription], dict[str, Any]]
+                                  ) -> Subscription:
+        """Reads the subscription, applies the fields `change` returns for it, saves it."""
         sub = await store.get_subscription(f"{code}/{name}")
-        sub = sub.model_copy(update={**changes, "updated_at": utcnow()})
+        sub = sub.model_copy(update={**change(sub), "updated_at": utcnow()})
         await store.save_subscription(sub)
-        return sub.model_dump(mode="json", exclude={"signing_secrets"})
+        return sub
 
     @app.post("/v1/destinations/{code}/subscriptions/{name}/pause", dependencies=admin)
     async def pause_subscription(code: str, name: str) -> dict[str, Any]:
         """Dispatchers stop pushing within seconds; messages wait in the broker."""
-        return await change_subscription(code, name, paused=True)
+        sub = await change_subscription(code, name, lambda _: {"paused": True})
+        return sub.model_dump(mode="json", exclude={"signing_secrets"})
 
     @app.post("/v1/destinations/{code}/subscriptions/{name}/resume", dependencies=admin)
     async def resume_subscription(code: str, name: str) -> dict[str, Any]:
-        return await change_subscription(code, name, paused=False)
+        sub = await change_subscription(code, name, lambda _: {"paused": False})
+        return sub.model_dump(mode="json", exclude={"signing_secrets"})
 
     @app.post("/v1/destinations/{code}/subscriptions/{name}/secrets/rotate",
               dependencies=admin)
     async def rotate_secret(code: str, name: str) -> dict[str, Any]:
         """A new signing secret; pushes are signed with it and the previous one until
         `.../secrets/previous` is deleted, so the subscriber can switch without a gap."""
-        sub = await store.get_subscription(f"{code}/{name}")
-        secrets = [new_signing_secret(), sub.signing_secrets[0]]
-        await change_subscription(code, name, signing_secrets=secrets)
-        return {"signing_secrets": secrets}
+        sub = await change_subscription(code, name, lambda old: {
+            "signing_secrets": [new_signing_secret(), old.signing_secrets[0]]})
+        return {"signing_secrets": sub.signing_secrets}
 
     @app.delete("/v1/destinations/{code}/subscriptions/{name}/secrets/previous",
                 dependencies=admin)
     async def drop_previous_secret(code: str, name: str) -> dict[str, Any]:
-        sub = await store.get_subscription(f"{code}/{name}")
-        await change_subscription(code, name, signing_secrets=sub.signing_secrets[:1])
-        return {"signing_secrets": sub.signing_secrets[:1]}
+        sub = await change_subscription(code, name, lambda old: {
+            "signing_secrets": old.signing_secrets[:1]})
+        return {"signing_secrets": sub.signing_secrets}
 
     @app.post("/v1/apps", status_code=201, dependencies=admin)
     async def create_app_key(body: AppIn) -> dict[str, Any]:

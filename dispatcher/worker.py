@@ -315,7 +315,7 @@ class SubscriptionWorker:
         """The broker is acked only once the outcome is durable: retried until it is."""
         while True:
             try:
-                await self._trace.record_many(outcomes)
+                await self._trace.record(outcomes)
                 return
             except Exception:
                 log.exception("%s: recording an outcome failed; retrying",

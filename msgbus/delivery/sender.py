@@ -5,7 +5,7 @@ raises: every failure (status, timeout, connection error) is data for the retry 
 - `BaseSender`: what every implementation shares — the timing, the total timeout
   (`subscription.timeout_ms`), the mapping of failures to error text, Retry-After parsing and the
   AttemptResult. An implementation only supplies `_post()` and its exception types.
-- `AiohttpSender` (here, the default; `HttpSender` is its old name) and `HttpxSender`
+- `AiohttpSender` (here, the default) and `HttpxSender`
   (`msgbus/delivery/httpx_sender.py`); `make_sender(kind, instance=...)` picks one, from
   `DispatcherSettings.http_client` (`MSGBUS_DISPATCHER_HTTP_CLIENT`).
 
@@ -166,9 +166,6 @@ class AiohttpSender(BaseSender):
                                       timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             await response.read()
             return response.status, response.headers.get("retry-after")
-
-
-HttpSender = AiohttpSender  # the name before issue 5; new code uses `Sender` / `make_sender`
 
 
 def make_sender(kind: str, *, instance: str, max_connections: int = 1000) -> Sender:

@@ -57,12 +57,9 @@ class TraceWriter:
     async def close(self) -> None:
         await self._drainer.close()
 
-    async def record(self, outcome: DeliveryOutcome) -> None:
-        """Returns once the outcome is durable locally (fsync, shared with concurrent calls)."""
-        await self._buffer.append([(QUEUE, encode_outcome(outcome))])
-
-    async def record_many(self, outcomes: list[DeliveryOutcome]) -> None:
-        """Like record(), for several outcomes in one local write."""
+    async def record(self, outcomes: list[DeliveryOutcome]) -> None:
+        """Returns once the outcomes are durable locally: one write, its fsync shared with
+        concurrent calls."""
         await self._buffer.append([(QUEUE, encode_outcome(o)) for o in outcomes])
 
     def backlog(self) -> int:

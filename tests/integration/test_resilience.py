@@ -91,6 +91,14 @@ def _start_under_load(deployment: Deployment, phases: Phases) -> SteadyLoad:
     return load
 
 
+def _end_load(load: SteadyLoad, phases: Phases, what: str) -> None:
+    """LOAD_AFTER_S more seconds of load after `what`, then the load stops."""
+    with phases.phase(f"load for {LOAD_AFTER_S} s more"):
+        _hold(load, LOAD_AFTER_S, what)
+        load.stop()
+        load.join()
+
+
 def _caught_up(deployment: Deployment, load: SteadyLoad) -> None:
     """Wait until each subscriber got every message accepted so far: the bus has recovered
     from one fault (e.g. a Kafka consumer group re-joining a restarted broker) before the next
@@ -181,10 +189,7 @@ def test_mongodb_outage_during_load_loses_nothing(deployment: Deployment,
         outage.end(deployment)
         with phases.phase("restart MongoDB"):
             servers.mongo.start()
-        with phases.phase(f"load for {LOAD_AFTER_S} s more"):
-            _hold(load, LOAD_AFTER_S, "MongoDB back")
-            load.stop()
-            load.join()
+        _end_load(load, phases, "MongoDB back")
         during = outage.answers(load)
         say(f"load: {load.summary()}; while MongoDB was down: {dict(load.statuses(during))}, "
             f"latency {_latency(during)}")
@@ -235,10 +240,7 @@ def test_broker_outages_during_load_lose_nothing(deployment: Deployment) -> None
         with phases.phase("recovery from the Kafka outage"):
             _caught_up(deployment, load)
         rabbit_down = _broker_outage(deployment, load, phases, "RabbitMQ")
-        with phases.phase(f"load for {LOAD_AFTER_S} s more"):
-            _hold(load, LOAD_AFTER_S, "brokers back")
-            load.stop()
-            load.join()
+        _end_load(load, phases, "brokers back")
         during = kafka_down.answers(load) + rabbit_down.answers(load)
         say(f"load: {load.summary()}; during the outages: {dict(load.statuses(during))}, "
             f"latency {_latency(during)}")
@@ -279,10 +281,7 @@ def test_receiver_killed_with_sigkill_during_load_loses_nothing(deployment: Depl
             receiver.kill9()
             receiver.start()
             back_at = time.monotonic()
-        with phases.phase(f"load for {LOAD_AFTER_S} s more"):
-            _hold(load, LOAD_AFTER_S, "receiver restarted")
-            load.stop()
-            load.join()
+        _end_load(load, phases, "receiver restarted")
         say(f"load: {load.summary()}")
         deployment.check_everything_delivered(load, phases)
         print(phases.report())
@@ -342,10 +341,7 @@ def test_dispatcher_stopped_mid_flight_loses_nothing(deployment: Deployment, how
                 dispatcher.stop()
             _hold(load, 3, "dispatcher down")
             dispatcher.start()
-        with phases.phase(f"load for {LOAD_AFTER_S} s more"):
-            _hold(load, LOAD_AFTER_S, "dispatcher restarted")
-            load.stop()
-            load.join()
+        _end_load(load, phases, "dispatcher restarted")
         say(f"load: {load.summary()}")
         deployment.check_everything_delivered(load, phases)
         print(phases.report())
