@@ -151,8 +151,11 @@ class AiohttpSender(BaseSender):
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
+        # Idle connections are closed after 4 s, before common servers close theirs (uvicorn
+        # 5 s): a POST on a connection the server is closing at that moment fails without
+        # reaching it, and would wait for a retry.
         connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
-                                         ttl_dns_cache=60)
+                                         ttl_dns_cache=60, keepalive_timeout=4.0)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
 
     async def close(self) -> None:
