@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse
 
+from admin.operations import add_operation_routes
 from admin.schemas import AppIn, DestinationIn, RuntimeIn, SubscriptionIn
 from admin.service import AdminService
 from msgbus.auth import bearer_token, same_secret
@@ -136,4 +137,5 @@ def create_app(service: AdminService) -> FastAPI:
     async def message_detail(message_id: str) -> dict[str, Any]:
         return await service.message_timeline(message_id)
 
+    add_operation_routes(app, store, admin)
     return app

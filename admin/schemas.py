@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, HttpUrl
 
-from msgbus.models import NAME_PATTERN, BrokerKind, MessageFilter, RetryPolicy
+from msgbus.models import NAME_PATTERN, BrokerKind, MessageFilter, ReplaySpec, RetryPolicy
 
 
 class DestinationIn(BaseModel):
@@ -39,3 +39,27 @@ class SubscriptionIn(BaseModel):
 class AppIn(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
     destinations: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+
+
+OPERATOR_PATTERN = r"^[\w.@+-]{1,100}$"
+
+
+class ReplayIn(ReplaySpec):
+    """A replay job. With `dry_run` only its count comes back; otherwise the job is created in
+    state `planned` with that count, to be started (`POST /v1/replays/{id}/start`)."""
+
+    dry_run: bool = False
+    requested_by: str = Field(default="admin", pattern=OPERATOR_PATTERN,
+                              description="who asks, for the audit record")
+
+
+class OperatorIn(BaseModel):
+    requested_by: str = Field(default="admin", pattern=OPERATOR_PATTERN)
+
+
+class RedriveIn(BaseModel):
+    message_ids: list[str] | None = Field(
+        default=None, max_length=10_000,
+        description="only these messages' parked deliveries; None: every parked delivery of "
+                    "the subscription")
+    requested_by: str = Field(default="admin", pattern=OPERATOR_PATTERN)

@@ -108,11 +108,14 @@ class DispatchBench:
     def raw(self, fig: RunFigures) -> None:
         label, n = f"raw-{fig.run}", self.args.messages
         say(f"run {fig.run}: raw aiohttp loop, {n} pushes")
+        cpu_before = self.s.stack_cpu_s()
         future = self.s.submit(dispatch_load.raw_push, url=self.sub("hook", label), start=0,
                                count=n, concurrency=self.args.push_concurrency,
                                deadline=time.time() + self.args.timeout)
         self.wait_delivered(f"run {fig.run} raw", label, n, future)
         result = future.result(timeout=60)
+        stack_cpu_s = sum(self.s.stack_cpu_s().values()) - sum(cpu_before.values())
+        fig.raw_stack_cpu_ms_per_1k = (stack_cpu_s + result["cpu_s"]) * 1e6 / n
         if result["failed"] or result["not_sent"]:
             fig.problems.append(f"raw loop: {result['failed']} failed, {result['not_sent']} "
                                 "not sent")
@@ -122,11 +125,13 @@ class DispatchBench:
     def capacity(self, fig: RunFigures, sub_ids: list[str]) -> None:
         label, n = f"cap-{fig.run}", self.args.messages
         say(f"run {fig.run}: dispatcher, backlog of {n} messages")
-        cpu_start = self.s.dispatcher_cpu_s()
+        cpu_start, stack_start = self.s.dispatcher_cpu_s(), self.s.stack_cpu_s()
         self.s.set_paused(sub_ids, False)
         seen = self.wait_delivered(f"run {fig.run} dispatcher", label, n)
         wait_for("trace", lambda: self.s.trace_backlog() == 0, self.args.timeout)
-        cpu_end = self.s.dispatcher_cpu_s()
+        cpu_end, stack_end = self.s.dispatcher_cpu_s(), self.s.stack_cpu_s()
+        fig.stack_cpu_ms_by_role = {role: (stack_end[role] - stack_start[role]) * 1e6 / n
+                                    for role in stack_start}
         self.s.set_paused(sub_ids, True)
         fig.dispatcher_pushes_per_s = rate_of(self.s.records(self.s.sub_url, label, 0, n))
         fig.dispatcher_cpu_ms_per_1k = (cpu_end - cpu_start) * 1e6 / n

@@ -19,6 +19,12 @@ FIGURES: dict[str, tuple[str, str]] = {
     "raw_cpu_ms_per_1k": ("raw loop CPU ms per 1000 pushes", ",.0f"),
     "dispatcher_cpu_ms_per_1k": ("dispatcher CPU ms per 1000 pushes", ",.0f"),
     "dispatcher_cpu_busy": ("dispatcher CPU while pushing, cores", ".2f"),
+    "raw_stack_cpu_ms_per_1k": ("raw phase, all processes, CPU ms/1k", ",.0f"),
+    "stack_cpu_ms_per_1k": ("dispatch phase, all processes, CPU ms/1k", ",.0f"),
+    "subscriber_cpu_ms_per_1k": ("  of which the subscriber", ",.0f"),
+    "tansu_cpu_ms_per_1k": ("  of which tansu", ",.0f"),
+    "mongo_cpu_ms_per_1k": ("  of which SecantusDB (trace writes)", ",.0f"),
+    "cpu_ratio": ("raw ÷ dispatch CPU per push (all procs)", ".3f"),
     "alone_pushes_per_s": ("A alone, pushes/s", ",.0f"),
     "with_neighbours_pushes_per_s": ("A with B, C, D, pushes/s", ",.0f"),
     "isolation_ratio": ("isolation ratio (with ÷ alone)", ".3f"),
@@ -50,6 +56,9 @@ class RunFigures:
     neighbour_d_per_s: float = math.nan
     latency_offered_per_s: float = math.nan
     latency_achieved_per_s: float = math.nan
+    raw_stack_cpu_ms_per_1k: float = math.nan
+    # CPU ms per 1000 pushes of each process of the stack in the capacity phase, by role
+    stack_cpu_ms_by_role: dict[str, float] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list, repr=False)
     answer_ms: list[float] = field(default_factory=list, repr=False)
     problems: list[str] = field(default_factory=list)
@@ -57,6 +66,28 @@ class RunFigures:
     @property
     def ratio_vs_raw_push(self) -> float:
         return self.dispatcher_pushes_per_s / self.raw_pushes_per_s
+
+    @property
+    def stack_cpu_ms_per_1k(self) -> float:
+        return sum(self.stack_cpu_ms_by_role.values()) if self.stack_cpu_ms_by_role else math.nan
+
+    @property
+    def subscriber_cpu_ms_per_1k(self) -> float:
+        return self.stack_cpu_ms_by_role.get("subscriber", math.nan)
+
+    @property
+    def tansu_cpu_ms_per_1k(self) -> float:
+        return self.stack_cpu_ms_by_role.get("tansu", math.nan)
+
+    @property
+    def mongo_cpu_ms_per_1k(self) -> float:
+        return self.stack_cpu_ms_by_role.get("mongo", math.nan)
+
+    @property
+    def cpu_ratio(self) -> float:
+        """What the push ratio would be if both phases were bound by the same CPU: the whole
+        machine's CPU per push of the raw phase ÷ that of the dispatch phase."""
+        return self.raw_stack_cpu_ms_per_1k / self.stack_cpu_ms_per_1k
 
     @property
     def isolation_ratio(self) -> float:
@@ -93,6 +124,10 @@ class RunFigures:
             f"1000 pushes raw {r.raw_cpu_ms_per_1k:,.0f}, dispatcher "
             f"{r.dispatcher_cpu_ms_per_1k:,.0f} (dispatcher busy {r.dispatcher_cpu_busy:.2f} "
             "cores while pushing)",
+            f"run {r.run}  CPU ms per 1000 pushes, every process: raw phase "
+            f"{r.raw_stack_cpu_ms_per_1k:,.0f}, dispatch phase {r.stack_cpu_ms_per_1k:,.0f} ("
+            + ", ".join(f"{role} {ms:,.0f}" for role, ms in r.stack_cpu_ms_by_role.items())
+            + f"); ratio {r.cpu_ratio:.3f}",
             f"run {r.run}  isolation: A alone {r.alone_pushes_per_s:,.0f}/s, with neighbours "
             f"{r.with_neighbours_pushes_per_s:,.0f}/s, ratio {r.isolation_ratio:.3f} "
             f"(meanwhile B {r.neighbour_b_per_s:,.1f}/s, C {r.neighbour_c_per_s:,.0f}/s, "
@@ -134,6 +169,7 @@ def json_figures(summary: dict[str, dict[str, float]], runs: list[RunFigures],
         "p99_ms": medians["p99_ms"],
         "dispatcher_pushes_per_s": medians["dispatcher_pushes_per_s"],
         "raw_pushes_per_s": medians["raw_pushes_per_s"],
+        "cpu_ratio": medians["cpu_ratio"],
         "goals": {"ratio_vs_raw_push": {"goal": GOAL_RATIO_VS_RAW,
                                         "met": bool(ratio >= GOAL_RATIO_VS_RAW)}},
         "spread": summary,

@@ -55,6 +55,29 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None  # exited meanwhile
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process, its live descendants (the receiver's worker and drain
+    processes) and the children they have reaped."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        if (fields := _stat_fields(current)) is not None:
+            total += sum(int(f) for f in fields[11:15]) / _CLOCK_TICKS  # u, s, cu, cs
+        todo += children.get(current, [])
+    return total
+
+
 def wait_for(what: str, condition: Callable[[], bool], timeout_s: float,
              progress: Callable[[], str] | None = None, interval_s: float = 0.1) -> float:
     """Poll `condition` until true; returns the seconds waited. Raises after `timeout_s`."""
@@ -91,6 +114,8 @@ class DispatchStack:
         self.stack.callback(tansu.stop)
         secantus = services.start_secantus(services.free_port(), self.workdir / "mongo", self.logs)
         self.stack.callback(secantus.stop)
+        # every process whose CPU the capacity phase accounts for, by role
+        self.cpu_pids: dict[str, int] = {"tansu": tansu.pid, "mongo": secantus.pid}
         self.mongo_uri = secantus.url
         self.http = httpx.Client(timeout=30)
         self.stack.callback(self.http.close)
@@ -103,6 +128,7 @@ class DispatchStack:
         self._call(self._prepare_store())
 
         self.sub_url = self._start_subscriber("sub")
+        self.cpu_pids["subscriber"] = self._processes[-1][1].pid
         self.neighbours_url = self._start_subscriber("neighbours")
 
         port = services.free_port()
@@ -112,9 +138,10 @@ class DispatchStack:
                                       MSGBUS_DISPATCHER_PORT=str(port))
         port = services.free_port()
         self.receiver_url = f"http://{HOST}:{port}"
-        self._spawn("receiver", [*self._msgbus("receiver"), "--workers", "1"],
-                    MSGBUS_RECEIVER_HOST=HOST, MSGBUS_RECEIVER_PORT=str(port),
-                    MSGBUS_RECEIVER_DISPATCHER_URL=self.dispatcher_url)
+        receiver = self._spawn("receiver", [*self._msgbus("receiver"), "--workers", "1"],
+                               MSGBUS_RECEIVER_HOST=HOST, MSGBUS_RECEIVER_PORT=str(port),
+                               MSGBUS_RECEIVER_DISPATCHER_URL=self.dispatcher_url)
+        self.cpu_pids.update(dispatcher=self.dispatcher.pid, receiver=receiver.pid)
         self._wait_healthy("dispatcher", self.dispatcher_url)
         self._wait_healthy("receiver", self.receiver_url)
 
@@ -267,3 +294,7 @@ class DispatchStack:
 
     def dispatcher_cpu_s(self) -> float:
         return process_cpu_s(self.dispatcher.pid)
+
+    def stack_cpu_s(self) -> dict[str, float]:
+        """CPU seconds so far of each process of the stack, by role (with its children)."""
+        return {role: tree_cpu_s(pid) for role, pid in self.cpu_pids.items()}

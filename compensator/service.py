@@ -1,49 +1,69 @@
-"""`CompensatorService`: for now a scan loop that logs how many deliveries wait for a retry.
-
-Retries, sweeps, leases and replays arrive with the compensator issue; the loop and its
-settings are the place they go.
-"""
+"""`CompensatorService`: the compensator's parts, wired from its settings — a retry loop per
+subscription, the sweeper and the replay runner."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
+import os
+import socket
 
-from msgbus.models import DeliveryStatus, utcnow
+from compensator.replays import ReplayRunner
+from compensator.retrier import SubscriptionRetrier
+from compensator.sweeper import Sweeper
+from msgbus.delivery.sender import make_sender
+from msgbus.registry import Registry
 from msgbus.settings import CompensatorSettings
 from msgbus.store import MongoStore
+from msgbus.store.claims import DeliveryClaims
 
 log = logging.getLogger(__name__)
 
 
 class CompensatorService:
     def __init__(self, settings: CompensatorSettings) -> None:
+        conn = settings.connections
         self.settings = settings
-        self.store = MongoStore(settings.connections.mongo_uri, settings.connections.mongo_db)
-        self._task: asyncio.Task[None] | None = None
-        self.last_due = 0
+        self.instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
+        self.store = MongoStore(conn.mongo_uri, conn.mongo_db)
+        self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
+        self.claims = DeliveryClaims(self.store, self.instance)
+        self.sender = make_sender(settings.http_client, instance=self.instance)
+        self.sweeper = Sweeper(self.claims, self.registry.subscriptions, settings)
+        self.replays = ReplayRunner(self.store, self.registry, self.sender, settings,
+                                    owner=self.instance)
+        self.retriers: dict[str, SubscriptionRetrier] = {}
+        self._lock = asyncio.Lock()
+        self.registry.on_change(self.sync)
 
     async def start(self) -> None:
         await self.store.ensure_indexes()
-        self._task = asyncio.create_task(self._scan_loop(), name="compensator-scan")
+        await self.sender.start()
+        await self.registry.start()
+        await self.sync()
+        self.sweeper.start()
+        self.replays.start()
+
+    async def sync(self) -> None:
+        """One retry loop per configured subscription (a paused one idles in its loop)."""
+        async with self._lock:
+            wanted = {sub.id for sub in self.registry.subscriptions()}
+            for sub_id in set(self.retriers) - wanted:
+                await self.retriers.pop(sub_id).close()
+            for sub_id in wanted - set(self.retriers):
+                retrier = SubscriptionRetrier(
+                    sub_id, functools.partial(self.registry.subscription, sub_id),
+                    self.claims, self.store, self.sender, self.settings)
+                retrier.start()
+                self.retriers[sub_id] = retrier
 
     async def close(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self.replays.close()
+        await self.sweeper.close()
+        await self.registry.close()
+        async with self._lock:
+            await asyncio.gather(*(r.close() for r in self.retriers.values()))
+            self.retriers.clear()
+        await self.sender.close()
         await self.store.close()
-
-    async def _scan_loop(self) -> None:
-        while True:
-            try:
-                due = await self.store.deliveries.count_documents(
-                    {"status": DeliveryStatus.FAILED.value, "next_attempt_at": {"$lte": utcnow()}})
-                if due != self.last_due:
-                    log.info("compensator: %d failed deliveries are due for a retry "
-                             "(retries are not implemented yet)", due)
-                self.last_due = due
-            except Exception as exc:
-                log.warning("compensator scan failed: %s", exc)
-            await asyncio.sleep(self.settings.scan_interval_s)

@@ -8,18 +8,17 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from msgbus.brokers.base import SubscriptionConsumer
-from msgbus.delivery.breaker import CircuitBreaker
+from msgbus.delivery.attempt import outcome_of, push_through
 from msgbus.delivery.filters import matches
-from msgbus.delivery.retry import decide_retry
+from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.trace import TraceWriter
-from msgbus.metrics import CIRCUIT_OPEN, IN_FLIGHT, PUSH_LATENCY, PUSHES, SKIPPED, SLOT_WAIT
+from msgbus.metrics import SKIPPED
 from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, Subscription, utcnow
 
 log = logging.getLogger(__name__)
@@ -46,7 +45,7 @@ class SubscriptionWorker:
         self._consumers = consumers
         self._sender = sender
         self._trace = trace
-        self._limit = asyncio.Semaphore(subscription.max_concurrency)
+        self._limiter = SubscriptionLimiter(subscription.id, subscription.max_concurrency)
         self._direct: asyncio.Queue[Envelope] = asyncio.Queue(maxsize=direct_queue_size)
         self._loops: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -58,13 +57,6 @@ class SubscriptionWorker:
             maxsize=subscription.max_concurrency)
         self._pushers: list[asyncio.Task[None]] = []
         self._to_record: list[tuple[DeliveryOutcome, Ack | None]] = []
-        self._pushes = {outcome: PUSHES.labels(subscription.id, outcome)
-                        for outcome in ("delivered", "failed", "parked")}
-        self._gauge = IN_FLIGHT.labels(subscription.id)
-        self._slot_wait = SLOT_WAIT.labels(subscription.id)
-        self._latency = PUSH_LATENCY.labels(subscription.id)
-        self._breaker = CircuitBreaker(subscription.id)
-        self._circuit_gauge = CIRCUIT_OPEN.labels(subscription.id)
 
     async def start(self) -> None:
         """Never fails on a broker: a consumer that cannot connect keeps trying in its loop,
@@ -178,7 +170,7 @@ class SubscriptionWorker:
         recording task, goes on."""
         while (item := await self._ready.get()) is not None:
             envelope, ack = item
-            if not await self._acquire_slot():
+            if not await self._limiter.acquire(self._closing):
                 return  # closing: not pushed, not acked; the broker hands it on
             outcome = await self._attempt(envelope, 1, retry_in_place=False)
             if not self._to_record:
@@ -203,23 +195,6 @@ class SubscriptionWorker:
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
 
-    async def _acquire_slot(self) -> bool:
-        """Waits for the circuit breaker and a concurrency slot; False (and no slot) when the
-        worker closes first."""
-        started = time.perf_counter()
-        if self._breaker.is_open:  # the wait may be long: let close() end it
-            admitted = asyncio.ensure_future(self._breaker.admit())
-            closing = asyncio.ensure_future(self._closing.wait())
-            await asyncio.wait((admitted, closing), return_when=asyncio.FIRST_COMPLETED)
-            admitted.cancel()
-            closing.cancel()
-        if self._closing.is_set():
-            return False
-        await self._limit.acquire()
-        self._slot_wait.observe(time.perf_counter() - started)
-        self._gauge.inc()
-        return True
-
     def _enqueue_in_lane(self, key: str, envelope: Envelope, ack: Ack | None) -> None:
         lane = self._lanes.get(key)
         if lane is not None:
@@ -235,44 +210,21 @@ class SubscriptionWorker:
         try:
             while lane and not self._closing.is_set():
                 envelope, ack = lane[0]
-                if not await self._acquire_slot():
+                if not await self._limiter.acquire(self._closing):
                     break
                 await self._deliver_in_order(envelope, ack)
                 lane.popleft()
         finally:
             del self._lanes[key]
 
-    async def _push(self, envelope: Envelope, attempt: int) -> AttemptResult:
-        """Called with a slot acquired; frees it when the subscriber has answered."""
-        try:
-            result = await self._sender.push(envelope, self.subscription, attempt=attempt)
-            self._breaker.record(result)
-            self._circuit_gauge.set(self._breaker.is_open)
-            return result
-        finally:
-            # The semaphore limits the subscriber's load, not our bookkeeping: recording the
-            # outcome (an fsync) happens after the slot is free. The broker's unacked window
-            # still bounds how many messages are between push and ack.
-            self._limit.release()
-            self._gauge.dec()
-
     async def _attempt(self, envelope: Envelope, attempt: int, *,
                        retry_in_place: bool) -> DeliveryOutcome:
-        """One push (called with a slot acquired) and what it means for the delivery."""
-        sub = self.subscription
-        result = await self._push(envelope, attempt)
-        outcome = DeliveryOutcome(result=result, destination=envelope.destination,
-                                  created_at=envelope.created_at, biz_id=envelope.biz_id)
-        if result.ok:
-            self._pushes["delivered"].inc()
-        else:
-            decision = decide_retry(sub.retry_policy, result, attempts_so_far=attempt,
-                                    first_created_at=envelope.created_at, now=utcnow())
-            outcome.parked, outcome.next_attempt_at = decision.park, decision.next_attempt_at
-            outcome.retrying_in_place = retry_in_place and not decision.park
-            self._pushes["parked" if outcome.parked else "failed"].inc()
-        self._latency.observe(result.latency_ms / 1000)
-        return outcome
+        """One push (called with a slot acquired) and what it means for the delivery. The
+        broker's unacked window bounds how many messages are between push and ack."""
+        result = await push_through(self._limiter, self._sender, envelope, self.subscription,
+                                    attempt)
+        return outcome_of(result, envelope, self.subscription, attempts_so_far=attempt,
+                          retry_in_place=retry_in_place)
 
     async def _deliver_in_order(self, envelope: Envelope, ack: Ack | None) -> None:
         """Called with a slot acquired: pushes the message, and after a failure again (after
@@ -290,7 +242,7 @@ class SubscriptionWorker:
             if self._closing.is_set():
                 return  # not acked: the broker hands it to the next worker
             attempt += 1
-            if not await self._acquire_slot():
+            if not await self._limiter.acquire(self._closing):
                 return
         if ack is not None:
             ack()

@@ -96,6 +96,39 @@ IN_FLIGHT = Gauge(
     "msgbus_pushes_in_flight", "Pushes in flight (semaphore occupancy)", ["subscription"],
     multiprocess_mode="livesum")
 
+RETRIES = Counter(
+    "msgbus_retries_total",
+    "Compensator pushes of failed deliveries by outcome: delivered, failed (retried later), "
+    "parked (given up), skipped (lease ran out before the push, or the message is missing)",
+    ["subscription", "outcome"])
+RETRIES_DUE = Gauge(
+    "msgbus_retries_due", "Failed deliveries whose next attempt is due now (capped)",
+    ["subscription"], multiprocess_mode="livemax")
+RETRIES_WAITING = Gauge(
+    "msgbus_retries_waiting", "Failed deliveries waiting for a retry, due or not (capped)",
+    ["subscription"], multiprocess_mode="livemax")
+OLDEST_RETRY_AGE = Gauge(
+    "msgbus_oldest_retry_age_seconds",
+    "Age of the oldest message whose delivery waits for a retry (0: none)",
+    ["subscription"], multiprocess_mode="livemax")
+PARKED = Gauge(
+    "msgbus_parked_deliveries",
+    "Deliveries given up by the retry policy (dead letters), waiting for a re-drive; alert "
+    "when above 0", ["subscription"], multiprocess_mode="livemax")
+SWEPT = Counter(
+    "msgbus_swept_total",
+    "Deliveries found pending for longer than the sweep threshold and handed to the retries",
+    ["subscription"])
+SWEEP_SECONDS = Histogram(
+    "msgbus_sweep_seconds", "Time one sweep over every subscription took",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+REPLAY_PLANNED = Gauge(
+    "msgbus_replay_planned", "Pushes a replay job planned (its dry-run count)", ["replay"],
+    multiprocess_mode="livemax")
+REPLAY_DONE = Gauge(
+    "msgbus_replay_done", "Pushes a replay job has made so far", ["replay"],
+    multiprocess_mode="livemax")
+
 
 def render() -> tuple[bytes, str]:
     if os.environ.get(MULTIPROCESS_DIR_VARIABLE):

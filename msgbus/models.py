@@ -221,3 +221,41 @@ class DeliveryOutcome:
     parked: bool = False
     retrying_in_place: bool = False  # an ordered subscription's dispatcher retries it itself
     skipped: bool = False  # filtered out: no push was made; `result` says why
+
+
+class ReplayState(StrEnum):
+    PLANNED = "planned"  # counted (dry run), not started
+    RUNNING = "running"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+    DONE = "done"
+
+
+REPLAY_FINAL_STATES = (ReplayState.CANCELLED, ReplayState.DONE)
+MAX_REPLAY_RATE_PER_S = 10_000.0
+
+
+class ReplaySpec(BaseModel):
+    """What a replay re-delivers: the messages of `destination` created in [since, until), to
+    the named subscriptions (all of the destination's when omitted), optionally only those of
+    one biz_id and only deliveries now in one of `statuses`; at most `rate_per_s` pushes/s."""
+
+    destination: Annotated[str, Field(pattern=CODE_PATTERN)]
+    subscriptions: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(
+        default=None, description="subscription names; None: every subscription of the "
+                                  "destination when the job is created")
+    since: datetime
+    until: datetime
+    biz_id: str | None = None
+    statuses: list[DeliveryStatus] | None = Field(
+        default=None, description="only deliveries in one of these states (e.g. failed, "
+                                  "parked); None: every message in the range")
+    rate_per_s: float = Field(default=100.0, gt=0, le=MAX_REPLAY_RATE_PER_S)
+
+    @field_validator("until")
+    @classmethod
+    def _range_not_empty(cls, until: datetime, info: object) -> datetime:
+        since = getattr(info, "data", {}).get("since")
+        if since is not None and until <= since:
+            raise ValueError("until must be after since")
+        return until

@@ -6,6 +6,7 @@ any second, even after an idle spell. A rate of 0 means unlimited.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -60,3 +61,11 @@ class TokenBucket:
             return 0.0
         self._refill()
         return max(0.0, (1.0 - self._tokens) / self._rate)
+
+    async def take_one(self) -> None:
+        """Waits until a token is available and takes it."""
+        wait_s = self.wait_s()
+        while wait_s > 0:
+            await asyncio.sleep(wait_s)
+            wait_s = self.wait_s()
+        self.take(1)

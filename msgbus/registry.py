@@ -113,3 +113,10 @@ class Registry:
 
     def subscriptions_of(self, destination: str) -> list[Subscription]:
         return self._subscriptions.get(destination, [])
+
+    def subscriptions(self) -> list[Subscription]:
+        return [sub for subs in self._subscriptions.values() for sub in subs]
+
+    def subscription(self, sub_id: str) -> Subscription | None:
+        destination = sub_id.split("/", 1)[0]
+        return next((s for s in self.subscriptions_of(destination) if s.id == sub_id), None)

@@ -116,7 +116,22 @@ class CompensatorSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8082
-    scan_interval_s: float = 5.0
+    instance: str = ""  # names this compensator in attempts and leases; default host-pid
+    http_client: str = "aiohttp"
+    # an idle subscription looks for due retries this often
+    scan_interval_s: float = 1.0
+    # most deliveries one claim takes (also at most 4 x the subscription's max_concurrency)
+    claim_batch: int = 256
+    # a claim's lease: this, plus the time the batch's pushes may take at the subscription's
+    # timeout; a compensator that dies holds its claims no longer than that
+    lease_s: float = 60.0
+    # a delivery still pending after this long is pushed by the compensator (its dispatcher
+    # died, its broker lost it, the direct path failed); keep it well above the normal
+    # accept-to-delivery time, or slow backlogs get pushed twice
+    sweep_after_s: float = 600.0
+    sweep_interval_s: float = 30.0
+    stats_interval_s: float = 15.0  # the retries-due / parked / oldest-retry gauges
+    replay_poll_s: float = 2.0  # how often idle compensators look for replay jobs to run
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import orjson
 
+from msgbus.cli.ops_cmd import parked, replay
 from msgbus.cli.services_cmd import services
 from msgbus.cli.spool_cmd import spool
 from msgbus.cli.stack import ServiceApps, connection_settings, serve_until_signal, server
@@ -166,3 +167,5 @@ for _name in ("dispatcher", "compensator", "admin"):
     main.add_command(_service_command(_name))
 main.add_command(services)
 main.add_command(spool)
+main.add_command(replay)
+main.add_command(parked)

@@ -24,6 +24,7 @@ from msgbus.store import MongoStore
 CLI_APP = "cli"
 CLI_KEY_FILE = "cli-api-key"
 RECEIVER_URL_FILE = "receiver-url"
+ADMIN_URL_FILE = "admin-url"  # what `msgbus replay` / `msgbus parked` talk to
 
 
 def _embedded_mongo(state_dir: Path) -> services.Running:
@@ -62,6 +63,7 @@ async def _run(conn: ConnectionSettings, demo: bool, demo_port: int) -> None:
             app, settings = make()
             await group.start(server(app, settings.host, settings.port), name)
             urls[name] = f"http://{settings.host}:{settings.port}"
+        stored.write(conn.state_dir / ADMIN_URL_FILE, urls["admin"])
         _print_banner(conn, urls, demo)
         await serve_until_signal(group)
     finally:

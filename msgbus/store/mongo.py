@@ -46,6 +46,9 @@ INDEXES: dict[str, list[IndexModel]] = {
     "deliveries": [
         IndexModel([("message_id", ASCENDING)]),
         IndexModel([("subscription", ASCENDING), ("status", ASCENDING), ("created_at", ASCENDING)]),
+        # the compensator's claims: one subscription's failed deliveries by due time
+        IndexModel([("subscription", ASCENDING), ("status", ASCENDING),
+                    ("next_attempt_at", ASCENDING)]),
         IndexModel([("status", ASCENDING), ("next_attempt_at", ASCENDING)]),
     ],
     "attempts": [IndexModel([("message_id", ASCENDING), ("started_at", ASCENDING)])],

@@ -74,9 +74,11 @@ class RunningBus:
         state_dir: Path,
         kafka_bootstrap: str = "",
         rabbitmq_url: str = "",
+        compensator_options: dict[str, Any] | None = None,
         **connection_options: Any,
     ) -> None:
         self.loop = loop
+        self.compensator_options = {"scan_interval_s": 0.5, **(compensator_options or {})}
         self.admin_token = "test-admin-token"
         self.connections = ConnectionSettings(
             mongo_uri=mongo_uri,
@@ -91,7 +93,7 @@ class RunningBus:
         self._group = ServerGroup()
         self._subscribers = ServerGroup()
         self.store = MongoStore(mongo_uri, mongo_db)
-        self.receiver_url = self.dispatcher_url = self.admin_url = ""
+        self.receiver_url = self.dispatcher_url = self.admin_url = self.compensator_url = ""
 
     def start(self) -> RunningBus:
         self.loop.run(self._start())
@@ -132,18 +134,10 @@ class RunningBus:
             "receiver",
         )
         self.receiver_url = f"http://{HOST}:{receiver.port}"
-        await self._group.start(
-            make_server(
-                compensator_app(
-                    CompensatorService(
-                        CompensatorSettings(port=0, scan_interval_s=0.5, connections=conn)
-                    )
-                ),
-                HOST,
-                0,
-            ),
-            "compensator",
-        )
+        self.compensator_service = self.new_compensator()
+        compensator = await self._group.start(
+            make_server(compensator_app(self.compensator_service), HOST, 0), "compensator")
+        self.compensator_url = f"http://{HOST}:{compensator.port}"
         admin = await self._group.start(
             make_server(
                 admin_app(
@@ -157,6 +151,12 @@ class RunningBus:
             "admin",
         )
         self.admin_url = f"http://{HOST}:{admin.port}"
+
+    def new_compensator(self, **options: Any) -> CompensatorService:
+        """A compensator of this bus (not started), with the bus's compensator options and
+        `options` on top."""
+        return CompensatorService(CompensatorSettings(
+            port=0, connections=self.connections, **{**self.compensator_options, **options}))
 
     def serve_subscriber(self, app: Any) -> str:
         """Run a subscriber app; returns its URL."""

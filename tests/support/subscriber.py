@@ -4,6 +4,7 @@ push it gets and answers with a status the test chooses."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,3 +39,34 @@ class RecordingSubscriber:
     def message_ids(self) -> set[str]:
         with self._lock:
             return {p.message_id for p in self.pushes}
+
+
+@dataclass
+class ScriptedSubscriber(RecordingSubscriber):
+    """Answers each push with `script(n)`, n being how many pushes of that message it has had
+    (1 for the first); records the status it answered and when."""
+
+    script: Any = None  # Callable[[int], int]
+    answered: list[tuple[str, int, float]] = field(default_factory=list)
+    _seen: dict[str, int] = field(default_factory=dict)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if await answer_lifespan(scope, receive, send):
+            return
+        body = await read_body(receive)
+        push = Push(request_headers(scope), body)
+        with self._lock:
+            self.pushes.append(push)
+            nth = self._seen[push.message_id] = self._seen.get(push.message_id, 0) + 1
+            status = self.script(nth) if self.script is not None else self.status
+            self.answered.append((push.message_id, status, time.monotonic()))
+        await respond(send, status, b"ok")
+
+    def successes(self) -> dict[str, int]:
+        """Per message, how many of its pushes were answered 2xx."""
+        with self._lock:
+            counts: dict[str, int] = {}
+            for message_id, status, _ in self.answered:
+                if 200 <= status < 300:
+                    counts[message_id] = counts.get(message_id, 0) + 1
+            return counts

@@ -1,0 +1,174 @@
+"""`ReplayRunner`: runs the operators' replay jobs — re-delivers a destination's messages of a
+time range to chosen subscriptions, at the job's own rate limit and with its own concurrency
+slots, apart from live traffic and from the retries.
+
+A job goes page by page through its messages in (created_at, id) order; after each page it
+records the attempts, saves its position and progress (renewing its lease) and reads its state,
+so a pause or a cancel takes effect within about a page (about a second at the job's rate). A
+compensator that dies mid-page leaves the job to another one, which starts again at the saved
+position: pushes of that one page may be repeated, nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from msgbus.delivery.attempt import outcome_of, push_through
+from msgbus.delivery.limiter import SubscriptionLimiter
+from msgbus.delivery.sender import Sender
+from msgbus.metrics import REPLAY_DONE, REPLAY_PLANNED
+from msgbus.models import DeliveryOutcome, Envelope, ReplaySpec, ReplayState, Subscription
+from msgbus.ratelimit import TokenBucket
+from msgbus.registry import Registry
+from msgbus.settings import CompensatorSettings
+from msgbus.store import MongoStore
+from msgbus.store.documents import envelope_from_doc
+from msgbus.store.replays import ReplayStore
+
+log = logging.getLogger(__name__)
+
+MAX_PAGE_MESSAGES = 200
+BASE_LEASE_S = 60.0
+ERROR_PAUSE_S = 2.0
+
+
+class ReplayRunner:
+    def __init__(self, store: MongoStore, registry: Registry, sender: Sender,
+                 settings: CompensatorSettings, *, owner: str) -> None:
+        self._store = store
+        self.jobs = ReplayStore(store)
+        self._registry = registry
+        self._sender = sender
+        self._settings = settings
+        self._owner = owner
+        self._closing = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="replays")
+
+    async def close(self) -> None:
+        self._closing.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        await self.jobs.ensure_indexes()
+        while not self._closing.is_set():
+            try:
+                job = await self.jobs.claim_running(self._owner, BASE_LEASE_S)
+                if job is not None:
+                    await ReplayJobRun(job, self.jobs, self._store, self._registry,
+                                       self._sender, owner=self._owner,
+                                       closing=self._closing).run()
+                    continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("replays: running a job failed; trying again")
+                await asyncio.sleep(ERROR_PAUSE_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self._settings.replay_poll_s)
+
+
+class ReplayJobRun:
+    """One compensator's run of one job, from its saved position until it is done, paused,
+    cancelled or taken away."""
+
+    def __init__(self, job: dict[str, Any], jobs: ReplayStore, store: MongoStore,
+                 registry: Registry, sender: Sender, *, owner: str,
+                 closing: asyncio.Event) -> None:
+        self._jobs = jobs
+        self._store = store
+        self._registry = registry
+        self._sender = sender
+        self._owner = owner
+        self._closing = closing
+        self.job_id: str = job["_id"]
+        self.spec = ReplaySpec.model_validate(job["spec"])
+        self.sub_ids: list[str] = job["subscriptions"]
+        self.position: dict[str, Any] | None = job["position"]
+        self._bucket = TokenBucket(self.spec.rate_per_s)
+        self._limiters: dict[str, SubscriptionLimiter] = {}
+        self._done = REPLAY_DONE.labels(self.job_id)
+        self._done.set(job["done"])
+        REPLAY_PLANNED.labels(self.job_id).set(job["planned"])
+        self._done_so_far = int(job["done"])
+
+    async def run(self) -> None:
+        log.info("replay %s: running from %s", self.job_id, self.position or "the start")
+        while not self._closing.is_set():
+            subs = {sid: self._registry.subscription(sid) for sid in self.sub_ids}
+            live = {sid: s for sid, s in subs.items() if s is not None}
+            page = await self._jobs.message_page(self.spec, self.position,
+                                                   self._page_size(list(live.values())))
+            if not page:
+                await self._jobs.finish(self.job_id, self._owner)
+                log.info("replay %s: done, %d pushes", self.job_id, self._done_so_far)
+                return
+            pairs = await self._pairs(page)
+            outcomes = await asyncio.gather(*(
+                self._push(live[sid], env) if sid in live else self._gone(sid)
+                for env, sid in pairs))
+            made = [o for o in outcomes if o is not None]
+            await self._store.record_outcomes(made)
+            if self._closing.is_set():  # part of the page was not pushed: redo it next time
+                await self._jobs.release(self.job_id, self._owner)
+                return
+            last = page[-1]
+            self.position = {"created_at": last["created_at"], "_id": last["_id"]}
+            delivered = sum(1 for o in made if o.result.ok)
+            self._done_so_far += len(pairs)
+            self._done.set(self._done_so_far)
+            state = await self._jobs.save_progress(
+                self.job_id, self._owner, self._lease_s(list(live.values())),
+                position=self.position, done=len(pairs), delivered=delivered,
+                failed=len(made) - delivered)
+            if state != ReplayState.RUNNING.value:
+                log.info("replay %s: %s; stopping", self.job_id, state or "taken over")
+                if state is not None:
+                    await self._jobs.release(self.job_id, self._owner)
+                return
+
+    def _page_size(self, subs: list[Subscription]) -> int:
+        """About a second of pushes at the job's rate, and no more than four rounds of the
+        smallest concurrency limit, so a pause is noticed soon and the lease holds."""
+        per_message = max(1, len(self.sub_ids))
+        by_rate = int(self.spec.rate_per_s / per_message)
+        by_slots = 4 * min((s.max_concurrency for s in subs), default=1) // per_message
+        return max(1, min(MAX_PAGE_MESSAGES, by_rate, by_slots))
+
+    def _lease_s(self, subs: list[Subscription]) -> float:
+        slowest_s = max((s.timeout_ms / 1000 for s in subs), default=0.0)
+        return BASE_LEASE_S + 4 * slowest_s
+
+    async def _pairs(self, page: list[dict[str, Any]]) -> list[tuple[Envelope, str]]:
+        envelopes = [envelope_from_doc(m) for m in page]
+        pairs = [(env, sid) for env in envelopes for sid in self.sub_ids]
+        if self.spec.statuses is None:
+            return pairs
+        states = await self._jobs.delivery_states([e.message_id for e in envelopes],
+                                                   self.sub_ids)
+        wanted = set(self.spec.statuses)
+        return [(env, sid) for env, sid in pairs
+                if states.get(f"{env.message_id}|{sid}") in wanted]
+
+    async def _push(self, sub: Subscription, envelope: Envelope) -> DeliveryOutcome | None:
+        await self._bucket.take_one()
+        limiter = self._limiters.get(sub.id)
+        if limiter is None:
+            limiter = self._limiters[sub.id] = SubscriptionLimiter(sub.id, sub.max_concurrency)
+        if not await limiter.acquire(self._closing):
+            return None
+        result = await push_through(limiter, self._sender, envelope, sub, 1)
+        result.instance = f"{result.instance} replay {self.job_id}"
+        return outcome_of(result, envelope, sub, attempts_so_far=1)
+
+    async def _gone(self, sub_id: str) -> None:
+        """The subscription was deleted after the job was created: nothing to push."""
+        log.debug("replay %s: subscription %s no longer exists", self.job_id, sub_id)

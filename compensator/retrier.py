@@ -1,0 +1,145 @@
+"""`SubscriptionRetrier`: one subscription's retry loop — claim the failed deliveries that are
+due, push each through the subscription's limiter (circuit breaker and concurrency slots, as in
+the dispatcher), record every attempt on the trace.
+
+Each subscription has its own loop and limiter, so a subscriber that stays broken holds only its
+own retries back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable
+
+from msgbus.delivery.attempt import outcome_of, push_through
+from msgbus.delivery.limiter import SubscriptionLimiter
+from msgbus.delivery.sender import Sender
+from msgbus.metrics import RETRIES
+from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
+from msgbus.settings import CompensatorSettings
+from msgbus.store import MongoStore
+from msgbus.store.claims import ClaimedDelivery, DeliveryClaims
+
+log = logging.getLogger(__name__)
+
+MISSING_MESSAGE_DELAY_S = 30.0  # its record may still be on its way from a receiver
+LEASE_MARGIN_S = 1.0  # a push must be able to end (timeout) this long before the lease does
+ERROR_PAUSE_S = 1.0
+
+
+class SubscriptionRetrier:
+    def __init__(self, subscription_id: str, current: Callable[[], Subscription | None],
+                 claims: DeliveryClaims, store: MongoStore, sender: Sender,
+                 settings: CompensatorSettings) -> None:
+        self.subscription_id = subscription_id
+        self._current = current  # the subscription as configured now (None: deleted)
+        self._claims = claims
+        self._store = store
+        self._sender = sender
+        self._settings = settings
+        self._limiter: SubscriptionLimiter | None = None
+        self._limit_size = 0
+        self._closing = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=f"retry-{self.subscription_id}")
+
+    async def close(self, grace_s: float = 10.0) -> None:
+        """Pushes under way finish (within `grace_s`); claimed deliveries not pushed yet are
+        given back at once."""
+        self._closing.set()
+        if self._task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._task), grace_s)
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while not self._closing.is_set():
+            sub = self._current()
+            try:
+                pushed = await self.retry_due(sub) if sub is not None and not sub.paused else 0
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: retrying failed deliveries failed; trying again",
+                              self.subscription_id)
+                pushed = 0
+                await self._pause(ERROR_PAUSE_S)
+            if not pushed:
+                await self._pause(self._settings.scan_interval_s)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), seconds)
+
+    def _limiter_for(self, sub: Subscription) -> SubscriptionLimiter:
+        if self._limiter is None or self._limit_size != sub.max_concurrency:
+            self._limiter = SubscriptionLimiter(sub.id, sub.max_concurrency)
+            self._limit_size = sub.max_concurrency
+        return self._limiter
+
+    async def retry_due(self, sub: Subscription) -> int:
+        """One claim of due retries, pushed and recorded. Returns how many were claimed."""
+        batch = max(1, min(self._settings.claim_batch, 4 * sub.max_concurrency))
+        rounds = math.ceil(batch / sub.max_concurrency)
+        lease_s = self._settings.lease_s + rounds * sub.timeout_ms / 1000
+        claimed = await self._claims.claim_due(sub.id, batch, lease_s)
+        if not claimed:
+            return 0
+        envelopes = await self._claims.envelopes([c.message_id for c in claimed])
+        missing = [c for c in claimed if c.message_id not in envelopes]
+        if missing:
+            log.warning("%s: %d messages to retry have no record yet; trying again in %.0f s",
+                        sub.id, len(missing), MISSING_MESSAGE_DELAY_S)
+            RETRIES.labels(sub.id, "skipped").inc(len(missing))
+            await self._claims.release(missing, MISSING_MESSAGE_DELAY_S)
+        limiter = self._limiter_for(sub)
+        ready = [(c, envelopes[c.message_id]) for c in claimed if c.message_id in envelopes]
+        results = await asyncio.gather(*(self._attempt(sub, limiter, c, env)
+                                         for c, env in ready))
+        outcomes = [o for o in results if o is not None]
+        unpushed = [c for (c, _), o in zip(ready, results, strict=True) if o is None]
+        await self._record(outcomes)
+        if unpushed:
+            await self._claims.release(unpushed, 0.0)
+        return len(claimed)
+
+    async def _attempt(self, sub: Subscription, limiter: SubscriptionLimiter,
+                       claimed: ClaimedDelivery, envelope: Envelope) -> DeliveryOutcome | None:
+        """One retry push; None when it was not made (closing, or the lease would run out)."""
+        if not await limiter.acquire(self._closing):
+            return None
+        left_s = (claimed.lease_until - utcnow()).total_seconds()
+        if left_s < sub.timeout_ms / 1000 + LEASE_MARGIN_S:
+            limiter.release(None)  # another compensator may claim it by now
+            RETRIES.labels(sub.id, "skipped").inc()
+            return None
+        result = await push_through(limiter, self._sender, envelope, sub, claimed.attempts + 1)
+        outcome = outcome_of(result, envelope, sub, attempts_so_far=claimed.policy_attempts,
+                             age_from=claimed.age_from)
+        label = "delivered" if result.ok else "parked" if outcome.parked else "failed"
+        RETRIES.labels(sub.id, label).inc()
+        return outcome
+
+    async def _record(self, outcomes: list[DeliveryOutcome]) -> None:
+        """Until it works or the compensator closes: an outcome not recorded is pushed again
+        when its lease ends (a duplicate, never a loss)."""
+        while outcomes:
+            try:
+                await self._store.record_outcomes(outcomes)
+                return
+            except Exception as exc:
+                if self._closing.is_set():
+                    log.warning("%s: %d retry outcomes not recorded at close (%s); they are "
+                                "retried again when their lease ends", self.subscription_id,
+                                len(outcomes), exc)
+                    return
+                log.warning("%s: recording retry outcomes failed (%s); trying again",
+                            self.subscription_id, exc)
+                await self._pause(ERROR_PAUSE_S)

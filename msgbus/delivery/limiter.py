@@ -1,0 +1,51 @@
+"""`SubscriptionLimiter`: what stands between a message and a push to its subscriber — the
+circuit breaker and the subscription's concurrency limit (a semaphore of `max_concurrency`
+slots), with their metrics. The dispatcher and the compensator each hold one per subscription."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from msgbus.delivery.breaker import CircuitBreaker
+from msgbus.metrics import CIRCUIT_OPEN, IN_FLIGHT, SLOT_WAIT
+from msgbus.models import AttemptResult
+
+
+class SubscriptionLimiter:
+    def __init__(self, subscription_id: str, max_concurrency: int) -> None:
+        self.subscription_id = subscription_id
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._breaker = CircuitBreaker(subscription_id)
+        self._gauge = IN_FLIGHT.labels(subscription_id)
+        self._slot_wait = SLOT_WAIT.labels(subscription_id)
+        self._circuit_gauge = CIRCUIT_OPEN.labels(subscription_id)
+
+    @property
+    def circuit_open(self) -> bool:
+        return self._breaker.is_open
+
+    async def acquire(self, closing: asyncio.Event) -> bool:
+        """Waits for the circuit breaker and a slot; False (and no slot) when `closing` is set
+        first. Every True must be followed by one `release()`."""
+        started = time.perf_counter()
+        if self._breaker.is_open:  # the wait may be long: let the caller's close end it
+            admitted = asyncio.ensure_future(self._breaker.admit())
+            closed = asyncio.ensure_future(closing.wait())
+            await asyncio.wait((admitted, closed), return_when=asyncio.FIRST_COMPLETED)
+            admitted.cancel()
+            closed.cancel()
+        if closing.is_set():
+            return False
+        await self._slots.acquire()
+        self._slot_wait.observe(time.perf_counter() - started)
+        self._gauge.inc()
+        return True
+
+    def release(self, result: AttemptResult | None) -> None:
+        """The slot's push is answered (`result`), or it never happened (None)."""
+        if result is not None:
+            self._breaker.record(result)
+            self._circuit_gauge.set(self._breaker.is_open)
+        self._slots.release()
+        self._gauge.dec()

@@ -1,0 +1,161 @@
+"""`DeliveryClaims`: the compensator's side of the delivery state — claiming due retries under
+leases, sweeping deliveries left pending, parking and re-driving.
+
+A claim is a lease: `next_attempt_at` moves to the lease's end and `lease` holds a token of the
+claim. Nobody else claims the delivery until then; if the claimer dies, the delivery simply
+becomes due again when the lease ends. Claiming is three indexed, batched round trips (find the
+due ids, update those still due, read back the ones this claim won), never one
+`find_one_and_update` per delivery: the MongoDB-compatible test server scans the whole
+collection for each of those.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pymongo import ASCENDING, UpdateOne
+
+from msgbus.models import DeliveryStatus, Envelope, utcnow
+from msgbus.store import documents as docs
+from msgbus.store.mongo import MongoStore
+
+_CLAIM_FIELDS = {"message_id": 1, "subscription": 1, "attempts": 1, "attempt_base": 1,
+                 "redriven_at": 1}
+
+
+@dataclass(slots=True)
+class ClaimedDelivery:
+    delivery_id: str
+    message_id: str
+    subscription: str
+    attempts: int  # attempts made so far, by anyone
+    attempt_base: int  # attempts before its last re-drive: the policy counts from there
+    age_from: datetime | None  # its last re-drive: the policy's max age counts from there
+    lease_until: datetime
+
+    @property
+    def policy_attempts(self) -> int:
+        """Attempts the retry policy counts once the next one is made."""
+        return self.attempts + 1 - self.attempt_base
+
+
+@dataclass(slots=True)
+class SubscriptionRetryStats:
+    due: int  # failed deliveries whose next attempt is due now (capped)
+    waiting: int  # failed deliveries, due or not (capped)
+    oldest_failed_at: datetime | None  # creation time of the oldest failed delivery
+    parked: int
+
+
+class DeliveryClaims:
+    def __init__(self, store: MongoStore, owner: str) -> None:
+        self._deliveries = store.deliveries
+        self._messages = store.messages
+        self.owner = owner
+
+    async def claim_due(self, subscription: str, limit: int,
+                        lease_s: float) -> list[ClaimedDelivery]:
+        """Up to `limit` failed deliveries of `subscription` whose next attempt is due, oldest
+        due first, leased to this owner for `lease_s`."""
+        now = utcnow()
+        due = {"subscription": subscription, "status": DeliveryStatus.FAILED.value,
+               "next_attempt_at": {"$lte": now}}
+        cursor = self._deliveries.find(due, {"_id": 1}).sort("next_attempt_at", ASCENDING)
+        ids = [d["_id"] async for d in cursor.limit(limit)]
+        if not ids:
+            return []
+        token = f"{self.owner}:{secrets.token_hex(8)}"
+        lease_until = now + timedelta(seconds=lease_s)
+        # by _id only (and the due condition again, against a race): given the subscription
+        # too, the test server plans this update on the subscription's index and scans it
+        claimed = await self._deliveries.update_many(
+            {"_id": {"$in": ids}, "status": DeliveryStatus.FAILED.value,
+             "next_attempt_at": {"$lte": now}},
+            {"$set": {"next_attempt_at": lease_until, "lease": token}})
+        # all modified: this claim won them all, and the ids' documents are what it needs
+        # (when another claim won some, only the ones holding this token are ours)
+        query = {"_id": {"$in": ids}} if claimed.modified_count == len(ids) else {
+            "_id": {"$in": ids}, "lease": token}
+        won = self._deliveries.find(query, _CLAIM_FIELDS)
+        return [ClaimedDelivery(
+            delivery_id=d["_id"], message_id=d["message_id"], subscription=d["subscription"],
+            attempts=d.get("attempts", 0), attempt_base=d.get("attempt_base", 0),
+            age_from=d.get("redriven_at"), lease_until=lease_until) async for d in won]
+
+    async def release(self, claimed: list[ClaimedDelivery], delay_s: float) -> None:
+        """Give claimed deliveries back unattempted: due again after `delay_s`."""
+        if not claimed:
+            return
+        await self._deliveries.update_many(
+            {"_id": {"$in": [c.delivery_id for c in claimed]},
+             "status": DeliveryStatus.FAILED.value},
+            {"$set": {"next_attempt_at": utcnow() + timedelta(seconds=delay_s)}})
+
+    async def envelopes(self, message_ids: list[str]) -> dict[str, Envelope]:
+        found = self._messages.find({"_id": {"$in": message_ids}})
+        return {d["_id"]: docs.envelope_from_doc(d) async for d in found}
+
+    async def sweep_pending(self, subscription: str, older_than: datetime,
+                            limit: int) -> int:
+        """Deliveries of `subscription` still pending since before `older_than` (their
+        dispatcher died, their broker lost them, the direct path failed) become failed and due
+        now, for the retry loop. Returns how many."""
+        stale = {"subscription": subscription, "status": DeliveryStatus.PENDING.value,
+                 "created_at": {"$lt": older_than}}
+        cursor = self._deliveries.find(stale, {"_id": 1}).sort("created_at", ASCENDING)
+        ids = [d["_id"] async for d in cursor.limit(limit)]
+        if not ids:
+            return 0
+        now = utcnow()
+        result = await self._deliveries.update_many(
+            {"_id": {"$in": ids}, "status": DeliveryStatus.PENDING.value},
+            {"$set": {"status": DeliveryStatus.FAILED.value, "next_attempt_at": now,
+                      "swept_at": now, "updated_at": now,
+                      "last_error": "swept: no outcome was recorded in time"}})
+        return int(result.modified_count)
+
+    async def stats(self, subscription: str, cap: int) -> SubscriptionRetryStats:
+        failed = {"subscription": subscription, "status": DeliveryStatus.FAILED.value}
+        due = await self._deliveries.count_documents(
+            {**failed, "next_attempt_at": {"$lte": utcnow()}}, limit=cap)
+        waiting = await self._deliveries.count_documents(failed, limit=cap)
+        oldest = await self._deliveries.find_one(failed, {"created_at": 1},
+                                                 sort=[("created_at", ASCENDING)])
+        parked = await self._deliveries.count_documents(
+            {"subscription": subscription, "status": DeliveryStatus.PARKED.value}, limit=cap)
+        return SubscriptionRetryStats(
+            due=due, waiting=waiting, parked=parked,
+            oldest_failed_at=oldest["created_at"] if oldest else None)
+
+    async def parked(self, subscription: str, limit: int) -> list[dict[str, Any]]:
+        cursor = self._deliveries.find(
+            {"subscription": subscription, "status": DeliveryStatus.PARKED.value})
+        return [d async for d in cursor.sort("created_at", ASCENDING).limit(limit)]
+
+    async def redrive(self, subscription: str, message_ids: list[str] | None = None,
+                      *, batch: int = 500) -> int:
+        """Parked deliveries of `subscription` (all, or those of `message_ids`) become due now,
+        with the policy's attempt count and age starting afresh. Returns how many."""
+        query: dict[str, Any] = {"subscription": subscription,
+                                 "status": DeliveryStatus.PARKED.value}
+        if message_ids is not None:
+            query["_id"] = {"$in": [f"{m}|{subscription}" for m in message_ids]}
+        total = 0
+        while True:
+            page = [d async for d in self._deliveries.find(query, {"attempts": 1}).limit(batch)]
+            if not page:
+                return total
+            now = utcnow()
+            ops = [UpdateOne({"_id": d["_id"], "status": DeliveryStatus.PARKED.value},
+                             {"$set": {"status": DeliveryStatus.FAILED.value,
+                                       "next_attempt_at": now, "redriven_at": now,
+                                       "updated_at": now,
+                                       "attempt_base": d.get("attempts", 0)}})
+                   for d in page]
+            result = await self._deliveries.bulk_write(ops, ordered=False)
+            total += result.modified_count
+            if len(page) < batch:
+                return total

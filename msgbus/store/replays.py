@@ -1,0 +1,158 @@
+"""`ReplayStore`: replay jobs in MongoDB (`replays` collection) — their spec, state, progress,
+the lease of the compensator running one, and their audit trail.
+
+A job is run by one compensator at a time: it holds a lease on the job document, renewed with
+every progress save; when that compensator dies, another takes the job over from its saved
+position once the lease ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING
+
+from msgbus.errors import Conflict, NotFound
+from msgbus.ids import uuid7
+from msgbus.models import DeliveryStatus, ReplaySpec, ReplayState, delivery_id, utcnow
+from msgbus.store.mongo import MongoStore
+
+
+def message_range_query(spec: ReplaySpec) -> dict[str, Any]:
+    query: dict[str, Any] = {"destination": spec.destination,
+                             "created_at": {"$gte": spec.since, "$lt": spec.until}}
+    if spec.biz_id is not None:
+        query["biz_id"] = spec.biz_id
+    return query
+
+
+class ReplayStore:
+    def __init__(self, store: MongoStore) -> None:
+        self._jobs = store.db["replays"]
+        self._messages = store.messages
+        self._deliveries = store.deliveries
+
+    async def ensure_indexes(self) -> None:
+        await self._jobs.create_index([("state", ASCENDING), ("created_at", ASCENDING)])
+
+    # --- planning ------------------------------------------------------------------------
+
+    async def count_planned(self, spec: ReplaySpec, sub_ids: Sequence[str]) -> int:
+        """The pushes a replay of `spec` to `sub_ids` makes (its dry run)."""
+        if spec.statuses is None:
+            return len(sub_ids) * await self._messages.count_documents(
+                message_range_query(spec))
+        query: dict[str, Any] = {
+            "subscription": {"$in": list(sub_ids)},
+            "status": {"$in": [s.value for s in spec.statuses]},
+            "created_at": {"$gte": spec.since, "$lt": spec.until}}
+        if spec.biz_id is not None:
+            query["biz_id"] = spec.biz_id
+        return int(await self._deliveries.count_documents(query))
+
+    async def create(self, spec: ReplaySpec, sub_ids: list[str], planned: int,
+                     requested_by: str) -> dict[str, Any]:
+        now = utcnow()
+        job = {"_id": uuid7(), "spec": spec.model_dump(mode="python"),
+               "subscriptions": sub_ids, "state": ReplayState.PLANNED.value,
+               "planned": planned, "done": 0, "delivered": 0, "failed": 0,
+               "position": None, "created_at": now, "updated_at": now,
+               "requested_by": requested_by, "lease_owner": None, "lease_until": None,
+               "audit": [{"at": now, "by": requested_by, "action": "created",
+                          "planned": planned}]}
+        await self._jobs.insert_one(job)
+        return job
+
+    async def get(self, job_id: str) -> dict[str, Any]:
+        job = await self._jobs.find_one({"_id": job_id})
+        if job is None:
+            raise NotFound(f"unknown replay {job_id!r}", field="replay_id")
+        return job
+
+    async def recent(self, limit: int) -> list[dict[str, Any]]:
+        cursor = self._jobs.find({}).sort("created_at", DESCENDING).limit(limit)
+        return [j async for j in cursor]
+
+    async def transition(self, job_id: str, allowed_from: Sequence[ReplayState],
+                         to: ReplayState, by: str) -> dict[str, Any]:
+        """Move a job to `to` if it is in one of `allowed_from`; audited."""
+        now = utcnow()
+        fields: dict[str, Any] = {"state": to.value, "updated_at": now}
+        if to is ReplayState.RUNNING:
+            fields["started_at"] = now
+        if to in (ReplayState.CANCELLED, ReplayState.DONE):
+            fields["finished_at"] = now
+        result = await self._jobs.update_one(
+            {"_id": job_id, "state": {"$in": [s.value for s in allowed_from]}},
+            {"$set": fields, "$push": {"audit": {"at": now, "by": by, "action": to.value}}})
+        if result.matched_count == 0:
+            job = await self.get(job_id)  # NotFound when it does not exist
+            raise Conflict(f"replay {job_id} is {job['state']}; it cannot become {to.value} "
+                           f"(only from {', '.join(s.value for s in allowed_from)})")
+        return await self.get(job_id)
+
+    # --- running (compensator) -----------------------------------------------------------
+
+    async def claim_running(self, owner: str, lease_s: float) -> dict[str, Any] | None:
+        """A running job nobody holds (or this owner already holds), leased to `owner`."""
+        now = utcnow()
+        free = {"state": ReplayState.RUNNING.value,
+                "$or": [{"lease_until": None}, {"lease_until": {"$lt": now}},
+                        {"lease_owner": owner}]}
+        async for job in self._jobs.find(free, {"_id": 1}).sort("created_at", ASCENDING):
+            result = await self._jobs.update_one(
+                {**free, "_id": job["_id"]},
+                {"$set": {"lease_owner": owner,
+                          "lease_until": now + timedelta(seconds=lease_s)}})
+            if result.modified_count:
+                return await self.get(job["_id"])
+        return None
+
+    async def save_progress(self, job_id: str, owner: str, lease_s: float, *,
+                            position: dict[str, Any] | None, done: int, delivered: int,
+                            failed: int) -> str | None:
+        """Saves progress and renews the lease; returns the job's state now, or None when
+        this owner no longer holds it."""
+        now = utcnow()
+        result = await self._jobs.update_one(
+            {"_id": job_id, "lease_owner": owner},
+            {"$set": {"position": position, "updated_at": now,
+                      "lease_until": now + timedelta(seconds=lease_s)},
+             "$inc": {"done": done, "delivered": delivered, "failed": failed}})
+        if result.matched_count == 0:
+            return None
+        job = await self._jobs.find_one({"_id": job_id}, {"state": 1})
+        return None if job is None else str(job["state"])
+
+    async def release(self, job_id: str, owner: str) -> None:
+        await self._jobs.update_one({"_id": job_id, "lease_owner": owner},
+                                    {"$set": {"lease_owner": None, "lease_until": None}})
+
+    async def finish(self, job_id: str, owner: str) -> None:
+        now = utcnow()
+        await self._jobs.update_one(
+            {"_id": job_id, "lease_owner": owner, "state": ReplayState.RUNNING.value},
+            {"$set": {"state": ReplayState.DONE.value, "finished_at": now, "updated_at": now,
+                      "lease_owner": None, "lease_until": None},
+             "$push": {"audit": {"at": now, "by": owner, "action": "done"}}})
+
+    async def message_page(self, spec: ReplaySpec, position: dict[str, Any] | None,
+                           limit: int) -> list[dict[str, Any]]:
+        """The next messages of the range after `position` ({created_at, _id} of the last one
+        done), in (created_at, _id) order."""
+        query = message_range_query(spec)
+        if position is not None:
+            after: datetime = position["created_at"]
+            query["$or"] = [{"created_at": {"$gt": after}},
+                            {"created_at": after, "_id": {"$gt": position["_id"]}}]
+        cursor = self._messages.find(query).sort([("created_at", ASCENDING),
+                                                  ("_id", ASCENDING)]).limit(limit)
+        return [m async for m in cursor]
+
+    async def delivery_states(self, message_ids: Sequence[str],
+                              sub_ids: Sequence[str]) -> dict[str, DeliveryStatus]:
+        ids = [delivery_id(m, s) for m in message_ids for s in sub_ids]
+        found = self._deliveries.find({"_id": {"$in": ids}}, {"status": 1})
+        return {d["_id"]: DeliveryStatus(d["status"]) async for d in found}
