@@ -1,6 +1,6 @@
 """The receiver keeps accepting through MongoDB and broker outages, a kill -9 and a second
 replica, and every message it answered 202 is recorded in MongoDB and delivered; a kill -9 of
-the dispatcher mid-flight loses nothing either.
+the dispatcher mid-flight, or of a compensator mid-retry, loses nothing either.
 
 Everything runs as separate OS processes: the receiver(s) and the dispatcher
 (`python -m msgbus.cli receiver|dispatcher`), and private servers this module stops and
@@ -352,4 +352,42 @@ def test_dispatcher_stopped_mid_flight_loses_nothing(deployment: Deployment, how
         for code, subscriber in deployment.subscribers.items():
             duplicates = len(subscriber.pushes) - len(subscriber.message_ids())
             assert duplicates <= window, f"{code}: {duplicates} duplicate pushes"
+        assert not _refusals(load.answers()), "the receiver refused messages"
+
+
+# ---- 6. kill -9 of a compensator ---------------------------------------------------------------
+
+COMPENSATOR_LEASE_S = 2  # plus 4 rounds of the 1 s push timeout: a claim lasts 6 s
+
+
+def test_compensator_killed_with_sigkill_mid_retries_loses_nothing(
+        deployment: Deployment) -> None:
+    """Two compensators retry the failures of subscribers that answer 400 (a failure that does
+    not open the circuit, so every message fails once in the dispatcher and waits for a retry).
+    The subscribers recover and one compensator is killed with -9 at once, with claims in hand:
+    those end with their lease and the other compensator delivers them. Every message answered
+    202 is marked delivered (duplicate pushes are printed)."""
+    phases = Phases()
+    deployment.subscription_options = {
+        "timeout_ms": 1000, "retry_policy": {"delays_s": [0.5]}}
+    with deployment.logs_on_failure():
+        with phases.phase("start two compensators"):
+            compensators = [deployment.add_compensator(
+                name, lease_s=str(COMPENSATOR_LEASE_S), scan_interval_s="0.2")
+                for name in ("compensator-a", "compensator-b")]
+            deployment.run(deployment.store.ensure_indexes())
+        load = _start_under_load(deployment, phases)
+        for subscriber in deployment.subscribers.values():
+            subscriber.status = 400
+        for compensator in compensators:
+            compensator.start()
+        with phases.phase("subscribers answer 400; retries pile up"):
+            _hold(load, 5, "failing")
+        with phases.phase("subscribers recover; compensator-a killed with -9"):
+            for subscriber in deployment.subscribers.values():
+                subscriber.status = 200
+            compensators[0].kill9()
+        _end_load(load, phases, "compensator-a killed")
+        deployment.check_everything_delivered(load, phases)
+        print(phases.report())
         assert not _refusals(load.answers()), "the receiver refused messages"

@@ -190,6 +190,7 @@ class Deployment:
         self.dispatcher: BusProcess | None = None
         self.receivers: list[BusProcess] = []
         self.api_key = ""
+        self.subscription_options: dict[str, Any] = {}  # fields of every subscription
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
         return self.loop.run(coro, timeout_s)
@@ -215,7 +216,8 @@ class Deployment:
                 make_server(subscriber, services.HOST, 0), f"subscriber-{code}")
             url = f"http://{services.HOST}:{server.port}/hook"
             await self.store.save_subscription(Subscription(
-                destination=code, name=SUBSCRIPTION, url=HttpUrl(url), max_concurrency=32))
+                destination=code, name=SUBSCRIPTION, url=HttpUrl(url),
+                **{"max_concurrency": 32, **self.subscription_options}))
             self.subscribers[code] = subscriber
         self.api_key = new_api_key()
         await self.store.create_app("load", hash_api_key(self.api_key), ["*"])
@@ -256,6 +258,14 @@ class Deployment:
         receiver = self._process("receiver", name, self.work_dir / name)
         self.receivers.append(receiver)
         return receiver
+
+    def add_compensator(self, name: str, **settings: str) -> BusProcess:
+        """A compensator with a state directory of its own; `settings` are its
+        MSGBUS_COMPENSATOR_* variables (e.g. lease_s="2")."""
+        compensator = self._process("compensator", name, self.work_dir / name)
+        compensator.env.update({f"MSGBUS_COMPENSATOR_{key.upper()}": value
+                                for key, value in settings.items()})
+        return compensator
 
     def load(self, *, rate_per_s: float, duration_s: float) -> SteadyLoad:
         return SteadyLoad([r.url for r in self.receivers], list(self.destinations),

@@ -1,0 +1,318 @@
+"""Compensator benchmark (issue 6): claims + deliveries per second on a backlog of due retries,
+and the time a sweep takes as the pending deliveries grow.
+
+    python -m bench.compensator [--runs 3] [--retries 100000] [--subscriptions 4]
+                                [--compensators 1] [--sizes 10000,100000,1000000]
+                                [--due 1000] [--quick]
+
+Everything runs on 127.0.0.1: SecantusDB, one recording subscriber process and
+`--compensators` `msgbus compensator` processes, all stopped by PID at the end (also on Ctrl-C,
+SIGTERM or an error).
+
+1. claims (per run): `--retries` messages with a failed delivery due now, spread over
+   `--subscriptions` paused subscriptions (max_concurrency 64) of one destination, are written
+   straight into MongoDB; then the subscriptions are resumed. claims_per_s = retries ÷ the
+   time from the resume until every delivery is recorded delivered (so it includes each
+   claim, push and trace write). The subscriber's unique and duplicate counts are checked.
+2. sweep (once the runs are done, in this process): a fresh subscription gets `--due`
+   deliveries pending for an hour (due for the sweep) and, growing from size to size, recent
+   pending deliveries (not due). At each size one `Sweeper.sweep()` pass is timed three times
+   (the swept ones are put back to pending in between). The figure to watch: how the sweep
+   time grows from the smallest to the largest size (it should stay flat: the work is the
+   due deliveries, found through an index, not the collection).
+
+Progress goes to stderr; per-run lines, a min/median/max table and, as the last line, one JSON
+object go to stdout. Problems (missing or duplicate deliveries) make the exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import HttpUrl
+
+from bench.dispatch_stack import process_cpu_s, wait_for
+from bench.ingest_stack import stop_process
+from bench.report import cell, out, say, spread
+from compensator.sweeper import Sweeper
+from msgbus import services
+from msgbus.ids import uuid7
+from msgbus.models import BrokerKind, Destination, Envelope, Subscription, utcnow
+from msgbus.settings import CompensatorSettings
+from msgbus.store import MongoStore
+from msgbus.store import documents as docs
+from msgbus.store.claims import DeliveryClaims
+
+HOST = "127.0.0.1"
+INSERT_CHUNK = 5000
+SWEEP_TIMINGS = 3
+
+
+def message_body(n: int) -> bytes:
+    return orjson.dumps({"n": n, "sent_at": time.time()})
+
+
+class CompensatorBench:
+    def __init__(self, args: argparse.Namespace, workdir: Path,
+                 exits: contextlib.ExitStack) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.exits = exits
+        self.db = f"bench_comp_{secrets.token_hex(3)}"
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    # ---- the stack ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        mongo = services.start_secantus(services.free_port(), self.workdir / "mongo",
+                                        self.workdir / "logs")
+        self.exits.callback(mongo.stop)
+        self.mongo_uri = mongo.url
+        self.mongo_pid = mongo.pid
+        port = services.free_port()
+        self.sub_url = f"http://{HOST}:{port}"
+        self._spawn("subscriber", [sys.executable, "-c",
+                                   f"from bench.dispatch_subscriber import serve; serve({port})"])
+        services.wait_for_port(HOST, port, 30)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")} | {
+            "MSGBUS_MONGO_URI": self.mongo_uri, "MSGBUS_MONGO_DB": self.db,
+            "MSGBUS_CONFIG_REFRESH_S": "1", "MSGBUS_COMPENSATOR_SCAN_INTERVAL_S": "0.2"}
+        self.compensator_pids = []
+        for i in range(self.args.compensators):
+            process = self._spawn(
+                f"compensator-{i}",
+                [sys.executable, "-m", "msgbus.cli", "compensator", "--state-dir",
+                 str(self.workdir / f"compensator-{i}")],
+                env | {"MSGBUS_COMPENSATOR_PORT": str(services.free_port()),
+                       "MSGBUS_COMPENSATOR_INSTANCE": f"bench-compensator-{i}"})
+            self.compensator_pids.append(process.pid)
+        self.http = httpx.Client(timeout=30)
+        self.exits.callback(self.http.close)
+
+    def _spawn(self, name: str, command: list[str],
+               env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = self.workdir / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as handle:
+            process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                       stdout=handle, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        self.exits.callback(stop_process, process, name)
+        self.processes.append(process)
+        return process
+
+    def check_alive(self) -> None:
+        for process in self.processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+
+    def run(self, coro: Any) -> Any:
+        async def with_store() -> Any:
+            store = MongoStore(self.mongo_uri, self.db)
+            try:
+                return await coro(store)
+            finally:
+                await store.close()
+
+        return asyncio.run(with_store())
+
+    # ---- phase 1: claims ------------------------------------------------------------------
+
+    async def _prepare_retries(self, store: MongoStore, run: int) -> list[Subscription]:
+        await store.ensure_indexes()
+        code = f"bench-comp-r{run}"
+        await store.save_destination(Destination(code=code, broker=BrokerKind.DIRECT))
+        subs = [Subscription(destination=code, name=f"s{i}", paused=True, max_concurrency=64,
+                             url=HttpUrl(f"{self.sub_url}/hook/r{run}-s{i}"))
+                for i in range(self.args.subscriptions)]
+        for sub in subs:
+            await store.save_subscription(sub)
+        now = utcnow()
+        for lo in range(0, self.args.retries, INSERT_CHUNK):
+            hi = min(lo + INSERT_CHUNK, self.args.retries)
+            envelopes = [Envelope(message_id=uuid7(), destination=code, body=message_body(n),
+                                  created_at=now - timedelta(seconds=60)) for n in range(lo, hi)]
+            sub_of = [subs[n % len(subs)].id for n in range(lo, hi)]
+            await store.messages.insert_many(
+                [docs.message_doc(e, [s]) for e, s in zip(envelopes, sub_of, strict=True)])
+            await store.deliveries.insert_many([
+                docs.pending_delivery_doc(e, s, now) | {
+                    "status": "failed", "next_attempt_at": now, "attempts": 1}
+                for e, s in zip(envelopes, sub_of, strict=True)])
+            say(f"run {run}: {hi:,}/{self.args.retries:,} due retries written")
+        return subs
+
+    async def _resume(self, store: MongoStore, subs: list[Subscription]) -> None:
+        for sub in subs:
+            await store.save_subscription(sub.model_copy(update={"paused": False}))
+
+    async def _delivered(self, store: MongoStore, code: str) -> int:
+        return int(await store.deliveries.count_documents(
+            {"destination": code, "status": "delivered"}))
+
+    def claims(self, run: int) -> dict[str, Any]:
+        subs = self.run(lambda store: self._prepare_retries(store, run))
+        code = subs[0].destination
+        cpu0 = [process_cpu_s(p) for p in self.compensator_pids]
+        mongo_cpu0 = process_cpu_s(self.mongo_pid)
+        began = time.monotonic()
+        self.run(lambda store: self._resume(store, subs))
+
+        def done() -> bool:
+            self.check_alive()
+            return bool(self.run(lambda store: self._delivered(store, code))
+                        >= self.args.retries)
+
+        wait_for(f"run {run} claims", done, self.args.timeout,
+                 lambda: f"{self.run(lambda s: self._delivered(s, code)):,}/"
+                         f"{self.args.retries:,} delivered", interval_s=1.0)
+        elapsed = time.monotonic() - began
+        counts = [self.http.get(f"{self.sub_url}/_count/r{run}-s{i}",
+                                params={"lo": 0, "hi": self.args.retries}).json()
+                  for i in range(len(subs))]
+        unique = sum(c["unique"] for c in counts)
+        duplicates = sum(c["duplicates"] for c in counts)
+        n = self.args.retries
+        figures = {
+            "run": run, "claims_per_s": n / elapsed, "elapsed_s": elapsed,
+            "compensator_cpu_ms_per_1k": (sum(process_cpu_s(p) for p in self.compensator_pids)
+                                          - sum(cpu0)) * 1e6 / n,
+            "mongo_cpu_ms_per_1k": (process_cpu_s(self.mongo_pid) - mongo_cpu0) * 1e6 / n,
+            "unique": unique, "duplicates": duplicates,
+            "problems": ([f"{n - unique} never reached the subscriber"] if unique < n else [])
+                        + ([f"{duplicates} duplicate pushes"] if duplicates else []),
+        }
+        out(f"run {run}  claims: {n:,} due retries in {elapsed:.1f} s = "
+            f"{figures['claims_per_s']:,.0f} claims+deliveries/s; CPU ms per 1000: "
+            f"compensator {figures['compensator_cpu_ms_per_1k']:,.0f}, SecantusDB "
+            f"{figures['mongo_cpu_ms_per_1k']:,.0f}; {unique:,} unique, {duplicates} "
+            "duplicates")
+        return figures
+
+    # ---- phase 2: sweep -------------------------------------------------------------------
+
+    async def _sweep_timings(self, store: MongoStore) -> dict[int, list[float]]:
+        await store.ensure_indexes()
+        settings = CompensatorSettings(sweep_after_s=600)
+        sub = Subscription(destination="bench-sweep", name="s", url=HttpUrl(self.sub_url),
+                           paused=False, updated_at=utcnow() - timedelta(hours=2))
+        sweeper = Sweeper(DeliveryClaims(store, "bench"), lambda: [sub], settings)
+        now = utcnow()
+        old = [Envelope(message_id=uuid7(), destination=sub.destination, body=b"{}",
+                        created_at=now - timedelta(hours=1)) for _ in range(self.args.due)]
+        due_ids = [f"{e.message_id}|{sub.id}" for e in old]
+        await store.deliveries.insert_many(
+            [docs.pending_delivery_doc(e, sub.id, now) for e in old])
+        pending, timings = 0, {}
+        for size in self.args.sizes:
+            while pending < size:
+                chunk = min(INSERT_CHUNK, size - pending)
+                await store.deliveries.insert_many([
+                    docs.pending_delivery_doc(Envelope(
+                        message_id=uuid7(), destination=sub.destination, body=b"{}"),
+                        sub.id, now) for _ in range(chunk)])
+                pending += chunk
+                if pending % 50_000 == 0 or pending == size:
+                    say(f"sweep: {pending:,}/{size:,} recent pending deliveries written")
+            timings[size] = []
+            for _ in range(SWEEP_TIMINGS):
+                swept = await sweeper.sweep()
+                if swept != self.args.due:
+                    raise RuntimeError(f"a sweep at {size:,} swept {swept}, not "
+                                       f"{self.args.due}")
+                timings[size].append(sweeper.last_sweep_s or 0.0)
+                await store.deliveries.update_many(
+                    {"_id": {"$in": due_ids}}, {"$set": {"status": "pending"}})
+            out(f"sweep  {size:>9,} pending + {self.args.due:,} due: "
+                f"{cell(spread(timings[size]), '.3f')} s (min / median / max)")
+        return timings
+
+    def sweep(self) -> dict[int, list[float]]:
+        return dict(self.run(self._sweep_timings))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.compensator", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--retries", type=int, default=100_000)
+    parser.add_argument("--subscriptions", type=int, default=4)
+    parser.add_argument("--compensators", type=int, default=1)
+    parser.add_argument("--sizes", default="10000,100000,1000000",
+                        help="recent pending deliveries beside the due ones, comma-separated")
+    parser.add_argument("--due", type=int, default=1000, help="deliveries each sweep finds")
+    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke check: 1 run of 5,000 retries; sizes 1,000 and 10,000")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.runs, args.retries, args.sizes = 1, 5000, "1000,10000"
+    args.sizes = sorted(int(s) for s in args.sizes.split(","))
+    if min(args.runs, args.retries, args.subscriptions, args.compensators, args.due,
+           *args.sizes) < 1:
+        parser.error("counts must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
+    out(f"compensator benchmark: {args.runs} run(s) of {args.retries:,} due retries over "
+        f"{args.subscriptions} subscriptions, {args.compensators} compensator(s); sweeps at "
+        f"{', '.join(f'{s:,}' for s in args.sizes)} pending + {args.due:,} due")
+    began = time.monotonic()
+    try:
+        with contextlib.ExitStack() as exits:
+            workdir = Path(tempfile.mkdtemp(prefix="msgbus-compensator-bench-"))
+            exits.callback(shutil.rmtree, workdir, ignore_errors=True)
+            bench = CompensatorBench(args, workdir, exits)
+            bench.start()
+            runs = [bench.claims(run) for run in range(1, args.runs + 1)]
+            sweeps = bench.sweep()
+            say("done; stopping what the benchmark started")
+    except KeyboardInterrupt:
+        say("interrupted; everything the benchmark started was stopped")
+        return 130
+    claims = spread([r["claims_per_s"] for r in runs])
+    sweep_s = {size: spread(t) for size, t in sweeps.items()}
+    smallest, largest = args.sizes[0], args.sizes[-1]
+    growth = sweep_s[largest]["median"] / sweep_s[smallest]["median"]
+    out()
+    out(f"claims + deliveries per second (min / median / max): {cell(claims, ',.0f')}")
+    for size, s in sweep_s.items():
+        out(f"sweep with {size:>9,} pending: {cell(s, '.3f')} s")
+    out(f"sweep time at {largest:,} ÷ at {smallest:,} pending: {growth:.2f}x "
+        f"(collection {largest / smallest:,.0f}x larger, due work the same)")
+    out(f"wall time {time.monotonic() - began:.0f} s")
+    problems = [f"run {r['run']}: {p}" for r in runs for p in r["problems"]]
+    figures = {
+        "bench": "compensator", "claims_per_s": claims["median"],
+        "sweep_s_by_size": {str(size): s["median"] for size, s in sweep_s.items()},
+        "sweep_growth": growth, "claims_spread": claims, "sweep_spread": sweep_s,
+        "runs": runs, "problems": problems,
+        "config": {"runs": args.runs, "retries": args.retries,
+                   "subscriptions": args.subscriptions, "compensators": args.compensators,
+                   "due": args.due, "sizes": args.sizes},
+    }
+    out(json.dumps(figures, separators=(",", ":"), default=str))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
