@@ -1,4 +1,6 @@
-"""The management API. Every route but /health needs `Authorization: Bearer <admin token>`."""
+"""The management API. Every route but /health and the login needs a user (session cookie or
+API token) or the bootstrap token, with the role the route names (viewer, operator, admin); every
+change is written to the audit log (`GET /v1/audit`)."""
 
 from __future__ import annotations
 
@@ -6,28 +8,25 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from admin.operations import add_operation_routes
 from admin.schemas import AppIn, DestinationIn, RuntimeIn, SubscriptionIn
+from admin.security import AsAdmin, AsOperator, AsViewer
 from admin.service import AdminService
-from msgbus.auth import bearer_token, same_secret
-from msgbus.errors import NotFound, Unauthorized
+from admin.users_routes import add_user_routes
+from msgbus.errors import NotFound
 from msgbus.http import service_app
 from msgbus.models import Destination, Subscription, new_signing_secret, utcnow
+from msgbus.users import Principal
 
 
 def create_app(service: AdminService) -> FastAPI:
-    token = service.settings.token.get_secret_value()
-
-    def require_admin(request: Request) -> None:
-        if not same_secret(bearer_token(request.headers.get("authorization")), token):
-            raise Unauthorized("missing or wrong admin token")
-
     app = service_app("msgbus admin", service)
     store = service.store
-    admin = [Depends(require_admin)]
+    app.state.authenticator = service.auth
+    audit = service.users.audit
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def home() -> str:
@@ -41,12 +40,12 @@ def create_app(service: AdminService) -> FastAPI:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "mongo": await store.ping()}
 
-    @app.get("/v1/destinations", dependencies=admin)
-    async def list_destinations() -> list[dict[str, Any]]:
+    @app.get("/v1/destinations")
+    async def list_destinations(_: AsViewer) -> list[dict[str, Any]]:
         return [d.model_dump(mode="json") for d in await store.list_destinations()]
 
-    @app.put("/v1/destinations/{code}", dependencies=admin)
-    async def put_destination(code: str, body: DestinationIn) -> dict[str, Any]:
+    @app.put("/v1/destinations/{code}")
+    async def put_destination(code: str, body: DestinationIn, who: AsAdmin) -> dict[str, Any]:
         fields = body.model_dump()
         try:  # a broker switch is remembered: dispatchers drain the previous broker
             existing = await store.get_destination(code)
@@ -55,24 +54,29 @@ def create_app(service: AdminService) -> FastAPI:
         except NotFound:
             destination = Destination(code=code, **fields)
         await store.save_destination(destination)
+        await audit(who, "destination.put", code, body.model_dump(mode="json"))
         return destination.model_dump(mode="json")
 
-    @app.get("/v1/runtime", dependencies=admin)
-    async def get_runtime() -> dict[str, Any]:
+    @app.get("/v1/runtime")
+    async def get_runtime(_: AsViewer) -> dict[str, Any]:
         return await service.runtime_view()
 
-    @app.patch("/v1/runtime", dependencies=admin)
-    async def patch_runtime(body: RuntimeIn) -> dict[str, Any]:
+    @app.patch("/v1/runtime")
+    async def patch_runtime(body: RuntimeIn, who: AsAdmin) -> dict[str, Any]:
         await service.update_runtime(body)
+        await audit(who, "runtime.patch", "runtime", body.model_dump(mode="json",
+                                                                     exclude_none=True))
         return await service.runtime_view()
 
-    @app.get("/v1/subscriptions", dependencies=admin)
-    async def list_subscriptions(destination: str | None = None) -> list[dict[str, Any]]:
+    @app.get("/v1/subscriptions")
+    async def list_subscriptions(_: AsViewer, destination: str | None = None
+                                 ) -> list[dict[str, Any]]:
         subs = await store.list_subscriptions(destination)
         return [s.model_dump(mode="json", exclude={"signing_secrets"}) for s in subs]
 
-    @app.put("/v1/destinations/{code}/subscriptions/{name}", dependencies=admin)
-    async def put_subscription(code: str, name: str, body: SubscriptionIn) -> dict[str, Any]:
+    @app.put("/v1/destinations/{code}/subscriptions/{name}")
+    async def put_subscription(code: str, name: str, body: SubscriptionIn,
+                               who: AsAdmin) -> dict[str, Any]:
         await store.get_destination(code)
         try:
             existing = await store.get_subscription(f"{code}/{name}")
@@ -80,62 +84,69 @@ def create_app(service: AdminService) -> FastAPI:
         except NotFound:
             sub = Subscription(destination=code, name=name, **body.model_dump())
         await store.save_subscription(sub)
+        await audit(who, "subscription.put", sub.id, body.model_dump(mode="json"))
         # The signing secrets are shown to whoever configures the subscriber.
         return sub.model_dump(mode="json")
 
-    async def change_subscription(code: str, name: str,
+    async def change_subscription(code: str, name: str, who: Principal, action: str,
                                   change: Callable[[Subscription], dict[str, Any]]
                                   ) -> Subscription:
-        """Reads the subscription, applies the fields `change` returns for it, saves it."""
+        """Reads the subscription, applies the fields `change` returns for it, saves it,
+        audits it as `action`."""
         sub = await store.get_subscription(f"{code}/{name}")
         sub = sub.model_copy(update={**change(sub), "updated_at": utcnow()})
         await store.save_subscription(sub)
+        await audit(who, action, sub.id)
         return sub
 
-    @app.post("/v1/destinations/{code}/subscriptions/{name}/pause", dependencies=admin)
-    async def pause_subscription(code: str, name: str) -> dict[str, Any]:
+    @app.post("/v1/destinations/{code}/subscriptions/{name}/pause")
+    async def pause_subscription(code: str, name: str, who: AsOperator) -> dict[str, Any]:
         """Dispatchers stop pushing within seconds; messages wait in the broker."""
-        sub = await change_subscription(code, name, lambda _: {"paused": True})
+        sub = await change_subscription(code, name, who, "subscription.pause",
+                                        lambda _: {"paused": True})
         return sub.model_dump(mode="json", exclude={"signing_secrets"})
 
-    @app.post("/v1/destinations/{code}/subscriptions/{name}/resume", dependencies=admin)
-    async def resume_subscription(code: str, name: str) -> dict[str, Any]:
-        sub = await change_subscription(code, name, lambda _: {"paused": False})
+    @app.post("/v1/destinations/{code}/subscriptions/{name}/resume")
+    async def resume_subscription(code: str, name: str, who: AsOperator) -> dict[str, Any]:
+        sub = await change_subscription(code, name, who, "subscription.resume",
+                                        lambda _: {"paused": False})
         return sub.model_dump(mode="json", exclude={"signing_secrets"})
 
-    @app.post("/v1/destinations/{code}/subscriptions/{name}/secrets/rotate",
-              dependencies=admin)
-    async def rotate_secret(code: str, name: str) -> dict[str, Any]:
+    @app.post("/v1/destinations/{code}/subscriptions/{name}/secrets/rotate")
+    async def rotate_secret(code: str, name: str, who: AsAdmin) -> dict[str, Any]:
         """A new signing secret; pushes are signed with it and the previous one until
         `.../secrets/previous` is deleted, so the subscriber can switch without a gap."""
-        sub = await change_subscription(code, name, lambda old: {
-            "signing_secrets": [new_signing_secret(), old.signing_secrets[0]]})
+        sub = await change_subscription(code, name, who, "subscription.secret_rotate",
+                                        lambda old: {"signing_secrets": [
+                                            new_signing_secret(), old.signing_secrets[0]]})
         return {"signing_secrets": sub.signing_secrets}
 
-    @app.delete("/v1/destinations/{code}/subscriptions/{name}/secrets/previous",
-                dependencies=admin)
-    async def drop_previous_secret(code: str, name: str) -> dict[str, Any]:
-        sub = await change_subscription(code, name, lambda old: {
-            "signing_secrets": old.signing_secrets[:1]})
+    @app.delete("/v1/destinations/{code}/subscriptions/{name}/secrets/previous")
+    async def drop_previous_secret(code: str, name: str, who: AsAdmin) -> dict[str, Any]:
+        sub = await change_subscription(code, name, who, "subscription.secret_drop",
+                                        lambda old: {"signing_secrets":
+                                                     old.signing_secrets[:1]})
         return {"signing_secrets": sub.signing_secrets}
 
-    @app.post("/v1/apps", status_code=201, dependencies=admin)
-    async def create_app_key(body: AppIn) -> dict[str, Any]:
+    @app.post("/v1/apps", status_code=201)
+    async def create_app_key(body: AppIn, who: AsAdmin) -> dict[str, Any]:
         key = await service.create_producer_app(body.name, body.destinations)
+        await audit(who, "app.create", body.name, {"destinations": body.destinations})
         return {"name": body.name, "destinations": body.destinations, "api_key": key,
                 "note": "the key is shown only once; msgbus stores only its hash"}
 
-    @app.get("/v1/messages", dependencies=admin)
-    async def find_messages(biz_id: str | None = None, destination: str | None = None,
+    @app.get("/v1/messages")
+    async def find_messages(_: AsViewer, biz_id: str | None = None, destination: str | None = None,
                             since: datetime | None = None, until: datetime | None = None,
                             limit: int = 100) -> list[dict[str, Any]]:
         found = await store.find_messages(biz_id=biz_id, destination=destination, since=since,
                                           until=until, limit=min(limit, 1000))
         return [service.message_summary(doc) for doc in found]
 
-    @app.get("/v1/messages/{message_id}", dependencies=admin)
-    async def message_detail(message_id: str) -> dict[str, Any]:
+    @app.get("/v1/messages/{message_id}")
+    async def message_detail(message_id: str, _: AsViewer) -> dict[str, Any]:
         return await service.message_timeline(message_id)
 
-    add_operation_routes(app, store, admin)
+    add_operation_routes(app, store, service.users)
+    add_user_routes(app, service)
     return app

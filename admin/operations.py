@@ -1,22 +1,23 @@
 """Operator actions of the management API: parked deliveries (list, re-drive) and replay jobs
-(dry run, create, start, pause, resume, cancel, progress). Every change is audited with who
-asked (`requested_by`)."""
+(dry run, create, start, pause, resume, cancel, progress). Reading needs a viewer, acting an
+operator; every action is audited with who asked."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.params import Depends
 
 from admin.schemas import OperatorIn, RedriveIn, ReplayIn
+from admin.security import AsOperator, AsViewer
 from msgbus.errors import InvalidInput, NotFound
 from msgbus.models import ReplaySpec, ReplayState, subscription_id
 from msgbus.store import MongoStore
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.replays import ReplayStore
+from msgbus.store.users import UserStore
+from msgbus.users import Principal
 
 log = logging.getLogger(__name__)
 
@@ -51,58 +52,70 @@ async def replay_targets(store: MongoStore, spec: ReplaySpec) -> list[str]:
     return sorted({subscription_id(spec.destination, n) for n in spec.subscriptions})
 
 
-def add_operation_routes(app: FastAPI, store: MongoStore, admin: Sequence[Depends]) -> None:
+def actor(who: Principal, requested_by: str | None) -> str:
+    """Who the audit names: the user; for the shared bootstrap token, also the name the
+    caller gave."""
+    if who.via == "bootstrap" and requested_by:
+        return f"{requested_by} ({who.name})"
+    return who.name
+
+
+def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore) -> None:
     claims = DeliveryClaims(store, owner="admin")
     replays = ReplayStore(store)
-    deps = list(admin)
 
-    @app.get("/v1/destinations/{code}/subscriptions/{name}/parked", dependencies=deps)
-    async def list_parked(code: str, name: str, limit: int = 100) -> list[dict[str, Any]]:
+    @app.get("/v1/destinations/{code}/subscriptions/{name}/parked")
+    async def list_parked(code: str, name: str, _: AsViewer,
+                          limit: int = 100) -> list[dict[str, Any]]:
         """Deliveries the retry policy gave up on (dead letters), oldest first."""
         sub = await store.get_subscription(subscription_id(code, name))
         found = await claims.parked(sub.id, max(1, min(limit, 1000)))
         return [{k: v for k, v in d.items() if k != "_id"} for d in found]
 
-    @app.post("/v1/destinations/{code}/subscriptions/{name}/parked/redrive",
-              dependencies=deps)
-    async def redrive_parked(code: str, name: str, body: RedriveIn) -> dict[str, Any]:
+    @app.post("/v1/destinations/{code}/subscriptions/{name}/parked/redrive")
+    async def redrive_parked(code: str, name: str, body: RedriveIn,
+                             who: AsOperator) -> dict[str, Any]:
         """Parked deliveries (all, or those of `message_ids`) are retried again at once, their
         policy's attempt count and age starting afresh."""
         sub = await store.get_subscription(subscription_id(code, name))
         count = await claims.redrive(sub.id, body.message_ids)
-        log.info("audit: %s re-drove %d parked deliveries of %s", body.requested_by, count,
-                 sub.id)
-        return {"subscription": sub.id, "redriven": count, "requested_by": body.requested_by}
+        by = actor(who, body.requested_by)
+        await users.audit(who, "parked.redrive", sub.id,
+                          {"count": count, "message_ids": body.message_ids, "by": by})
+        return {"subscription": sub.id, "redriven": count, "requested_by": by}
 
-    @app.post("/v1/replays", dependencies=deps)
-    async def create_replay(body: ReplayIn) -> dict[str, Any]:
+    @app.post("/v1/replays")
+    async def create_replay(body: ReplayIn,
+                            who: AsOperator) -> dict[str, Any]:
         spec = ReplaySpec.model_validate(body.model_dump(exclude={"dry_run", "requested_by"}))
         targets = await replay_targets(store, spec)
         planned = await replays.count_planned(spec, targets)
         if body.dry_run:
             return {"dry_run": True, "planned": planned, "subscriptions": targets,
                     "spec": spec.model_dump(mode="json")}
-        job = await replays.create(spec, targets, planned, body.requested_by)
-        log.info("audit: %s created replay %s of %s (%d pushes planned)", body.requested_by,
-                 job["_id"], spec.destination, planned)
+        by = actor(who, body.requested_by)
+        job = await replays.create(spec, targets, planned, by)
+        await users.audit(who, "replay.create", job["_id"],
+                          {"planned": planned, "spec": spec.model_dump(mode="json"), "by": by})
         return replay_view(job)
 
-    @app.get("/v1/replays", dependencies=deps)
-    async def list_replays(limit: int = 50) -> list[dict[str, Any]]:
+    @app.get("/v1/replays")
+    async def list_replays(_: AsViewer,
+                           limit: int = 50) -> list[dict[str, Any]]:
         return [replay_view(j) for j in await replays.recent(max(1, min(limit, 500)))]
 
-    @app.get("/v1/replays/{replay_id}", dependencies=deps)
-    async def get_replay(replay_id: str) -> dict[str, Any]:
+    @app.get("/v1/replays/{replay_id}")
+    async def get_replay(replay_id: str, _: AsViewer) -> dict[str, Any]:
         return replay_view(await replays.get(replay_id))
 
-    @app.post("/v1/replays/{replay_id}/{action}", dependencies=deps)
-    async def change_replay(replay_id: str, action: str,
+    @app.post("/v1/replays/{replay_id}/{action}")
+    async def change_replay(replay_id: str, action: str, who: AsOperator,
                             body: OperatorIn | None = None) -> dict[str, Any]:
         if action not in TRANSITIONS:
             raise NotFound(f"unknown replay action {action!r}; one of "
                            f"{', '.join(TRANSITIONS)}", field="action")
-        by = (body or OperatorIn()).requested_by
+        by = actor(who, (body or OperatorIn()).requested_by)
         to, allowed_from = TRANSITIONS[action]
         job = await replays.transition(replay_id, allowed_from, to, by)
-        log.info("audit: %s: replay %s -> %s", by, replay_id, to.value)
+        await users.audit(who, f"replay.{action}", replay_id, {"by": by, "done": job["done"]})
         return replay_view(job)

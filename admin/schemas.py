@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, HttpUrl
 
 from msgbus.models import NAME_PATTERN, BrokerKind, MessageFilter, ReplaySpec, RetryPolicy
+from msgbus.users import MIN_PASSWORD_LENGTH, Role
 
 
 class DestinationIn(BaseModel):
@@ -49,12 +50,14 @@ class ReplayIn(ReplaySpec):
     state `planned` with that count, to be started (`POST /v1/replays/{id}/start`)."""
 
     dry_run: bool = False
-    requested_by: str = Field(default="admin", pattern=OPERATOR_PATTERN,
-                              description="who asks, for the audit record")
+    requested_by: str | None = Field(
+        default=None, pattern=OPERATOR_PATTERN,
+        description="who asks, for the audit record when the shared bootstrap token is used "
+                    "(a user's own session or token names the user)")
 
 
 class OperatorIn(BaseModel):
-    requested_by: str = Field(default="admin", pattern=OPERATOR_PATTERN)
+    requested_by: str | None = Field(default=None, pattern=OPERATOR_PATTERN)
 
 
 class RedriveIn(BaseModel):
@@ -62,4 +65,23 @@ class RedriveIn(BaseModel):
         default=None, max_length=10_000,
         description="only these messages' parked deliveries; None: every parked delivery of "
                     "the subscription")
-    requested_by: str = Field(default="admin", pattern=OPERATOR_PATTERN)
+    requested_by: str | None = Field(default=None, pattern=OPERATOR_PATTERN)
+
+
+class LoginIn(BaseModel):
+    username: str = Field(min_length=1, max_length=64)
+    password: str = Field(min_length=1, max_length=1024)
+
+
+class UserIn(BaseModel):
+    """Create a user (password and role required) or change one (fields left out stay)."""
+
+    password: str | None = Field(default=None, min_length=MIN_PASSWORD_LENGTH, max_length=1024)
+    role: Role | None = None
+    disabled: bool | None = None
+
+
+class TokenIn(BaseModel):
+    name: str = Field(pattern=NAME_PATTERN, description="what the token is for")
+    role: Role | None = Field(default=None,
+                              description="acts with this role at most; default the user's")

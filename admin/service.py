@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
 from admin.schemas import RuntimeIn
+from admin.security import Authenticator, Sessions
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.errors import InvalidInput
 from msgbus.models import BrokerKind, RuntimeConfig, utcnow
 from msgbus.settings import AdminSettings
 from msgbus.store import MongoStore
+from msgbus.store.users import UserStore
 
 
 class AdminService:
@@ -19,9 +22,14 @@ class AdminService:
             raise ValueError("MSGBUS_ADMIN_TOKEN is not set")
         self.settings = settings
         self.store = MongoStore(settings.connections.mongo_uri, settings.connections.mongo_db)
+        self.users = UserStore(self.store)
+        secret = settings.session_secret.get_secret_value() or secrets.token_urlsafe(32)
+        self.auth = Authenticator(self.users, Sessions(secret, settings.session_ttl_s),
+                                  settings.token.get_secret_value())
 
     async def start(self) -> None:
         await self.store.ensure_indexes()
+        await self.users.ensure_indexes()
 
     async def close(self) -> None:
         await self.store.close()

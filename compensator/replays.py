@@ -108,7 +108,7 @@ class ReplayJobRun:
             page = await self._jobs.message_page(self.spec, self.position,
                                                    self._page_size(list(live.values())))
             if not page:
-                await self._jobs.finish(self.job_id, self._owner)
+                await self._jobs.finish(self.job_id, self._owner, self._done_so_far)
                 log.info("replay %s: done, %d pushes", self.job_id, self._done_so_far)
                 return
             pairs = await self._pairs(page)

@@ -140,7 +140,12 @@ class AdminSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8083
-    # Bearer token for the management API until users and roles arrive; the CLI fills it from
-    # <state_dir>/admin-token when the environment does not set it.
+    # The bootstrap bearer token (role admin): first set-up and automation; users log in with a
+    # password or use API tokens of their own. The CLI fills it from <state_dir>/admin-token
+    # when the environment does not set it.
     token: SecretStr = SecretStr("")
+    # Signs session cookies; the CLI keeps one in <state_dir>/admin-session-secret. Empty: a
+    # random one per process (sessions then end when the admin restarts).
+    session_secret: SecretStr = SecretStr("")
+    session_ttl_s: float = 8 * 3600
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)

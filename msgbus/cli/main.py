@@ -18,6 +18,7 @@ from msgbus.cli.ops_cmd import parked, replay
 from msgbus.cli.services_cmd import services
 from msgbus.cli.spool_cmd import spool
 from msgbus.cli.stack import ServiceApps, connection_settings, serve_until_signal, server
+from msgbus.cli.users_cmd import users
 from msgbus.services import pid_alive
 from msgbus.serving import ServerGroup, reuse_port_socket
 
@@ -169,3 +170,4 @@ main.add_command(services)
 main.add_command(spool)
 main.add_command(replay)
 main.add_command(parked)
+main.add_command(users)

@@ -25,6 +25,7 @@ from msgbus.settings import (
 
 INTERNAL_TOKEN_FILE = "internal-token"
 ADMIN_TOKEN_FILE = "admin-token"
+SESSION_SECRET_FILE = "admin-session-secret"
 
 
 def connection_settings(state_dir: Path | None = None, **overrides: Any) -> ConnectionSettings:
@@ -83,7 +84,10 @@ class ServiceApps:
         from admin.app import create_app
         from admin.service import AdminService
 
-        settings = AdminSettings(connections=self.conn, token=admin_token(self.conn))
+        secret = os.environ.get("MSGBUS_ADMIN_SESSION_SECRET") or stored.read_or_create(
+            self.conn.state_dir / SESSION_SECRET_FILE)
+        settings = AdminSettings(connections=self.conn, token=admin_token(self.conn),
+                                 session_secret=SecretStr(secret))
         return create_app(AdminService(settings)), settings
 
 

@@ -17,6 +17,7 @@ from msgbus.auth import hash_api_key, new_api_key
 from msgbus.cli import secrets as stored
 from msgbus.cli.demo import DEMO_DESTINATION, PrintingSubscriber, register_demo
 from msgbus.cli.stack import ServiceApps, connection_settings, serve_until_signal, server
+from msgbus.cli.users_cmd import ensure_first_admin
 from msgbus.serving import ServerGroup
 from msgbus.settings import ConnectionSettings
 from msgbus.store import MongoStore
@@ -48,6 +49,7 @@ async def _run(conn: ConnectionSettings, demo: bool, demo_port: int) -> None:
     try:
         await store.ensure_indexes()
         await _ensure_cli_key(store, conn.state_dir)
+        first_admin_password = await ensure_first_admin(store)
         if demo:
             sub = await group.start(server(PrintingSubscriber(), "127.0.0.1", demo_port), "demo")
             await register_demo(store, conn, f"http://127.0.0.1:{sub.port}/demo")
@@ -64,14 +66,15 @@ async def _run(conn: ConnectionSettings, demo: bool, demo_port: int) -> None:
             await group.start(server(app, settings.host, settings.port), name)
             urls[name] = f"http://{settings.host}:{settings.port}"
         stored.write(conn.state_dir / ADMIN_URL_FILE, urls["admin"])
-        _print_banner(conn, urls, demo)
+        _print_banner(conn, urls, demo, first_admin_password)
         await serve_until_signal(group)
     finally:
         await group.stop()
         await store.close()
 
 
-def _print_banner(conn: ConnectionSettings, urls: dict[str, str], demo: bool) -> None:
+def _print_banner(conn: ConnectionSettings, urls: dict[str, str], demo: bool,
+                  first_admin_password: str | None) -> None:
     click.echo(click.style("msgbus is up", fg="green", bold=True))
     for name in ("receiver", "dispatcher", "compensator", "admin"):
         click.echo(f"  {name:<12} {urls[name]}")
@@ -80,6 +83,9 @@ def _print_banner(conn: ConnectionSettings, urls: dict[str, str], demo: bool) ->
     click.echo(f"  {'rabbitmq':<12} {'configured' if conn.rabbitmq_url else 'not configured'}")
     click.echo(f"  admin token in {conn.state_dir / 'admin-token'}; "
                f"producer key of `msgbus send` in {conn.state_dir / CLI_KEY_FILE}")
+    if first_admin_password is not None:
+        click.echo(click.style(f"  first admin user: admin / {first_admin_password} "
+                               "(shown only this once; log in at the admin URL)", bold=True))
     if demo:
         click.echo(f"  try: msgbus send {DEMO_DESTINATION} '{{\"hello\": 1}}'")
     click.echo("Ctrl-C stops everything.")

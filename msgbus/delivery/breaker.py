@@ -63,6 +63,13 @@ class CircuitBreaker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)
 
+    def forgo(self) -> None:
+        """A push that `admit()` let through was not made: if it was the probe, the next
+        push probes instead."""
+        if self._probing:
+            self._probing = False
+            self._changed.set()
+
     def record(self, result: AttemptResult) -> None:
         """The outcome of a push that `admit()` let through."""
         probe, self._probing = self._probing, False

@@ -44,7 +44,9 @@ class SubscriptionLimiter:
 
     def release(self, result: AttemptResult | None) -> None:
         """The slot's push is answered (`result`), or it never happened (None)."""
-        if result is not None:
+        if result is None:
+            self._breaker.forgo()
+        else:
             self._breaker.record(result)
             self._circuit_gauge.set(self._breaker.is_open)
         self._slots.release()

@@ -78,6 +78,7 @@ class ReplayStore:
     async def transition(self, job_id: str, allowed_from: Sequence[ReplayState],
                          to: ReplayState, by: str) -> dict[str, Any]:
         """Move a job to `to` if it is in one of `allowed_from`; audited."""
+        job = await self.get(job_id)  # NotFound when it does not exist
         now = utcnow()
         fields: dict[str, Any] = {"state": to.value, "updated_at": now}
         if to is ReplayState.RUNNING:
@@ -86,9 +87,10 @@ class ReplayStore:
             fields["finished_at"] = now
         result = await self._jobs.update_one(
             {"_id": job_id, "state": {"$in": [s.value for s in allowed_from]}},
-            {"$set": fields, "$push": {"audit": {"at": now, "by": by, "action": to.value}}})
+            {"$set": fields, "$push": {"audit": {"at": now, "by": by, "action": to.value,
+                                                 "done": job["done"]}}})
         if result.matched_count == 0:
-            job = await self.get(job_id)  # NotFound when it does not exist
+            job = await self.get(job_id)
             raise Conflict(f"replay {job_id} is {job['state']}; it cannot become {to.value} "
                            f"(only from {', '.join(s.value for s in allowed_from)})")
         return await self.get(job_id)
@@ -130,13 +132,13 @@ class ReplayStore:
         await self._jobs.update_one({"_id": job_id, "lease_owner": owner},
                                     {"$set": {"lease_owner": None, "lease_until": None}})
 
-    async def finish(self, job_id: str, owner: str) -> None:
+    async def finish(self, job_id: str, owner: str, done: int) -> None:
         now = utcnow()
         await self._jobs.update_one(
             {"_id": job_id, "lease_owner": owner, "state": ReplayState.RUNNING.value},
             {"$set": {"state": ReplayState.DONE.value, "finished_at": now, "updated_at": now,
                       "lease_owner": None, "lease_until": None},
-             "$push": {"audit": {"at": now, "by": owner, "action": "done"}}})
+             "$push": {"audit": {"at": now, "by": owner, "action": "done", "done": done}}})
 
     async def message_page(self, spec: ReplaySpec, position: dict[str, Any] | None,
                            limit: int) -> list[dict[str, Any]]:

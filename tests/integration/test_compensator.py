@@ -146,7 +146,8 @@ def test_permanent_error_is_parked_then_redriven_to_delivery(cbus: RunningBus,
     subscriber.status = 200
     one = cbus.admin.post(f"/v1/destinations/{code}/subscriptions/s/parked/redrive",
                           json={"message_ids": [ids[0]], "requested_by": "ops-ann"})
-    assert one.json() == {"subscription": sub_id, "redriven": 1, "requested_by": "ops-ann"}
+    assert one.json() == {"subscription": sub_id, "redriven": 1,
+                          "requested_by": "ops-ann (admin-token)"}
     wait_until(lambda: _status(cbus, sub_id, ids[0]) == "delivered", 15, "the one re-drive")
     assert _status(cbus, sub_id, ids[1]) == "parked"
 
@@ -186,7 +187,7 @@ def test_delivery_left_pending_is_swept_and_delivered(cbus: RunningBus) -> None:
 
     wait_until(lambda: subscriber.successes().get(lost) == 1, SWEEP_AFTER_S + 15,
                "the old pending delivery swept and pushed")
-    assert _status(cbus, sub_id, lost) == "delivered"
+    wait_until(lambda: _status(cbus, sub_id, lost) == "delivered", 10, "its outcome recorded")
     doc = cbus.query(cbus.store.deliveries.find_one({"_id": delivery_id(lost, sub_id)}))
     assert doc["swept_at"] is not None
     # the recent one is swept only once it is older than the threshold
@@ -292,6 +293,11 @@ def test_replay_of_a_range_matches_its_dry_run_respects_its_rate_and_is_audited(
     only_failed = _replay(cbus, code, since, until, dry_run=True, statuses=["failed"]).json()
     assert only_failed["planned"] == 0
     assert cbus.admin.get("/v1/replays").json() == [], "a dry run creates no job"
+    backwards = _replay(cbus, code, until, since)
+    assert backwards.status_code == 422
+    assert backwards.json()["message"].endswith("until must be after since")
+    unknown = _replay(cbus, code, since, until, subscriptions=["nobody"])
+    assert unknown.status_code == 404 and "'nobody'" in unknown.json()["message"]
     job = _replay(cbus, code, since, until, rate_per_s=10, requested_by="ops-bob").json()
     assert job["state"] == "planned" and job["planned"] == 30
     cbus.admin.post(f"/v1/replays/{job['replay_id']}/start",
@@ -300,8 +306,10 @@ def test_replay_of_a_range_matches_its_dry_run_respects_its_rate_and_is_audited(
 
     done = _job(cbus, job["replay_id"])
     assert done["done"] == done["planned"] == 30 and done["delivered"] == 30
+    bob = "ops-bob (admin-token)"  # the bootstrap token, and the name the caller gave
     assert [(a["by"], a["action"]) for a in done["audit"]] == [
-        ("ops-bob", "created"), ("ops-bob", "running"), (done["audit"][2]["by"], "done")]
+        (bob, "created"), (bob, "running"), (done["audit"][2]["by"], "done")]
+    assert done["audit"][0]["planned"] == done["audit"][-1]["done"] == 30  # how many
     assert subscriber.successes() == {**dict.fromkeys(ids, 2), before[0]: 1}
     replayed = sorted(t for m, _, t in subscriber.answered[31:] if m in set(ids))
     # 10/s with one second of burst: the last 20 of 30 take about 2 s

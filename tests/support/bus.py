@@ -158,6 +158,18 @@ class RunningBus:
         return CompensatorService(CompensatorSettings(
             port=0, connections=self.connections, **{**self.compensator_options, **options}))
 
+    def start_admin(self, **settings: Any) -> str:
+        """Another admin service of this bus, with `settings` (e.g. session_ttl_s); its URL."""
+
+        async def start() -> int:
+            service = AdminService(AdminSettings(
+                port=0, token=SecretStr(self.admin_token), connections=self.connections,
+                **settings))
+            server = await self._group.start(make_server(admin_app(service), HOST, 0), "admin")
+            return server.port
+
+        return f"http://{HOST}:{self.loop.run(start())}"
+
     def serve_subscriber(self, app: Any) -> str:
         """Run a subscriber app; returns its URL."""
 

@@ -67,3 +67,13 @@ async def test_a_success_of_a_push_already_in_flight_closes_it() -> None:
     assert not waiter.done()
     breaker.record(_result(204))
     await asyncio.wait_for(waiter, 1.0)
+
+
+async def test_a_probe_that_was_not_made_lets_the_next_push_probe() -> None:
+    """The compensator may drop an admitted push (its claim's lease is running out): the
+    circuit must not wait forever for that probe's outcome."""
+    breaker = CircuitBreaker("d/s", threshold=1, cooldowns_s=(0.1,))
+    breaker.record(_result(500))
+    assert await _admitted_within(breaker, 0.3)  # the probe ...
+    breaker.forgo()  # ... was not pushed
+    assert await _admitted_within(breaker, 0.1), "no new probe after a forgone one"

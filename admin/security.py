@@ -1,0 +1,129 @@
+"""Who is asking, and may they: sessions, API tokens, the bootstrap token, roles and CSRF.
+
+A request is authenticated by, in this order:
+- `Authorization: Bearer <token>`: the bootstrap token (`MSGBUS_ADMIN_TOKEN`, role admin, for
+  first set-up and automation that predates users) or a user's API token (`mbt_...`);
+- the session cookie set by `POST /v1/session` (user name and password): signed, expiring
+  after `session_ttl_s`. A request that changes something with a session cookie must carry
+  the session's CSRF token in `X-CSRF-Token` (or a `csrf_token` form field), which a page of
+  another site cannot read.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+import orjson
+from fastapi import Depends, Request
+
+from msgbus.auth import bearer_token, same_secret
+from msgbus.errors import Forbidden, Unauthorized
+from msgbus.store.users import UserStore
+from msgbus.users import Principal, Role
+
+SESSION_COOKIE = "msgbus_session"
+CSRF_HEADER = "x-csrf-token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class Sessions:
+    """Signed, expiring session cookies; nothing is stored server-side."""
+
+    def __init__(self, secret: str, ttl_s: float) -> None:
+        self._key = hashlib.sha256(b"msgbus-session:" + secret.encode()).digest()
+        self.ttl_s = ttl_s
+
+    def _sign(self, payload: bytes) -> str:
+        return base64.urlsafe_b64encode(hmac.new(self._key, payload, "sha256").digest()
+                                        ).decode().rstrip("=")
+
+    def issue(self, user: str) -> tuple[str, str]:
+        """A cookie value for `user`, and its session id."""
+        session_id = secrets.token_urlsafe(16)
+        payload = orjson.dumps({"u": user, "sid": session_id,
+                                "exp": int(time.time() + self.ttl_s)})
+        encoded = base64.urlsafe_b64encode(payload).decode().rstrip("=")
+        return f"{encoded}.{self._sign(payload)}", session_id
+
+    def read(self, cookie: str) -> tuple[str, str] | None:
+        """(user, session id) of a valid, unexpired cookie; None otherwise."""
+        encoded, _, signature = cookie.partition(".")
+        try:
+            payload = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            data = orjson.loads(payload)
+        except (ValueError, orjson.JSONDecodeError):
+            return None
+        if not hmac.compare_digest(signature, self._sign(payload)):
+            return None
+        if not isinstance(data, dict) or data.get("exp", 0) < time.time():
+            return None
+        return str(data["u"]), str(data["sid"])
+
+    def csrf_token(self, session_id: str) -> str:
+        return self._sign(b"csrf:" + session_id.encode())
+
+
+class Authenticator:
+    def __init__(self, users: UserStore, sessions: Sessions, bootstrap_token: str) -> None:
+        self._users = users
+        self.sessions = sessions
+        self._bootstrap = bootstrap_token
+
+    async def principal(self, request: Request) -> Principal:
+        token = bearer_token(request.headers.get("authorization"))
+        if token is not None:
+            if self._bootstrap and same_secret(token, self._bootstrap):
+                return Principal(name="admin-token", role=Role.ADMIN, via="bootstrap")
+            found = await self._users.principal_for_token(token)
+            if found is None:
+                raise Unauthorized("unknown or revoked API token")
+            return found
+        cookie = request.cookies.get(SESSION_COOKIE)
+        session = self.sessions.read(cookie) if cookie else None
+        if session is None:
+            raise Unauthorized("log in (POST /v1/session) or send an API token"
+                               if not cookie else "session expired or invalid; log in again")
+        name, session_id = session
+        user = await self._users.find_user(name)
+        if user is None or user.get("disabled"):
+            raise Unauthorized("session of a user that no longer exists or is disabled")
+        if request.method not in SAFE_METHODS:
+            await self._check_csrf(request, session_id)
+        return Principal(name=name, role=Role(user["role"]), via="session",
+                         session_id=session_id)
+
+    async def _check_csrf(self, request: Request, session_id: str) -> None:
+        given = request.headers.get(CSRF_HEADER)
+        if given is None and request.headers.get("content-type", "").startswith(
+                "application/x-www-form-urlencoded"):
+            form = await request.form()
+            value = form.get("csrf_token")
+            given = value if isinstance(value, str) else None
+        if not same_secret(given, self.sessions.csrf_token(session_id)):
+            raise Forbidden(f"missing or wrong CSRF token (send {CSRF_HEADER})")
+
+
+def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
+    """A FastAPI dependency: the request's principal, if its role allows `role` (the app's
+    `state.authenticator` authenticates it)."""
+
+    async def dependency(request: Request) -> Principal:
+        authenticator: Authenticator = request.app.state.authenticator
+        principal = await authenticator.principal(request)
+        if not principal.role.allows(role):
+            raise Forbidden(f"{principal.name} is {principal.role.value}; this needs "
+                            f"{role.value}")
+        return principal
+
+    return dependency
+
+
+AsViewer = Annotated[Principal, Depends(require(Role.VIEWER))]
+AsOperator = Annotated[Principal, Depends(require(Role.OPERATOR))]
+AsAdmin = Annotated[Principal, Depends(require(Role.ADMIN))]

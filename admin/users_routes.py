@@ -1,0 +1,121 @@
+"""Sessions, users, API tokens and the audit log of the management API.
+
+- `POST /v1/session` logs in (user name and password) and sets the session cookie; the answer
+  carries the session's CSRF token. `GET /v1/session` says who you are; `DELETE` logs out.
+- Users (admin only): list, create or change (`PUT /v1/users/{name}`), delete.
+- API tokens: any user creates and revokes their own (`/v1/tokens`); an admin lists all. A token
+  is shown once; only its hash is stored.
+- `GET /v1/audit`: every change, newest first (viewer).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+
+from admin.schemas import LoginIn, TokenIn, UserIn
+from admin.security import SESSION_COOKIE, AsAdmin, AsViewer
+from admin.service import AdminService
+from msgbus.errors import Forbidden, InvalidInput, Unauthorized
+from msgbus.users import USERNAME_PATTERN, Principal, Role, check_password, hash_password
+
+
+def _user_view(doc: dict[str, Any]) -> dict[str, Any]:
+    return {"name": doc["_id"], **{k: v for k, v in doc.items()
+                                   if k not in ("_id", "password_hash")}}
+
+
+def add_user_routes(app: FastAPI, service: AdminService) -> None:
+    users = service.users
+    sessions = service.auth.sessions
+
+    @app.post("/v1/session")
+    async def login(body: LoginIn, request: Request, response: Response) -> dict[str, Any]:
+        user = await users.find_user(body.username)
+        if (user is None or user.get("disabled")
+                or not check_password(body.password, user["password_hash"])):
+            raise Unauthorized("wrong user name or password")
+        cookie, session_id = sessions.issue(body.username)
+        response.set_cookie(SESSION_COOKIE, cookie, max_age=int(sessions.ttl_s), httponly=True,
+                            samesite="strict", secure=request.url.scheme == "https")
+        principal = Principal(body.username, Role(user["role"]), "session", session_id)
+        await users.audit(principal, "session.login", body.username)
+        return {"name": body.username, "role": user["role"],
+                "csrf_token": sessions.csrf_token(session_id), "expires_in_s": sessions.ttl_s}
+
+    @app.get("/v1/session")
+    async def whoami(who: AsViewer) -> dict[str, Any]:
+        answer: dict[str, Any] = {"name": who.name, "role": who.role.value, "via": who.via}
+        if who.session_id is not None:
+            answer["csrf_token"] = sessions.csrf_token(who.session_id)
+        return answer
+
+    @app.delete("/v1/session", status_code=204)
+    async def logout(response: Response) -> None:
+        response.delete_cookie(SESSION_COOKIE)
+
+    @app.get("/v1/users")
+    async def list_users(_: AsAdmin) -> list[dict[str, Any]]:
+        return [_user_view(u) for u in await users.list_users()]
+
+    @app.put("/v1/users/{name}")
+    async def put_user(name: str, body: UserIn, who: AsAdmin) -> dict[str, Any]:
+        existing = await users.find_user(name)
+        if existing is None:
+            if not re.match(USERNAME_PATTERN, name):
+                raise InvalidInput(f"a user name matches {USERNAME_PATTERN}", field="name")
+            if body.password is None or body.role is None:
+                raise InvalidInput("a new user needs a password and a role", field="password")
+            doc = await users.create_user(name, hash_password(body.password), body.role)
+            await users.audit(who, "user.create", name, {"role": body.role.value})
+            return _user_view(doc)
+        fields: dict[str, Any] = {}
+        if body.password is not None:
+            fields["password_hash"] = hash_password(body.password)
+        if body.role is not None:
+            fields["role"] = body.role.value
+        if body.disabled is not None:
+            fields["disabled"] = body.disabled
+        doc = await users.update_user(name, **fields)
+        await users.audit(who, "user.change", name, {
+            k: v for k, v in fields.items() if k != "password_hash"}
+            | ({"password": "changed"} if "password_hash" in fields else {}))
+        return _user_view(doc)
+
+    @app.delete("/v1/users/{name}", status_code=204)
+    async def delete_user(name: str, who: AsAdmin) -> None:
+        if name == who.name:
+            raise Forbidden("you cannot delete yourself")
+        await users.delete_user(name)
+        await users.audit(who, "user.delete", name)
+
+    @app.post("/v1/tokens", status_code=201)
+    async def create_token(body: TokenIn, who: AsViewer) -> dict[str, Any]:
+        if who.via == "bootstrap":
+            raise InvalidInput("the bootstrap token has no user: create a user and log in as "
+                               "them to make API tokens", field="authorization")
+        role = body.role or who.role
+        if not who.role.allows(role):
+            raise Forbidden(f"a {who.role.value} cannot make a {role.value} token")
+        token, doc = await users.create_token(who.name, body.name, role)
+        await users.audit(who, "token.create", doc["token_id"],
+                          {"name": body.name, "role": role.value})
+        return {"token": token, "token_id": doc["token_id"], "name": body.name,
+                "role": role.value, "note": "the token is shown only once"}
+
+    @app.get("/v1/tokens")
+    async def list_tokens(who: AsViewer) -> list[dict[str, Any]]:
+        return await users.list_tokens(None if who.role is Role.ADMIN else who.name)
+
+    @app.delete("/v1/tokens/{token_id}", status_code=204)
+    async def revoke_token(token_id: str, who: AsViewer) -> None:
+        await users.revoke_token(token_id, None if who.role is Role.ADMIN else who.name)
+        await users.audit(who, "token.revoke", token_id)
+
+    @app.get("/v1/audit")
+    async def audit_log(_: AsViewer, limit: int = 100, before: datetime | None = None,
+                        target: str | None = None) -> list[dict[str, Any]]:
+        return await users.audit_log(max(1, min(limit, 1000)), before, target)

@@ -1,0 +1,126 @@
+"""`UserStore`: admin users, their API tokens and the audit log, in MongoDB.
+
+Collections: users (`_id` = user name; a scrypt hash, never the password), api_tokens (`_id` =
+SHA-256 of the token; the token itself is shown once and never stored) and audit (append-only:
+who changed what, when).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING
+from pymongo.errors import DuplicateKeyError
+
+from msgbus.errors import Conflict, NotFound
+from msgbus.ids import uuid7
+from msgbus.models import utcnow
+from msgbus.store.mongo import MongoStore
+from msgbus.users import Principal, Role, hash_api_token, new_api_token
+
+
+class UserStore:
+    def __init__(self, store: MongoStore) -> None:
+        self._users = store.db["users"]
+        self._tokens = store.db["api_tokens"]
+        self._audit = store.db["audit"]
+
+    async def ensure_indexes(self) -> None:
+        await self._tokens.create_index([("user", ASCENDING)])
+        await self._audit.create_index([("at", DESCENDING)])
+
+    # --- users ---------------------------------------------------------------------------
+
+    async def count_users(self) -> int:
+        return int(await self._users.count_documents({}))
+
+    async def create_user(self, name: str, password_hash: str, role: Role) -> dict[str, Any]:
+        now = utcnow()
+        doc = {"_id": name, "password_hash": password_hash, "role": role.value,
+               "created_at": now, "updated_at": now, "disabled": False}
+        try:
+            await self._users.insert_one(doc)
+        except DuplicateKeyError as exc:
+            raise Conflict(f"user {name!r} exists", field="name") from exc
+        return doc
+
+    async def get_user(self, name: str) -> dict[str, Any]:
+        doc = await self._users.find_one({"_id": name})
+        if doc is None:
+            raise NotFound(f"unknown user {name!r}", field="name")
+        return doc
+
+    async def find_user(self, name: str) -> dict[str, Any] | None:
+        return await self._users.find_one({"_id": name})
+
+    async def list_users(self) -> list[dict[str, Any]]:
+        return [u async for u in self._users.find({}, {"password_hash": 0}).sort("_id", 1)]
+
+    async def update_user(self, name: str, **fields: Any) -> dict[str, Any]:
+        result = await self._users.update_one({"_id": name},
+                                              {"$set": {**fields, "updated_at": utcnow()}})
+        if result.matched_count == 0:
+            raise NotFound(f"unknown user {name!r}", field="name")
+        return await self.get_user(name)
+
+    async def delete_user(self, name: str) -> None:
+        result = await self._users.delete_one({"_id": name})
+        if result.deleted_count == 0:
+            raise NotFound(f"unknown user {name!r}", field="name")
+        await self._tokens.delete_many({"user": name})
+
+    # --- API tokens ----------------------------------------------------------------------
+
+    async def create_token(self, user: str, name: str, role: Role) -> tuple[str, dict[str, Any]]:
+        """A new token of `user` acting with `role`; returns (the token, shown once; its
+        record)."""
+        token = new_api_token()
+        doc = {"_id": hash_api_token(token), "token_id": uuid7(), "user": user, "name": name,
+               "role": role.value, "created_at": utcnow(), "last_used_at": None}
+        await self._tokens.insert_one(doc)
+        return token, doc
+
+    async def principal_for_token(self, token: str) -> Principal | None:
+        """The user a token acts for, with the lesser of the token's and the user's role;
+        None for an unknown token or a disabled or deleted user."""
+        doc = await self._tokens.find_one({"_id": hash_api_token(token)})
+        if doc is None:
+            return None
+        user = await self.find_user(doc["user"])
+        if user is None or user.get("disabled"):
+            return None
+        role = min(Role(doc["role"]), Role(user["role"]), key=lambda r: r.rank)
+        return Principal(name=user["_id"], role=role, via="token")
+
+    async def list_tokens(self, user: str | None = None) -> list[dict[str, Any]]:
+        query = {} if user is None else {"user": user}
+        return [{k: v for k, v in t.items() if k != "_id"}
+                async for t in self._tokens.find(query).sort("created_at", 1)]
+
+    async def revoke_token(self, token_id: str, user: str | None = None) -> dict[str, Any]:
+        query: dict[str, Any] = {"token_id": token_id}
+        if user is not None:
+            query["user"] = user
+        doc = await self._tokens.find_one_and_delete(query)
+        if doc is None:
+            raise NotFound(f"unknown token {token_id!r}", field="token_id")
+        return {k: v for k, v in doc.items() if k != "_id"}
+
+    # --- audit ---------------------------------------------------------------------------
+
+    async def audit(self, by: Principal, action: str, target: str,
+                    details: dict[str, Any] | None = None) -> None:
+        await self._audit.insert_one({"_id": uuid7(), "at": utcnow(), "by": by.name,
+                                      "role": by.role.value, "via": by.via, "action": action,
+                                      "target": target, "details": details or {}})
+
+    async def audit_log(self, limit: int, before: datetime | None = None,
+                        target: str | None = None) -> list[dict[str, Any]]:
+        query: dict[str, Any] = {}
+        if before is not None:
+            query["at"] = {"$lt": before}
+        if target is not None:
+            query["target"] = target
+        cursor = self._audit.find(query, {"_id": 0}).sort("at", DESCENDING).limit(limit)
+        return [a async for a in cursor]
