@@ -16,6 +16,7 @@ from admin.schemas import AppIn, DestinationIn, RuntimeIn, SubscriptionIn
 from admin.security import AsAdmin, AsOperator, AsViewer
 from admin.service import AdminService
 from admin.users_routes import add_user_routes
+from msgbus.auth import hash_api_key, new_api_key
 from msgbus.errors import NotFound
 from msgbus.http import service_app
 from msgbus.models import Destination, Subscription, new_signing_secret, utcnow
@@ -134,6 +135,25 @@ def create_app(service: AdminService) -> FastAPI:
         await audit(who, "app.create", body.name, {"destinations": body.destinations})
         return {"name": body.name, "destinations": body.destinations, "api_key": key,
                 "note": "the key is shown only once; msgbus stores only its hash"}
+
+    @app.get("/v1/apps")
+    async def list_apps(_: AsViewer) -> list[dict[str, Any]]:
+        return await store.list_apps()
+
+    @app.post("/v1/apps/{name}/keys", status_code=201)
+    async def add_app_key(name: str, who: AsAdmin) -> dict[str, Any]:
+        """A further key (to rotate without a gap: deploy it, then revoke the old ones)."""
+        key = new_api_key()
+        await store.add_app_key(name, hash_api_key(key))
+        await audit(who, "app.key_add", name)
+        return {"name": name, "api_key": key,
+                "note": "the key is shown only once; msgbus stores only its hash"}
+
+    @app.delete("/v1/apps/{name}/keys", status_code=204)
+    async def revoke_app_keys(name: str, who: AsAdmin) -> None:
+        """Every key of the app stops working within 30 s (the receivers' key cache)."""
+        await store.revoke_app_keys(name)
+        await audit(who, "app.keys_revoke", name)
 
     @app.get("/v1/messages")
     async def find_messages(_: AsViewer, biz_id: str | None = None, destination: str | None = None,

@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from admin.schemas import OperatorIn, RedriveIn, ReplayIn
+from admin.schemas import DiscardIn, OperatorIn, RedriveIn, ReplayIn
 from admin.security import AsOperator, AsViewer
 from msgbus.errors import InvalidInput, NotFound
 from msgbus.models import ReplaySpec, ReplayState, subscription_id
@@ -83,6 +83,17 @@ def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore) -> N
         await users.audit(who, "parked.redrive", sub.id,
                           {"count": count, "message_ids": body.message_ids, "by": by})
         return {"subscription": sub.id, "redriven": count, "requested_by": by}
+
+    @app.post("/v1/destinations/{code}/subscriptions/{name}/parked/discard")
+    async def discard_parked(code: str, name: str, body: DiscardIn,
+                             who: AsOperator) -> dict[str, Any]:
+        """Parked deliveries (all, or those of `message_ids`) are dropped for good, with a
+        reason; they stay in the trace as `discarded`."""
+        sub = await store.get_subscription(subscription_id(code, name))
+        count = await claims.discard(sub.id, body.message_ids, body.reason)
+        await users.audit(who, "parked.discard", sub.id, {
+            "count": count, "message_ids": body.message_ids, "reason": body.reason})
+        return {"subscription": sub.id, "discarded": count, "reason": body.reason}
 
     @app.post("/v1/replays")
     async def create_replay(body: ReplayIn,

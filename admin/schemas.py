@@ -10,7 +10,8 @@ from msgbus.users import MIN_PASSWORD_LENGTH, Role
 
 class DestinationIn(BaseModel):
     broker: BrokerKind = BrokerKind.DIRECT
-    description: str = ""
+    description: str = Field(default="", max_length=2000)
+    owner: str = Field(default="", max_length=200, description="the team that owns it")
     partitions: int = Field(default=4, ge=1, le=256)
     record_rate_per_s: float = Field(
         default=0, ge=0, description="MongoDB record writes/s of each receiver; 0: unlimited")
@@ -85,3 +86,11 @@ class TokenIn(BaseModel):
     name: str = Field(pattern=NAME_PATTERN, description="what the token is for")
     role: Role | None = Field(default=None,
                               description="acts with this role at most; default the user's")
+
+
+class DiscardIn(BaseModel):
+    message_ids: list[str] | None = Field(
+        default=None, max_length=10_000,
+        description="only these messages' parked deliveries; None: every parked delivery of "
+                    "the subscription")
+    reason: str = Field(min_length=1, max_length=500, description="why, for the audit log")

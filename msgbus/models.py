@@ -45,6 +45,7 @@ class DeliveryStatus(StrEnum):
     # and the next message of the key waits for it
     RETRYING = "retrying"
     SKIPPED = "skipped"  # the subscription's filters did not match: not pushed, on purpose
+    DISCARDED = "discarded"  # parked, then dropped by an operator (with a reason)
 
 
 UNDELIVERED_STATUSES = (DeliveryStatus.PENDING, DeliveryStatus.FAILED, DeliveryStatus.RETRYING)
@@ -92,6 +93,7 @@ class Destination(BaseModel):
     code: Annotated[str, Field(pattern=CODE_PATTERN)]
     broker: BrokerKind = BrokerKind.DIRECT
     description: str = ""
+    owner: str = Field(default="", max_length=200, description="the team that owns it")
     partitions: int = Field(default=4, ge=1, le=256, description="Kafka topic partitions")
     record_rate_per_s: float = Field(
         default=0, ge=0, description="MongoDB record writes/s of each receiver; 0: unlimited")

@@ -159,3 +159,17 @@ class DeliveryClaims:
             total += result.modified_count
             if len(page) < batch:
                 return total
+
+    async def discard(self, subscription: str, message_ids: list[str] | None,
+                      reason: str) -> int:
+        """Parked deliveries of `subscription` (all, or those of `message_ids`) are dropped
+        for good: status `discarded`, with the reason. Returns how many."""
+        query: dict[str, Any] = {"subscription": subscription,
+                                 "status": DeliveryStatus.PARKED.value}
+        if message_ids is not None:
+            query["_id"] = {"$in": [f"{m}|{subscription}" for m in message_ids]}
+        now = utcnow()
+        result = await self._deliveries.update_many(query, {"$set": {
+            "status": DeliveryStatus.DISCARDED.value, "discarded_at": now,
+            "discard_reason": reason, "updated_at": now}})
+        return int(result.modified_count)

@@ -154,6 +154,28 @@ class MongoStore:
              "$setOnInsert": {"created_at": utcnow()}},
             upsert=True)
 
+    async def list_apps(self) -> list[dict[str, Any]]:
+        """Producer apps without their key hashes: name, destinations, how many keys."""
+        return [{"name": a["_id"], "destinations": a.get("destinations", []),
+                 "keys": len(a.get("key_hashes", [])), "created_at": a.get("created_at"),
+                 "revoked_at": a.get("revoked_at")}
+                async for a in self.apps.find({}).sort("_id", ASCENDING)]
+
+    async def add_app_key(self, name: str, key_hash: str) -> None:
+        """Another key for the app (the old ones keep working until revoked)."""
+        result = await self.apps.update_one({"_id": name}, {
+            "$push": {"key_hashes": key_hash}, "$set": {"revoked_at": None}})
+        if result.matched_count == 0:
+            raise NotFound(f"unknown producer app {name!r}", field="name")
+
+    async def revoke_app_keys(self, name: str) -> None:
+        """Every key of the app stops working (receivers notice within their key cache's
+        lifetime, 30 s)."""
+        result = await self.apps.update_one({"_id": name}, {
+            "$set": {"key_hashes": [], "revoked_at": utcnow()}})
+        if result.matched_count == 0:
+            raise NotFound(f"unknown producer app {name!r}", field="name")
+
     async def find_app_by_key_hash(self, key_hash: str) -> dict[str, Any] | None:
         return await self.apps.find_one({"key_hashes": key_hash})
 
