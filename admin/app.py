@@ -9,12 +9,12 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse
 
 from admin.operations import add_operation_routes
 from admin.schemas import AppIn, DestinationIn, RuntimeIn, SubscriptionIn
 from admin.security import AsAdmin, AsOperator, AsViewer
 from admin.service import AdminService
+from admin.ui import add_ui_routes
 from admin.users_routes import add_user_routes
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.errors import NotFound
@@ -28,14 +28,6 @@ def create_app(service: AdminService) -> FastAPI:
     store = service.store
     app.state.authenticator = service.auth
     audit = service.users.audit
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def home() -> str:
-        mongo = "up" if await store.ping() else "DOWN"
-        destinations = await store.list_destinations() if mongo == "up" else []
-        rows = "".join(f"<li>{d.code} ({d.broker.value})</li>" for d in destinations)
-        return (f"<!doctype html><title>msgbus</title><h1>msgbus</h1><p>MongoDB: {mongo}</p>"
-                f"<h2>Destinations</h2><ul>{rows or '<li>none yet</li>'}</ul>")
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -169,4 +161,5 @@ def create_app(service: AdminService) -> FastAPI:
 
     add_operation_routes(app, store, service.users)
     add_user_routes(app, service)
+    add_ui_routes(app, service)
     return app

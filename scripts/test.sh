@@ -6,8 +6,8 @@
 #
 # Environment: VENV (default .venv in the repo), PYTHON (default python3, 3.11 or newer),
 # CI=true (set by .ci/run) makes a server that cannot start fail the tests instead of skipping them.
-# RabbitMQ is installed (apt-get, as root) and started if needed; the other servers are started by
-# the tests on free ports and stopped at the end.
+# RabbitMQ and chromium are installed (apt-get, as root) and RabbitMQ started if needed; the other
+# servers are started by the tests on free ports and stopped at the end.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -18,9 +18,18 @@ ensure_rabbitmq() {
     "$VENV/bin/python" -c 'from msgbus.services import ensure_rabbitmq; print(ensure_rabbitmq())'
 }
 
+ensure_chromium() {
+    # the admin UI's browser tests drive Debian's chromium through Playwright
+    if [ ! -x /usr/bin/chromium ]; then
+        step "chromium (apt-get install chromium, for the admin UI tests)"
+        apt_install chromium
+    fi
+}
+
 make_venv
 install_project
 ensure_rabbitmq
+ensure_chromium
 step "ruff check ."
 "$VENV/bin/ruff" check .
 step "mypy"

@@ -1,0 +1,194 @@
+"""The web UI: server-rendered pages (Jinja2) over the same store as the management API.
+
+Pages read; actions (pause, resume, re-drive, replays) are buttons whose few lines of JS
+(`static/ui.js`) call the JSON API with the session's CSRF token, so every rule and audit entry
+of the API applies to the UI too. Nothing is loaded from elsewhere at run time.
+
+Every list is one index-backed query with a limit; pages go back in time with a `before`
+cursor, never with counts or skips.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import FastAPI, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from admin.operations import TRANSITIONS
+from admin.security import SESSION_COOKIE
+from admin.service import AdminService
+from msgbus.errors import MsgbusError, NotFound, Unauthorized
+from msgbus.models import DeliveryStatus, subscription_id
+from msgbus.store.claims import DeliveryClaims
+from msgbus.store.replays import ReplayStore
+from msgbus.users import Principal, Role, check_password
+
+HERE = Path(__file__).parent
+PAGE_SIZE = 50
+# which buttons a replay in each state shows
+REPLAY_ACTIONS: dict[str, list[str]] = {}
+for _action, (_, _sources) in TRANSITIONS.items():
+    for _state in _sources:
+        REPLAY_ACTIONS.setdefault(_state.value, []).append(_action)
+
+
+def _utc(value: str | None) -> datetime | None:
+    """A datetime-local form value, read as UTC."""
+    if not value:
+        return None
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def add_ui_routes(app: FastAPI, service: AdminService) -> None:
+    templates = Jinja2Templates(directory=HERE / "templates")
+    app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
+    store, users, auth = service.store, service.users, service.auth
+    claims = DeliveryClaims(store, owner="admin-ui")
+    replays = ReplayStore(store)
+
+    async def page(request: Request, template: str, who: Principal,
+                   **context: Any) -> HTMLResponse:
+        csrf = auth.sessions.csrf_token(who.session_id) if who.session_id else ""
+        return templates.TemplateResponse(request, template, {
+            "who": who, "csrf_token": csrf,
+            "can_operate": who.role.allows(Role.OPERATOR), **context})
+
+    async def viewer(request: Request) -> Principal | None:
+        try:
+            return await auth.principal(request)
+        except Unauthorized:
+            return None
+
+    def to_login() -> RedirectResponse:
+        return RedirectResponse("/ui/login", status_code=303)
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> RedirectResponse:
+        return RedirectResponse("/ui/destinations", status_code=303)
+
+    @app.get("/ui/login", include_in_schema=False, response_model=None)
+    async def login_form(request: Request) -> Response:
+        return templates.TemplateResponse(request, "login.html", {"who": None})
+
+    @app.post("/ui/login", include_in_schema=False, response_model=None)
+    async def login(request: Request, username: str = Form(...),
+                    password: str = Form(...)) -> Response:
+        user = await users.find_user(username)
+        if (user is None or user.get("disabled")
+                or not check_password(password, user["password_hash"])):
+            return templates.TemplateResponse(
+                request, "login.html", {"who": None, "error": "wrong user name or password"},
+                status_code=401)
+        cookie, session_id = auth.sessions.issue(username)
+        await users.audit(Principal(username, Role(user["role"]), "session", session_id),
+                          "session.login", username)
+        response = RedirectResponse("/ui/destinations", status_code=303)
+        response.set_cookie(SESSION_COOKIE, cookie, max_age=int(auth.sessions.ttl_s),
+                            httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")
+        return response
+
+    @app.post("/ui/logout", include_in_schema=False)
+    async def logout() -> Response:
+        response = Response(b"{}", media_type="application/json")
+        response.delete_cookie(SESSION_COOKIE)
+        return response
+
+    @app.get("/ui/destinations", include_in_schema=False, response_model=None)
+    async def destinations_page(request: Request) -> Response:
+        if (who := await viewer(request)) is None:
+            return to_login()
+        subs: dict[str, list[Any]] = {}
+        for sub in await store.list_subscriptions():
+            subs.setdefault(sub.destination, []).append(sub)
+        return await page(request, "destinations.html", who, page="Destinations",
+                          destinations=await store.list_destinations(), subscriptions=subs)
+
+    @app.get("/ui/messages", include_in_schema=False, response_model=None)
+    async def messages_page(request: Request, message_id: str = "", biz_id: str = "",
+                            destination: str = "", subscription: str = "", status: str = "",
+                            since: str = "", until: str = "", before: str = "") -> Response:
+        if (who := await viewer(request)) is None:
+            return to_login()
+        if message_id.strip():
+            return RedirectResponse(f"/ui/messages/{message_id.strip()}", status_code=303)
+        query = {"biz_id": biz_id, "destination": destination, "subscription": subscription,
+                 "status": status, "since": since, "until": until}
+        error, found = None, []
+        try:
+            newest = min(filter(None, [_utc(until), _utc(before)]), default=None)
+            if subscription:
+                found = await _by_delivery(subscription, status, _utc(since), newest)
+            else:
+                found = await store.find_messages(
+                    biz_id=biz_id or None, destination=destination or None,
+                    since=_utc(since), until=newest, limit=PAGE_SIZE)
+        except (ValueError, MsgbusError) as exc:
+            error = str(exc)
+        next_url = None
+        if len(found) == PAGE_SIZE:
+            cursor = found[-1]["created_at"].isoformat()
+            next_url = "/ui/messages?" + urlencode({**query, "before": cursor})
+        return await page(request, "messages.html", who, page="Messages", q=query,
+                          messages=found, next_url=next_url, error=error,
+                          statuses=[s.value for s in DeliveryStatus])
+
+    async def _by_delivery(sub_id: str, status: str, since: datetime | None,
+                           until: datetime | None) -> list[dict[str, Any]]:
+        """Messages of one subscription (optionally in one delivery state), newest first:
+        the (subscription, status, created_at) index of deliveries, then the messages by id."""
+        query: dict[str, Any] = {"subscription": sub_id}
+        if status:
+            query["status"] = DeliveryStatus(status).value
+        window = {k: v for k, v in (("$gte", since), ("$lt", until)) if v is not None}
+        if window:
+            query["created_at"] = window
+        cursor = store.deliveries.find(query, {"message_id": 1}).sort(
+            "created_at", -1).limit(PAGE_SIZE)
+        ids = [d["message_id"] async for d in cursor]
+        found = {m["_id"]: m async for m in store.messages.find({"_id": {"$in": ids}})}
+        return [found[i] for i in ids if i in found]
+
+    @app.get("/ui/messages/{message_id}", include_in_schema=False, response_model=None)
+    async def message_page(request: Request, message_id: str) -> Response:
+        if (who := await viewer(request)) is None:
+            return to_login()
+        try:
+            timeline = await service.message_timeline(message_id)
+        except NotFound as exc:
+            return await page(request, "messages.html", who, page="Messages", q={},
+                              messages=[], next_url=None, error=exc.message,
+                              statuses=[s.value for s in DeliveryStatus])
+        message = timeline["message"]
+        body = message.get("body", "")
+        with contextlib.suppress(ValueError):  # not JSON: shown as it is
+            body = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
+        return await page(request, "message.html", who, page="Messages", message=message,
+                          deliveries=timeline["deliveries"], body=body,
+                          headers=json.dumps(message.get("headers") or {}, indent=2))
+
+    @app.get("/ui/parked/{code}/{name}", include_in_schema=False, response_model=None)
+    async def parked_page(request: Request, code: str, name: str) -> Response:
+        if (who := await viewer(request)) is None:
+            return to_login()
+        sub_id = subscription_id(code, name)
+        return await page(request, "parked.html", who, page="Destinations", sub_id=sub_id,
+                          code=code, name=name, parked=await claims.parked(sub_id, PAGE_SIZE))
+
+    @app.get("/ui/replays", include_in_schema=False, response_model=None)
+    async def replays_page(request: Request) -> Response:
+        if (who := await viewer(request)) is None:
+            return to_login()
+        jobs = [{"replay_id": j["_id"], **j} for j in await replays.recent(PAGE_SIZE)]
+        return await page(request, "replays.html", who, page="Replays", jobs=jobs,
+                          actions=REPLAY_ACTIONS,
+                          refresh=any(j["state"] == "running" for j in jobs))

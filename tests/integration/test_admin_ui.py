@@ -1,0 +1,124 @@
+"""The admin web UI in a real browser (Playwright driving Debian's chromium) on the running bus:
+log in, pause and resume a subscription, find a message by biz_id, open its timeline, run a
+replay to the end. Screenshots of each page go to tests/artifacts/admin/ (git-ignored).
+Named `admin` so that `pytest -k admin` selects them."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from msgbus.ids import uuid7
+from msgbus.models import utcnow
+from tests.support.bus import RunningBus, wait_until
+from tests.support.subscriber import RecordingSubscriber
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "admin"
+PASSWORD = "ui test password"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    if not CHROMIUM.exists():
+        message = f"{CHROMIUM} is missing (apt-get install chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def test_admin_ui_login_pause_find_timeline_and_replay(bus: RunningBus, api_key: str,
+                                                      browser: object) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:6]
+    user, code = f"ui-{tag}", f"ui-{tag}"
+    bus.admin.put(f"/v1/users/{user}", json={"password": PASSWORD, "role": "admin"}
+                  ).raise_for_status()
+    bus.create_destination(code, "direct", owner="team-ui", description="UI test orders")
+    subscriber = RecordingSubscriber()
+    bus.subscribe(code, "billing", bus.serve_subscriber(subscriber))
+    bus.wait_for_workers([f"{code}/billing"])
+    since = utcnow() - timedelta(seconds=1)
+    message_id = uuid7()
+    httpx.post(f"{bus.receiver_url}/v1/destinations/{code}/messages", timeout=10,
+               headers={"authorization": f"Bearer {api_key}"},
+               json={"message_id": message_id, "biz_id": f"order-{tag}",
+                     "body": {"order": tag, "total": 42}}).raise_for_status()
+    wait_until(lambda: message_id in subscriber.message_ids(), 20, "the push")
+
+    page = browser.new_page(base_url=bus.admin_url)  # type: ignore[attr-defined]
+    try:
+        page.goto("/ui/destinations")
+        assert page.url.endswith("/ui/login"), "not logged in: sent to the log-in page"
+        page.fill("input[name=username]", user)
+        page.fill("input[name=password]", "wrong password")
+        page.click("button[type=submit]")
+        assert page.locator("form .error").inner_text() == "wrong user name or password"
+        page.fill("input[name=username]", user)
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url("**/ui/destinations")
+        row = page.locator(f"#sub-{code}-billing")
+        assert "active" in row.inner_text()
+        page.screenshot(path=str(ARTIFACTS / "destinations.png"), full_page=True)
+
+        row.get_by_role("button", name="Pause").click()
+        page.wait_for_function(
+            f"document.querySelector('#sub-{code}-billing').innerText.includes('paused')")
+        assert bus.admin.get("/v1/subscriptions", params={"destination": code}
+                             ).json()[0]["paused"] is True
+        page.locator(f"#sub-{code}-billing").get_by_role("button", name="Resume").click()
+        page.wait_for_function(
+            f"document.querySelector('#sub-{code}-billing').innerText.includes('active')")
+        bus.wait_for_workers([f"{code}/billing"])
+
+        page.goto("/ui/messages")
+        page.fill("input[name=biz_id]", f"order-{tag}")
+        page.click("button[type=submit]")
+        results = page.locator("#results")
+        assert message_id in results.inner_text()
+        page.screenshot(path=str(ARTIFACTS / "messages.png"), full_page=True)
+        results.get_by_role("link", name=message_id).click()
+        page.wait_for_url(f"**/ui/messages/{message_id}")
+        timeline = page.locator("#timeline").inner_text()
+        assert f"{code}/billing: attempt 1" in timeline and "HTTP 200" in timeline
+        assert f"{code}/billing: delivered" in timeline
+        assert '"total": 42' in page.locator("#body").inner_text()
+        page.screenshot(path=str(ARTIFACTS / "message.png"), full_page=True)
+
+        page.goto("/ui/replays")
+        form = page.locator("#new-replay")
+        until = utcnow() + timedelta(seconds=1)
+        form.locator("input[name=destination]").fill(code)
+        form.locator("input[name=since]").fill(since.strftime("%Y-%m-%dT%H:%M:%S"))
+        form.locator("input[name=until]").fill(until.strftime("%Y-%m-%dT%H:%M:%S"))
+        form.get_by_role("button", name="Dry run").click()
+        page.wait_for_function("document.querySelector('#dry-run').innerText.length > 0")
+        assert page.locator("#dry-run").inner_text() == f"1 pushes to {code}/billing"
+        form.get_by_role("button", name="Create").click()
+        page.wait_for_function("document.querySelector('#replays').innerText.includes('planned')")
+        page.locator("#replays").get_by_role("button", name="start").first.click()
+        page.wait_for_function("document.querySelector('#replays .state').innerText == 'done'",
+                               timeout=30_000)
+        assert len([p for p in subscriber.pushes if p.message_id == message_id]) == 2
+        page.screenshot(path=str(ARTIFACTS / "replays.png"), full_page=True)
+
+        page.goto(f"/ui/parked/{code}/billing")
+        assert "no parked deliveries" in page.inner_text("main")
+        page.screenshot(path=str(ARTIFACTS / "parked.png"), full_page=True)
+    finally:
+        page.close()
