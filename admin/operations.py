@@ -7,12 +7,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import orjson
 from fastapi import FastAPI
 
 from admin.schemas import DiscardIn, OperatorIn, RedriveIn, ReplayIn
 from admin.security import AsOperator, AsViewer
+from msgbus.delivery.sender import make_sender
 from msgbus.errors import InvalidInput, NotFound
-from msgbus.models import ReplaySpec, ReplayState, subscription_id
+from msgbus.ids import uuid7
+from msgbus.models import Envelope, ReplaySpec, ReplayState, subscription_id
 from msgbus.store import MongoStore
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.replays import ReplayStore
@@ -94,6 +97,27 @@ def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore) -> N
         await users.audit(who, "parked.discard", sub.id, {
             "count": count, "message_ids": body.message_ids, "reason": body.reason})
         return {"subscription": sub.id, "discarded": count, "reason": body.reason}
+
+    @app.post("/v1/destinations/{code}/subscriptions/{name}/test")
+    async def test_push(code: str, name: str, who: AsOperator) -> dict[str, Any]:
+        """Push a signed test message to the subscriber now (not through a broker, not
+        recorded on any trace); answers what the subscriber said and how fast."""
+        sub = await store.get_subscription(subscription_id(code, name))
+        envelope = Envelope(message_id=uuid7(), destination=code,
+                            body=orjson.dumps({"msgbus_test": True, "by": who.name}),
+                            biz_id="msgbus-test", source_app="msgbus-admin",
+                            headers={"test": "true"})
+        sender = make_sender("aiohttp", instance="admin-test")
+        await sender.start()
+        try:
+            result = await sender.push(envelope, sub, attempt=1)
+        finally:
+            await sender.close()
+        await users.audit(who, "subscription.test", sub.id, {
+            "status_code": result.status_code, "error": result.error})
+        return {"message_id": envelope.message_id, "ok": result.ok,
+                "status_code": result.status_code, "latency_ms": round(result.latency_ms, 1),
+                "error": result.error}
 
     @app.post("/v1/replays")
     async def create_replay(body: ReplayIn,

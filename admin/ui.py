@@ -26,7 +26,7 @@ from admin.operations import TRANSITIONS
 from admin.security import SESSION_COOKIE
 from admin.service import AdminService
 from msgbus.errors import MsgbusError, NotFound, Unauthorized
-from msgbus.models import DeliveryStatus, subscription_id
+from msgbus.models import DeliveryStatus, RetryPolicy, subscription_id
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.replays import ReplayStore
 from msgbus.users import Principal, Role, check_password
@@ -60,7 +60,8 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
         csrf = auth.sessions.csrf_token(who.session_id) if who.session_id else ""
         return templates.TemplateResponse(request, template, {
             "who": who, "csrf_token": csrf,
-            "can_operate": who.role.allows(Role.OPERATOR), **context})
+            "can_operate": who.role.allows(Role.OPERATOR),
+            "can_admin": who.role.allows(Role.ADMIN), **context})
 
     async def viewer(request: Request) -> Principal | None:
         try:
@@ -192,3 +193,18 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
         return await page(request, "replays.html", who, page="Replays", jobs=jobs,
                           actions=REPLAY_ACTIONS,
                           refresh=any(j["state"] == "running" for j in jobs))
+
+    @app.get("/ui/subscriptions/{code}/{name}", include_in_schema=False, response_model=None)
+    async def subscription_page(request: Request, code: str, name: str) -> Response:
+        """Edit (or, with name `new`, create) a subscription; test it; how to verify pushes."""
+        if (who := await viewer(request)) is None:
+            return to_login()
+        await store.get_destination(code)
+        sub = None if name == "new" else await store.get_subscription(
+            subscription_id(code, name))
+        policy = sub.retry_policy if sub is not None else RetryPolicy()
+        filters = [f.model_dump() for f in sub.filters] if sub is not None else []
+        return await page(request, "subscription.html", who, page="Destinations", code=code,
+                          name=None if sub is None else name, sub=sub,
+                          retry_policy=json.dumps(policy.model_dump()),
+                          filters=json.dumps(filters))

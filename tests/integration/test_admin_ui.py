@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -120,5 +121,63 @@ def test_admin_ui_login_pause_find_timeline_and_replay(bus: RunningBus, api_key:
         page.goto(f"/ui/parked/{code}/billing")
         assert "no parked deliveries" in page.inner_text("main")
         page.screenshot(path=str(ARTIFACTS / "parked.png"), full_page=True)
+    finally:
+        page.close()
+
+
+def _logged_in_page(bus: RunningBus, browser: object, role: str = "admin") -> object:
+    user = f"ui-{uuid.uuid4().hex[:6]}"
+    bus.admin.put(f"/v1/users/{user}", json={"password": PASSWORD, "role": role}
+                  ).raise_for_status()
+    page = browser.new_page(base_url=bus.admin_url)  # type: ignore[attr-defined]
+    page.goto("/ui/login")
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/ui/destinations")
+    return page
+
+
+def test_admin_ui_creates_a_destination_and_subscription_and_sends_a_test_message(
+        bus: RunningBus, browser: object) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    code = f"ui-new-{uuid.uuid4().hex[:6]}"
+    subscriber = RecordingSubscriber()
+    url = bus.serve_subscriber(subscriber)
+    page: Any = _logged_in_page(bus, browser)
+    try:
+        form = page.locator("#new-destination")
+        form.locator("input[name=code]").fill(code)
+        form.locator("select[name=broker]").select_option("kafka")
+        form.locator("input[name=owner]").fill("team-ui")
+        form.get_by_role("button", name="Create destination").click()
+        page.wait_for_selector(f"#dest-{code}")
+        page.locator(f"#dest-{code}").get_by_role("link", name="+ subscription").click()
+        page.wait_for_url(f"**/ui/subscriptions/{code}/new")
+
+        sub_form = page.locator("#subscription-form")
+        sub_form.locator("input[name=name]").fill("audit")
+        sub_form.locator("input[name=url]").fill(url)
+        sub_form.locator("textarea[name=retry_policy]").fill('{"max_attempts": 0}')
+        sub_form.get_by_role("button", name="Create").click()
+        page.wait_for_function("document.querySelector('#notice').innerText.length > 0")
+        notice = page.locator("#notice").inner_text()
+        assert notice.startswith("422:") and "retry_policy.max_attempts" in notice
+
+        sub_form.locator("textarea[name=retry_policy]").fill('{"delays_s": [5, 60]}')
+        sub_form.get_by_role("button", name="Create").click()
+        page.wait_for_url(f"**/ui/subscriptions/{code}/audit")
+        saved = bus.admin.get("/v1/subscriptions", params={"destination": code}).json()
+        assert [(s["name"], s["url"], s["retry_policy"]["delays_s"]) for s in saved] == [
+            ("audit", url, [5.0, 60.0])]
+
+        page.get_by_role("button", name="Send test message").click()
+        page.wait_for_function(
+            "document.querySelector('#test-result').innerText.includes('status_code')")
+        result = page.locator("#test-result").inner_text()
+        assert '"status_code": 200' in result and '"ok": true' in result
+        assert len(subscriber.pushes) == 1
+        assert subscriber.pushes[0].headers["ce-type"] == code
+        page.screenshot(path=str(ARTIFACTS / "subscription.png"), full_page=True)
     finally:
         page.close()
