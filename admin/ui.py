@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from admin.dashboard import DashboardData
 from admin.operations import TRANSITIONS
 from admin.security import SESSION_COOKIE
 from admin.service import AdminService
@@ -54,6 +55,7 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
     store, users, auth = service.store, service.users, service.auth
     claims = DeliveryClaims(store, owner="admin-ui")
     replays = ReplayStore(store)
+    dashboard = DashboardData(store)
 
     async def page(request: Request, template: str, who: Principal,
                    **context: Any) -> HTMLResponse:
@@ -74,7 +76,14 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:
-        return RedirectResponse("/ui/destinations", status_code=303)
+        return RedirectResponse("/ui/dashboard", status_code=303)
+
+    @app.get("/ui/dashboard", include_in_schema=False, response_model=None)
+    async def dashboard_page(request: Request) -> Response:
+        if (who := await viewer(request)) is None:
+            return to_login()
+        return await page(request, "dashboard.html", who, page="Dashboard",
+                          data=await dashboard.get())
 
     @app.get("/ui/login", include_in_schema=False, response_model=None)
     async def login_form(request: Request) -> Response:
@@ -92,7 +101,7 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
         cookie, session_id = auth.sessions.issue(username)
         await users.audit(Principal(username, Role(user["role"]), "session", session_id),
                           "session.login", username)
-        response = RedirectResponse("/ui/destinations", status_code=303)
+        response = RedirectResponse("/ui/dashboard", status_code=303)
         response.set_cookie(SESSION_COOKIE, cookie, max_age=int(auth.sessions.ttl_s),
                             httponly=True, samesite="strict",
                             secure=request.url.scheme == "https")

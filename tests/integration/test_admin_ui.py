@@ -18,6 +18,7 @@ import pytest
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
 from tests.support.bus import RunningBus, wait_until
+from tests.support.loop import BackgroundLoop
 from tests.support.subscriber import RecordingSubscriber
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -25,6 +26,25 @@ ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "admin"
 PASSWORD = "ui test password"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def bus(mongo_uri: str, kafka_bootstrap: str, rabbitmq_url: str,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBus]:
+    """A bus of this module's own (own database): the dashboard shows what these tests made,
+    not every destination of the session."""
+    loop = BackgroundLoop()
+    running = RunningBus(loop, mongo_uri=mongo_uri, mongo_db=f"ui_{uuid.uuid4().hex[:8]}",
+                         state_dir=tmp_path_factory.mktemp("ui-bus"),
+                         kafka_bootstrap=kafka_bootstrap, rabbitmq_url=rabbitmq_url).start()
+    yield running
+    running.close()
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def api_key(bus: RunningBus) -> str:
+    return bus.create_app("ui-tests")
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +92,12 @@ def test_admin_ui_login_pause_find_timeline_and_replay(bus: RunningBus, api_key:
         page.fill("input[name=username]", user)
         page.fill("input[name=password]", PASSWORD)
         page.click("button[type=submit]")
-        page.wait_for_url("**/ui/destinations")
+        page.wait_for_url("**/ui/dashboard")
+        volume = page.locator("#volume")
+        assert volume.get_by_role("img", name=f"{code}: 1 messages in 24 h").count() == 1
+        assert f"{code}/billing" in page.locator("#health").inner_text()
+        page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        page.goto("/ui/destinations")
         row = page.locator(f"#sub-{code}-billing")
         assert "active" in row.inner_text()
         page.screenshot(path=str(ARTIFACTS / "destinations.png"), full_page=True)
@@ -134,7 +159,8 @@ def _logged_in_page(bus: RunningBus, browser: object, role: str = "admin") -> ob
     page.fill("input[name=username]", user)
     page.fill("input[name=password]", PASSWORD)
     page.click("button[type=submit]")
-    page.wait_for_url("**/ui/destinations")
+    page.wait_for_url("**/ui/dashboard")
+    page.goto("/ui/destinations")
     return page
 
 
