@@ -217,3 +217,13 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
                           name=None if sub is None else name, sub=sub,
                           retry_policy=json.dumps(policy.model_dump()),
                           filters=json.dumps(filters))
+
+    @app.get("/ui/audit", include_in_schema=False, response_model=None)
+    async def audit_page(request: Request, before: str = "") -> Response:
+        if (who := await viewer(request)) is None:
+            return to_login()
+        entries = await users.audit_log(PAGE_SIZE, _utc(before))
+        next_url = (f"/ui/audit?before={entries[-1]['at'].isoformat()}"
+                    if len(entries) == PAGE_SIZE else None)
+        return await page(request, "audit.html", who, page="Audit", entries=entries,
+                          next_url=next_url)

@@ -191,3 +191,25 @@ def test_admin_users_cli_creates_a_user_who_can_log_in(bus: RunningBus,
     again = runner.invoke(cli, ["users", "add", name, "--password-stdin"],
                           input="a long password\n", env=env)
     assert again.exit_code == 1 and "exists" in again.output
+
+
+def test_admin_every_api_route_needs_a_login(bus: RunningBus) -> None:
+    """Every management route answers 401 without credentials, except logging in."""
+    paths = httpx.get(f"{bus.admin_url}/openapi.json", timeout=10).json()["paths"]
+    checked = 0
+    with httpx.Client(base_url=bus.admin_url, timeout=10) as nobody:
+        for path, methods in paths.items():
+            if not path.startswith("/v1/"):
+                continue
+            concrete = (path.replace("{code}", "x").replace("{name}", "y")
+                        .replace("{replay_id}", "z").replace("{action}", "start")
+                        .replace("{message_id}", "m").replace("{token_id}", "t"))
+            for method in methods:
+                if (method, path) == ("post", "/v1/session") or (
+                        method, path) == ("delete", "/v1/session"):
+                    continue
+                response = nobody.request(method.upper(), concrete, json={})
+                assert response.status_code == 401, f"{method.upper()} {path}: " \
+                                                     f"{response.status_code}"
+                checked += 1
+    assert checked >= 25, f"only {checked} routes found"

@@ -146,6 +146,11 @@ def test_admin_ui_login_pause_find_timeline_and_replay(bus: RunningBus, api_key:
         page.goto(f"/ui/parked/{code}/billing")
         assert "no parked deliveries" in page.inner_text("main")
         page.screenshot(path=str(ARTIFACTS / "parked.png"), full_page=True)
+
+        page.goto("/ui/audit")
+        audit = page.locator("#audit").inner_text()
+        assert "subscription.pause" in audit and "replay.start" in audit and user in audit
+        page.screenshot(path=str(ARTIFACTS / "audit.png"), full_page=True)
     finally:
         page.close()
 
