@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -27,13 +27,17 @@ from admin.operations import TRANSITIONS
 from admin.security import SESSION_COOKIE
 from admin.service import AdminService
 from msgbus.errors import MsgbusError, NotFound, Unauthorized
-from msgbus.models import DeliveryStatus, RetryPolicy, subscription_id
+from msgbus.models import DeliveryStatus, RetryPolicy, subscription_id, utcnow
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.replays import ReplayStore
 from msgbus.users import Principal, Role, check_password
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
+# A search looks back this far first, and further only while it has less than a page: the
+# newest page is then a short index range, however many messages are stored.
+SEARCH_WINDOWS: tuple[timedelta | None, ...] = (
+    timedelta(hours=1), timedelta(days=1), timedelta(days=7), timedelta(days=31), None)
 # which buttons a replay in each state shows
 REPLAY_ACTIONS: dict[str, list[str]] = {}
 for _action, (_, _sources) in TRANSITIONS.items():
@@ -135,13 +139,20 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
                  "status": status, "since": since, "until": until}
         error, found = None, []
         try:
-            newest = min(filter(None, [_utc(until), _utc(before)]), default=None)
-            if subscription:
-                found = await _by_delivery(subscription, status, _utc(since), newest)
-            else:
-                found = await store.find_messages(
-                    biz_id=biz_id or None, destination=destination or None,
-                    since=_utc(since), until=newest, limit=PAGE_SIZE)
+            newest = min(filter(None, [_utc(until), _utc(before)]), default=None) or utcnow()
+            oldest = _utc(since)
+            for window in SEARCH_WINDOWS:
+                start = newest - window if window is not None else None
+                if oldest is not None and (start is None or start < oldest):
+                    start = oldest
+                if subscription:
+                    found = await _by_delivery(subscription, status, start, newest)
+                else:
+                    found = await store.find_messages(
+                        biz_id=biz_id or None, destination=destination or None,
+                        since=start, until=newest, limit=PAGE_SIZE)
+                if len(found) == PAGE_SIZE or start == oldest:
+                    break
         except (ValueError, MsgbusError) as exc:
             error = str(exc)
         next_url = None
