@@ -370,24 +370,23 @@ def test_compensator_killed_with_sigkill_mid_retries_loses_nothing(
     phases = Phases()
     deployment.subscription_options = {
         "timeout_ms": 1000, "retry_policy": {"delays_s": [0.5]}}
+    deployment.compensator_settings = {"lease_s": str(COMPENSATOR_LEASE_S),
+                                       "scan_interval_s": "0.2"}
     with deployment.logs_on_failure():
-        with phases.phase("start two compensators"):
-            compensators = [deployment.add_compensator(
-                name, lease_s=str(COMPENSATOR_LEASE_S), scan_interval_s="0.2")
-                for name in ("compensator-a", "compensator-b")]
-            deployment.run(deployment.store.ensure_indexes())
-        load = _start_under_load(deployment, phases)
+        load = _start_under_load(deployment, phases)  # starts the first compensator too
         for subscriber in deployment.subscribers.values():
             subscriber.status = 400
-        for compensator in compensators:
-            compensator.start()
+        with phases.phase("start a second compensator"):
+            second = deployment.add_compensator("compensator-b",
+                                                **deployment.compensator_settings)
+            second.start()
         with phases.phase("subscribers answer 400; retries pile up"):
             _hold(load, 5, "failing")
-        with phases.phase("subscribers recover; compensator-a killed with -9"):
+        with phases.phase("subscribers recover; the first compensator killed with -9"):
             for subscriber in deployment.subscribers.values():
                 subscriber.status = 200
-            compensators[0].kill9()
-        _end_load(load, phases, "compensator-a killed")
+            deployment.compensator.kill9()
+        _end_load(load, phases, "a compensator killed")
         deployment.check_everything_delivered(load, phases)
         print(phases.report())
         assert not _refusals(load.answers()), "the receiver refused messages"

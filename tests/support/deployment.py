@@ -191,6 +191,8 @@ class Deployment:
         self.receivers: list[BusProcess] = []
         self.api_key = ""
         self.subscription_options: dict[str, Any] = {}  # fields of every subscription
+        # MSGBUS_COMPENSATOR_* of the compensator `start()` runs
+        self.compensator_settings: dict[str, str] = {"scan_interval_s": "0.5"}
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
         return self.loop.run(coro, timeout_s)
@@ -206,6 +208,10 @@ class Deployment:
                    f"dispatcher workers for {sorted(subscriptions)}", interval_s=0.2)
         for index in range(receivers):
             self.add_receiver(f"receiver-{index}").start()
+        # the bus's safety net, as in production: a push that failed is retried (after the
+        # subscription's first retry delay, 10 s by default)
+        self.compensator = self.add_compensator("compensator", **self.compensator_settings)
+        self.compensator.start()
 
     async def _configure(self) -> None:
         await self.store.ensure_indexes()
