@@ -13,20 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.bus import RunningBus
-from tests.support.loop import BackgroundLoop
+from tests.support.bus import RunningBus, running_bus
 
 
 @pytest.fixture(scope="session")
 def bus(mongo_uri: str, kafka_bootstrap: str, rabbitmq_url: str,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBus]:
-    loop = BackgroundLoop()
-    running = RunningBus(loop, mongo_uri=mongo_uri, mongo_db=f"e2e_{uuid.uuid4().hex[:8]}",
-                         state_dir=tmp_path_factory.mktemp("bus-state"),
-                         kafka_bootstrap=kafka_bootstrap, rabbitmq_url=rabbitmq_url).start()
-    yield running
-    running.close()
-    loop.close()
+    with running_bus(mongo_uri, tmp_path_factory.mktemp("bus-state"), "e2e",
+                     kafka_bootstrap=kafka_bootstrap, rabbitmq_url=rabbitmq_url) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

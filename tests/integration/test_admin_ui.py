@@ -17,8 +17,7 @@ import pytest
 
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
-from tests.support.bus import RunningBus, wait_until
-from tests.support.loop import BackgroundLoop
+from tests.support.bus import RunningBus, running_bus, wait_until
 from tests.support.subscriber import RecordingSubscriber
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -33,13 +32,9 @@ def bus(mongo_uri: str, kafka_bootstrap: str, rabbitmq_url: str,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBus]:
     """A bus of this module's own (own database): the dashboard shows what these tests made,
     not every destination of the session."""
-    loop = BackgroundLoop()
-    running = RunningBus(loop, mongo_uri=mongo_uri, mongo_db=f"ui_{uuid.uuid4().hex[:8]}",
-                         state_dir=tmp_path_factory.mktemp("ui-bus"),
-                         kafka_bootstrap=kafka_bootstrap, rabbitmq_url=rabbitmq_url).start()
-    yield running
-    running.close()
-    loop.close()
+    with running_bus(mongo_uri, tmp_path_factory.mktemp("ui-bus"), "ui",
+                     kafka_bootstrap=kafka_bootstrap, rabbitmq_url=rabbitmq_url) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,7 @@ from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus, Envelope, delivery_id, utcnow
 from msgbus.store import documents as docs
 from msgbus.store.claims import DeliveryClaims
-from tests.support.bus import RunningBus, sample_value, wait_until
-from tests.support.loop import BackgroundLoop
+from tests.support.bus import RunningBus, running_bus, sample_value, wait_until
 from tests.support.subscriber import ScriptedSubscriber
 
 SWEEP_AFTER_S = 3.0
@@ -35,16 +34,15 @@ FAST_DELAYS_S = [0.3, 0.6, 0.9]
 
 
 @pytest.fixture(scope="module")
-def cbus(mongo_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBus]:
-    loop = BackgroundLoop()
-    running = RunningBus(
-        loop, mongo_uri=mongo_uri, mongo_db=f"comp_{uuid.uuid4().hex[:8]}",
-        state_dir=tmp_path_factory.mktemp("compensator-bus"),
-        compensator_options={"scan_interval_s": 0.2, "sweep_after_s": SWEEP_AFTER_S,
-                             "sweep_interval_s": 1.0, "stats_interval_s": 5.0}).start()
-    yield running
-    running.close()
-    loop.close()
+def cbus(mongo_uri: str, kafka_bootstrap: str,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBus]:
+    with running_bus(mongo_uri, tmp_path_factory.mktemp("compensator-bus"), "comp",
+                     kafka_bootstrap=kafka_bootstrap,
+                     compensator_options={"scan_interval_s": 0.2,
+                                          "sweep_after_s": SWEEP_AFTER_S,
+                                          "sweep_interval_s": 1.0,
+                                          "stats_interval_s": 5.0}) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,10 @@ through the admin API."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +221,19 @@ class RunningBus:
         self.loop.run(self._subscribers.stop())
         self.loop.run(self._group.stop())
         self.loop.run(self.store.close())
+
+
+@contextlib.contextmanager
+def running_bus(mongo_uri: str, state_dir: Path, db_prefix: str,
+                **options: Any) -> Iterator[RunningBus]:
+    """A started bus with a database of its own (`db_prefix` + random), on its own loop;
+    closed after. `options` go to RunningBus (brokers, compensator options...)."""
+    loop = BackgroundLoop()
+    running = RunningBus(loop, mongo_uri=mongo_uri,
+                         mongo_db=f"{db_prefix}_{uuid.uuid4().hex[:8]}", state_dir=state_dir,
+                         **options).start()
+    try:
+        yield running
+    finally:
+        running.close()
+        loop.close()
