@@ -4,11 +4,14 @@ newcomer runs first."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import httpx
 
 from msgbus import services
 from tests.support.bus import wait_until
@@ -31,6 +34,12 @@ def test_up_demo_then_send_arrives_at_the_demo_subscriber(tmp_path: Path) -> Non
         wait_until(lambda: "msgbus is up" in Path(log.name).read_text(), 60, "msgbus up")
         banner = Path(log.name).read_text()
         assert f"http://127.0.0.1:{ports['RECEIVER']}" in banner
+        # the first admin, shown once, logs in to the admin
+        password = re.search(r"first admin user: admin / (\S+)", banner)
+        assert password is not None, banner
+        login = httpx.post(f"http://127.0.0.1:{ports['ADMIN']}/v1/session", timeout=10,
+                           json={"username": "admin", "password": password.group(1)})
+        assert login.status_code == 200 and login.json()["role"] == "admin"
 
         started = time.monotonic()
         sent = subprocess.run([*MSGBUS, "send", "demo", '{"hello": 1}', "--state-dir",
