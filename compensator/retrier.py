@@ -80,7 +80,8 @@ class SubscriptionRetrier:
 
     def _limiter_for(self, sub: Subscription) -> SubscriptionLimiter:
         if self._limiter is None or self._limit_size != sub.max_concurrency:
-            self._limiter = SubscriptionLimiter(sub.id, sub.max_concurrency)
+            self._limiter = SubscriptionLimiter(sub.id, sub.max_concurrency,
+                                                component="compensator")
             self._limit_size = sub.max_concurrency
         return self._limiter
 

@@ -45,7 +45,8 @@ class SubscriptionWorker:
         self._consumers = consumers
         self._sender = sender
         self._trace = trace
-        self._limiter = SubscriptionLimiter(subscription.id, subscription.max_concurrency)
+        self._limiter = SubscriptionLimiter(subscription.id, subscription.max_concurrency,
+                                            component="dispatcher")
         self._direct: asyncio.Queue[Envelope] = asyncio.Queue(maxsize=direct_queue_size)
         self._loops: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[None]] = set()

@@ -80,7 +80,8 @@ PAUSED_PARTITIONS = Gauge(
 CIRCUIT_OPEN = Gauge(
     "msgbus_subscription_circuit_open",
     "1 while pushes to the subscription are stopped because it kept failing (probed now and "
-    "then)", ["subscription"], multiprocess_mode="livemax")
+    "then), per component that pushes (dispatcher, compensator, replay)",
+    ["subscription", "component"], multiprocess_mode="livemax")
 BACKLOG = Gauge(
     "msgbus_subscription_backlog",
     "Deliveries not yet done (pending, failed, retrying) per subscription, from the bus's "

@@ -13,13 +13,15 @@ from msgbus.models import AttemptResult
 
 
 class SubscriptionLimiter:
-    def __init__(self, subscription_id: str, max_concurrency: int) -> None:
+    def __init__(self, subscription_id: str, max_concurrency: int, *, component: str) -> None:
+        """`component`: who pushes ("dispatcher", "compensator", "replay"); each has a
+        circuit of its own, shown apart (they may run in one process, as in `msgbus up`)."""
         self.subscription_id = subscription_id
         self._slots = asyncio.Semaphore(max_concurrency)
         self._breaker = CircuitBreaker(subscription_id)
         self._gauge = IN_FLIGHT.labels(subscription_id)
         self._slot_wait = SLOT_WAIT.labels(subscription_id)
-        self._circuit_gauge = CIRCUIT_OPEN.labels(subscription_id)
+        self._circuit_gauge = CIRCUIT_OPEN.labels(subscription_id, component)
 
     @property
     def circuit_open(self) -> bool:

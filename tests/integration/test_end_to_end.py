@@ -99,7 +99,7 @@ def test_failing_subscriber_is_recorded_failed_while_the_other_gets_everything(
     assert len(broken.pushes) < len(ids) / 2, "pushes went on at a subscriber that only fails"
     metrics = httpx.get(f"{bus.dispatcher_url}/metrics", timeout=10).text
     assert sample_value(metrics, "msgbus_subscription_circuit_open",
-                        {"subscription": failed_id}) == 1
+                        {"subscription": failed_id, "component": "dispatcher"}) == 1
 
     def backlog_shown() -> bool:
         text = httpx.get(f"{bus.dispatcher_url}/metrics", timeout=10).text
