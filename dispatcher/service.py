@@ -8,10 +8,12 @@ import socket
 
 from dispatcher.backlog import BacklogMonitor
 from dispatcher.supervisor import WorkerSupervisor
+from msgbus.brokerhealth import BrokerHealthMonitor
 from msgbus.delivery.sender import make_sender
 from msgbus.delivery.trace import QUEUE as TRACE_QUEUE
 from msgbus.delivery.trace import TraceWriter
 from msgbus.localqueue import LocalQueue
+from msgbus.models import BrokerKind, Subscription
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
 from msgbus.store import MongoStore
@@ -37,6 +39,20 @@ class DispatcherService:
         self.supervisor = WorkerSupervisor(settings, self.registry, self.sender, self.trace)
         self.backlog = BacklogMonitor(self.store, self.supervisor.paused_partitions,
                                       interval_s=settings.backlog_interval_s)
+        self.broker_health: BrokerHealthMonitor | None = None
+        if settings.broker_health_interval_s > 0:
+            self.broker_health = BrokerHealthMonitor(
+                conn, self.subscriptions_by_broker, interval_s=settings.broker_health_interval_s,
+                mongo_ping=self.store.ping)
+
+    def subscriptions_by_broker(self) -> list[tuple[Subscription, BrokerKind]]:
+        """Every subscription the registry knows, with its destination's current broker."""
+        found = []
+        for sub in self.registry.subscriptions():
+            destination = self.registry.known_destination(sub.destination)
+            if destination is not None:
+                found.append((sub, destination.broker))
+        return found
 
     async def start(self) -> None:
         await self.store.ensure_indexes()
@@ -45,8 +61,12 @@ class DispatcherService:
         await self.registry.start()
         await self.supervisor.start()
         self.backlog.start()
+        if self.broker_health is not None:
+            self.broker_health.start()
 
     async def close(self) -> None:
+        if self.broker_health is not None:
+            await self.broker_health.close()
         await self.backlog.close()
         await self.registry.close()
         await self.supervisor.close()

@@ -130,6 +130,63 @@ REPLAY_DONE = Gauge(
     "msgbus_replay_done", "Pushes a replay job has made so far", ["replay"],
     multiprocess_mode="livemax")
 
+# -- the brokers' and MongoDB's own health (msgbus/brokerhealth.py, in the dispatcher) ----------
+BROKER_UP = Gauge(
+    "msgbus_broker_up", "1 when the broker cluster answered the last health poll, else 0",
+    ["broker", "cluster"], multiprocess_mode="livemax")
+MONGO_UP = Gauge(
+    "msgbus_mongo_up", "1 when MongoDB answered the service's last ping, else 0", ["service"],
+    multiprocess_mode="livemin")
+RABBITMQ_NODE_RUNNING = Gauge(
+    "msgbus_rabbitmq_node_running", "1 when the management API says the node runs",
+    ["cluster", "node"], multiprocess_mode="livemax")
+RABBITMQ_NODE_MEMORY_ALARM = Gauge(
+    "msgbus_rabbitmq_node_memory_alarm",
+    "1 while the node's memory alarm blocks publishers", ["cluster", "node"],
+    multiprocess_mode="livemax")
+RABBITMQ_NODE_DISK_ALARM = Gauge(
+    "msgbus_rabbitmq_node_disk_alarm", "1 while the node's free-disk alarm blocks publishers",
+    ["cluster", "node"], multiprocess_mode="livemax")
+RABBITMQ_NODE_MEMORY_USED = Gauge(
+    "msgbus_rabbitmq_node_memory_used_bytes", "Memory the node uses", ["cluster", "node"],
+    multiprocess_mode="livemax")
+RABBITMQ_FLOW_CONNECTIONS = Gauge(
+    "msgbus_rabbitmq_flow_controlled_connections",
+    "Connections in flow control or blocked (state flow, blocked or blocking)", ["cluster"],
+    multiprocess_mode="livemax")
+RABBITMQ_QUEUE_MESSAGES = Gauge(
+    "msgbus_rabbitmq_queue_messages",
+    "Messages in a subscription's RabbitMQ queue, ready or unacked (lags a few seconds)",
+    ["cluster", "subscription", "state"], multiprocess_mode="livemax")
+KAFKA_COMMITTED_OFFSET = Gauge(
+    "msgbus_kafka_consumer_committed_offset",
+    "Committed offset of a subscription's consumer group per partition",
+    ["cluster", "subscription", "partition"], multiprocess_mode="livemax")
+KAFKA_CONSUMER_LAG = Gauge(
+    "msgbus_kafka_consumer_lag_messages",
+    "End offset minus committed offset, summed over the partitions (an upper bound on brokers "
+    "that advance the end per batch)", ["cluster", "subscription"], multiprocess_mode="livemax")
+
+# -- the node's spool drainer (`msgbus spool-drainer`, the DaemonSet) ------------------------------
+NODE_QUEUES = Gauge(
+    "msgbus_node_queues",
+    "Local queues on the node by kind (receiver_buffer, client_spool) and state (held by a live "
+    "process, idle: unheld but written recently, orphaned: to drain)", ["kind", "state"])
+NODE_ORPHAN_PENDING = Gauge(
+    "msgbus_node_orphaned_messages",
+    "Messages pending in the node's orphaned client spools at the last scan", ["kind"])
+NODE_ORPHAN_OLDEST_AGE = Gauge(
+    "msgbus_node_orphan_oldest_age_seconds",
+    "Time since the longest-unwritten orphaned queue on the node was written (0: none)",
+    ["kind"])
+ORPHANS_DRAINED = Counter(
+    "msgbus_orphans_drained_total",
+    "Orphaned queues the spool drainer handled, by kind and outcome (drained and removed, "
+    "left: some messages stay in it, failed)", ["kind", "outcome"])
+DRAINER_LAST_SCAN = Gauge(
+    "msgbus_spool_drainer_last_scan_timestamp_seconds",
+    "When the spool drainer last finished a scan of its node (Unix time)")
+
 
 def render() -> tuple[bytes, str]:
     if os.environ.get(MULTIPROCESS_DIR_VARIABLE):

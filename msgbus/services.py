@@ -502,6 +502,35 @@ def ensure_rabbitmq(timeout_s: float = 120.0) -> RabbitMQ:
     return RabbitMQ(RABBITMQ_URL, started_by_us=True)
 
 
+RABBITMQ_MANAGEMENT_URL = f"http://{HOST}:15672"
+
+
+def management_ready(url: str = RABBITMQ_MANAGEMENT_URL) -> bool:
+    """True if RabbitMQ's management API answers guest/guest with its node list."""
+    import httpx
+
+    try:
+        response = httpx.get(f"{url}/api/nodes", auth=("guest", "guest"), timeout=2.0)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+def ensure_rabbitmq_management(timeout_s: float = 60.0) -> str:
+    """The URL of the local RabbitMQ's management API, enabling its plugin (online, on the
+    running node; it stays enabled across restarts) when it does not answer."""
+    if management_ready():
+        return RABBITMQ_MANAGEMENT_URL
+    say("enabling RabbitMQ's management plugin: rabbitmq-plugins enable rabbitmq_management")
+    command = [rabbitmq_tool("rabbitmq-plugins") or "rabbitmq-plugins", "enable",
+               "rabbitmq_management"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ServiceError(f"`{' '.join(command)}` failed: {result.stderr.strip()[-500:]}")
+    wait_until("RabbitMQ's management API", management_ready, timeout_s, None, RABBITMQ_LOG_DIR)
+    return RABBITMQ_MANAGEMENT_URL
+
+
 def stop_rabbitmq() -> None:
     """Stop the local RabbitMQ node. Call it only for a RabbitMQ `ensure_rabbitmq` started."""
     say("stopping RabbitMQ: rabbitmqctl stop")

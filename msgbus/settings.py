@@ -31,6 +31,9 @@ class ConnectionSettings(BaseSettings):
     # `kafka_bootstrap` / `rabbitmq_url` define one cluster named "default".
     kafka_clusters: dict[str, list[str]] = Field(default_factory=dict)
     rabbitmq_clusters: dict[str, list[str]] = Field(default_factory=dict)
+    # Management API per RabbitMQ cluster, e.g. {"default": "http://user:pass@mq:15672"}
+    # (broker health metrics); unset: each amqp:// node's host, credentials, port 15672.
+    rabbitmq_management_urls: dict[str, str] = Field(default_factory=dict)
     # Shared secret of the internal receiver -> dispatcher ("direct") endpoint. The CLI fills it
     # from <state_dir>/internal-token when the environment does not set it.
     internal_token: SecretStr = SecretStr("")
@@ -108,6 +111,8 @@ class DispatcherSettings(BaseSettings):
     backlog_interval_s: float = Field(default=15.0, gt=0)
     # Push HTTP client; aiohttp by the `python -m bench.senders` figures in delivery/sender.py.
     http_client: Literal["aiohttp", "httpx"] = "aiohttp"
+    # How often the brokers' own health (msgbus/brokerhealth.py) is read; 0: never.
+    broker_health_interval_s: float = Field(default=30.0, ge=0)
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 
 
@@ -149,3 +154,27 @@ class AdminSettings(BaseSettings):
     session_secret: SecretStr = SecretStr("")
     session_ttl_s: float = 8 * 3600
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
+
+
+class SpoolDrainerSettings(BaseSettings):
+    """`msgbus spool-drainer`: one per node (the Kubernetes DaemonSet), over the node's root.
+
+    Layout under `root`: `receiver-buffer/` is the receivers' shared buffer root (their
+    MSGBUS_RECEIVER_BUFFER_DIR), `spool/` holds client spools, e.g. `spool/<app>/<pod>/`.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="MSGBUS_SPOOL_DRAINER_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8085  # /health and /metrics
+    root: Path = Path("/var/lib/msgbus")
+    # A queue nobody holds must also be this long unwritten: a pod restarting on its node takes
+    # its own queue back first.
+    min_idle_s: float = Field(default=600.0, ge=0)
+    scan_interval_s: float = Field(default=60.0, gt=0)
+    # Where client spools are sent; a spool under spool/<app>/ is sent with the key in
+    # <api_keys_dir>/<app> when that file exists, else with `api_key`.
+    receiver_url: str = ""
+    api_key: SecretStr = SecretStr("")
+    api_keys_dir: Path | None = None
+    drain_timeout_s: float = Field(default=300.0, gt=0)  # per client spool

@@ -1,0 +1,218 @@
+"""`BrokerHealthMonitor`: the brokers' own view of their health, as gauges.
+
+The bus's backlog per subscription (msgbus_subscription_backlog, from its own records) stays the
+primary signal; these say *why* it grows:
+
+* RabbitMQ, from the management API (`/api/nodes`, `/api/connections`, `/api/queues`) of each
+  configured cluster: node running, memory and disk alarms, memory used, connections under flow
+  control (blocked publishers), and the depth of each subscription's queue (ready, unacked).
+  The API's figures lag a few seconds. Its URL is `rabbitmq_management_urls[cluster]`, or is
+  derived from the cluster's amqp:// nodes (same host and credentials, port 15672).
+* Kafka, per subscription of a Kafka destination: the consumer group's committed offset per
+  partition and its lag (end offset - committed). Some brokers (tansu) advance the end offset
+  per record batch, so lag is an upper bound there.
+* MongoDB: whether it answers a ping (`msgbus_mongo_up`).
+
+A cluster that does not answer sets `msgbus_broker_up{broker,cluster}` to 0 and keeps its last
+figures; the poll never raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import httpx
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from msgbus.brokers.base import consumer_name, topic_name
+from msgbus.metrics import (
+    BROKER_UP,
+    KAFKA_COMMITTED_OFFSET,
+    KAFKA_CONSUMER_LAG,
+    MONGO_UP,
+    RABBITMQ_FLOW_CONNECTIONS,
+    RABBITMQ_NODE_DISK_ALARM,
+    RABBITMQ_NODE_MEMORY_ALARM,
+    RABBITMQ_NODE_MEMORY_USED,
+    RABBITMQ_NODE_RUNNING,
+    RABBITMQ_QUEUE_MESSAGES,
+)
+from msgbus.models import BrokerKind, Subscription
+from msgbus.settings import ConnectionSettings
+
+log = logging.getLogger(__name__)
+
+MANAGEMENT_PORT = 15672
+REQUEST_TIMEOUT_S = 5.0
+KAFKA_TIMEOUT_S = 5.0
+FLOW_STATES = frozenset({"flow", "blocked", "blocking"})
+
+# (subscription, its destination's broker) pairs to report on
+SubscriptionsFn = Callable[[], list[tuple[Subscription, BrokerKind]]]
+
+
+def management_url(amqp_url: str) -> tuple[str, tuple[str, str]]:
+    """The management API base URL and (user, password) of an amqp:// node URL."""
+    parts = urlsplit(amqp_url)
+    host = parts.hostname or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    scheme = "https" if parts.scheme == "amqps" else "http"
+    auth = (unquote(parts.username or "guest"), unquote(parts.password or "guest"))
+    return f"{scheme}://{host}:{MANAGEMENT_PORT}", auth
+
+
+class BrokerHealthMonitor:
+    def __init__(self, conn: ConnectionSettings, subscriptions: SubscriptionsFn, *,
+                 interval_s: float, mongo_ping: Callable[[], Awaitable[bool]] | None = None,
+                 service: str = "dispatcher") -> None:
+        self._conn = conn
+        self._subscriptions = subscriptions
+        self._interval_s = interval_s
+        self._mongo_ping = mongo_ping
+        self._service = service
+        self._task: asyncio.Task[None] | None = None
+        self._http = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="broker-health")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._http.aclose()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:  # never let a surprise in one poll stop the next
+                log.exception("broker health poll failed")
+            await asyncio.sleep(self._interval_s)
+
+    async def poll_once(self) -> None:
+        if self._mongo_ping is not None:
+            MONGO_UP.labels(self._service).set(1 if await self._mongo_ping() else 0)
+        subscriptions = self._subscriptions()
+        for cluster, nodes in self._conn.clusters(BrokerKind.RABBITMQ).items():
+            queues = {consumer_name(s.destination, s.name): s.id
+                      for s, kind in subscriptions if kind is BrokerKind.RABBITMQ}
+            up = await self._poll_rabbitmq(cluster, nodes, queues)
+            BROKER_UP.labels("rabbitmq", cluster).set(1 if up else 0)
+        for cluster, nodes in self._conn.clusters(BrokerKind.KAFKA).items():
+            subs = [s for s, kind in subscriptions if kind is BrokerKind.KAFKA]
+            up = await asyncio.to_thread(self._poll_kafka, cluster, ",".join(nodes), subs)
+            BROKER_UP.labels("kafka", cluster).set(1 if up else 0)
+
+    # --- RabbitMQ ---------------------------------------------------------------------------
+
+    def _management_endpoints(self, cluster: str, nodes: list[str]
+                              ) -> list[tuple[str, tuple[str, str]]]:
+        configured = self._conn.rabbitmq_management_urls.get(cluster)
+        if configured:
+            parts = urlsplit(configured)
+            auth = (unquote(parts.username or "guest"), unquote(parts.password or "guest"))
+            netloc = parts.hostname or ""
+            if parts.port:
+                netloc = f"{netloc}:{parts.port}"
+            return [(f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}", auth)]
+        return [management_url(node) for node in nodes]
+
+    async def _poll_rabbitmq(self, cluster: str, nodes: list[str],
+                             queues: dict[str, str]) -> bool:
+        """Any node's management API answers for the whole cluster: the first that does."""
+        for base, auth in self._management_endpoints(cluster, nodes):
+            try:
+                overview = await self._get_json(f"{base}/api/nodes", auth)
+                connections = await self._get_json(
+                    f"{base}/api/connections?columns=name,state", auth)
+                queue_docs = await self._get_json(
+                    f"{base}/api/queues?columns=name,messages_ready,messages_unacknowledged",
+                    auth)
+            except (httpx.HTTPError, ValueError) as exc:
+                log.warning("RabbitMQ cluster %s: management API at %s: %s", cluster, base, exc)
+                continue
+            self._record_rabbitmq(cluster, overview, connections, queue_docs, queues)
+            return True
+        return False
+
+    async def _get_json(self, url: str, auth: tuple[str, str]) -> list[dict[str, Any]]:
+        response = await self._http.get(url, auth=auth)
+        response.raise_for_status()
+        found = response.json()
+        if not isinstance(found, list):
+            raise ValueError(f"{url}: expected a JSON list")
+        return found
+
+    @staticmethod
+    def _record_rabbitmq(cluster: str, nodes: list[dict[str, Any]],
+                         connections: list[dict[str, Any]], queue_docs: list[dict[str, Any]],
+                         queues: dict[str, str]) -> None:
+        for node in nodes:
+            name = str(node.get("name", "?"))
+            RABBITMQ_NODE_RUNNING.labels(cluster, name).set(1 if node.get("running") else 0)
+            RABBITMQ_NODE_MEMORY_ALARM.labels(cluster, name).set(
+                1 if node.get("mem_alarm") else 0)
+            RABBITMQ_NODE_DISK_ALARM.labels(cluster, name).set(
+                1 if node.get("disk_free_alarm") else 0)
+            RABBITMQ_NODE_MEMORY_USED.labels(cluster, name).set(float(node.get("mem_used") or 0))
+        flow = sum(1 for c in connections if c.get("state") in FLOW_STATES)
+        RABBITMQ_FLOW_CONNECTIONS.labels(cluster).set(flow)
+        for doc in queue_docs:
+            sub_id = queues.get(str(doc.get("name")))
+            if sub_id is None:  # not the queue of a subscription this service reports on
+                continue
+            RABBITMQ_QUEUE_MESSAGES.labels(cluster, sub_id, "ready").set(
+                float(doc.get("messages_ready") or 0))
+            RABBITMQ_QUEUE_MESSAGES.labels(cluster, sub_id, "unacked").set(
+                float(doc.get("messages_unacknowledged") or 0))
+
+    # --- Kafka (in a thread: confluent-kafka blocks) ------------------------------------------
+
+    def _poll_kafka(self, cluster: str, bootstrap: str, subscriptions: list[Subscription]) -> bool:
+        config: dict[str, str | int | float | bool] = {
+            "bootstrap.servers": bootstrap, "socket.timeout.ms": int(KAFKA_TIMEOUT_S * 1000)}
+        admin = AdminClient(config)
+        reader = Consumer({**config, "group.id": "msgbus-broker-health",
+                           "enable.auto.commit": False})
+        try:
+            metadata = admin.list_topics(timeout=KAFKA_TIMEOUT_S)
+            for sub in subscriptions:
+                topic = topic_name(sub.destination)
+                found = metadata.topics.get(topic)
+                if found is None or not found.partitions:
+                    continue
+                self._record_kafka(cluster, sub, admin, reader, topic, sorted(found.partitions))
+            return True
+        except KafkaException as exc:
+            log.warning("Kafka cluster %s: %s", cluster, exc)
+            return False
+        finally:
+            reader.close()
+
+    @staticmethod
+    def _record_kafka(cluster: str, sub: Subscription, admin: AdminClient, reader: Consumer,
+                      topic: str, partitions: list[int]) -> None:
+        group = consumer_name(sub.destination, sub.name)
+        request = ConsumerGroupTopicPartitions(
+            group, [TopicPartition(topic, p) for p in partitions])
+        futures = admin.list_consumer_group_offsets([request], request_timeout=KAFKA_TIMEOUT_S)
+        committed = {tp.partition: tp.offset
+                     for tp in futures[group].result(KAFKA_TIMEOUT_S).topic_partitions}
+        lag = 0
+        for partition in partitions:
+            low, high = reader.get_watermark_offsets(TopicPartition(topic, partition),
+                                                     timeout=KAFKA_TIMEOUT_S)
+            offset = committed.get(partition, -1)
+            position = offset if offset >= 0 else low  # nothing committed: from the start
+            KAFKA_COMMITTED_OFFSET.labels(cluster, sub.id, str(partition)).set(max(offset, 0))
+            lag += max(0, high - position)
+        KAFKA_CONSUMER_LAG.labels(cluster, sub.id).set(lag)
