@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import orjson
 
+from msgbus.cli.drainer_cmd import spool_drainer
 from msgbus.cli.ops_cmd import parked, replay
 from msgbus.cli.services_cmd import services
 from msgbus.cli.spool_cmd import spool
@@ -168,6 +169,7 @@ for _name in ("dispatcher", "compensator", "admin"):
     main.add_command(_service_command(_name))
 main.add_command(services)
 main.add_command(spool)
+main.add_command(spool_drainer)
 main.add_command(replay)
 main.add_command(parked)
 main.add_command(users)
