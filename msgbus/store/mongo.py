@@ -50,8 +50,13 @@ INDEXES: dict[str, list[IndexModel]] = {
         IndexModel([("subscription", ASCENDING), ("status", ASCENDING),
                     ("next_attempt_at", ASCENDING)]),
         IndexModel([("status", ASCENDING), ("next_attempt_at", ASCENDING)]),
+        # analytics: reads by time range (statistics, archive), split into parallel slices
+        IndexModel([("created_at", ASCENDING)]),
     ],
-    "attempts": [IndexModel([("message_id", ASCENDING), ("started_at", ASCENDING)])],
+    "attempts": [
+        IndexModel([("message_id", ASCENDING), ("started_at", ASCENDING)]),
+        IndexModel([("started_at", ASCENDING)]),  # analytics: reads by time range
+    ],
     "subscriptions": [IndexModel([("destination", ASCENDING)])],
     "apps": [IndexModel([("key_hashes", ASCENDING)])],
 }
