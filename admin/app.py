@@ -18,7 +18,7 @@ from admin.ui import add_ui_routes
 from admin.users_routes import add_user_routes
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.errors import NotFound
-from msgbus.http import service_app
+from msgbus.http import add_readiness, service_app
 from msgbus.models import Destination, Subscription, new_signing_secret, utcnow
 from msgbus.users import Principal
 
@@ -32,6 +32,11 @@ def create_app(service: AdminService) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "mongo": await store.ping()}
+
+    async def readiness() -> dict[str, bool]:
+        return {"mongo": await store.ping()}
+
+    add_readiness(app, readiness, required=("mongo",), service="admin")
 
     @app.get("/v1/destinations")
     async def list_destinations(_: AsViewer) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from compensator.service import CompensatorService
-from msgbus.http import service_app
+from msgbus.http import add_readiness, service_app
 
 
 def create_app(service: CompensatorService) -> FastAPI:
@@ -19,4 +19,8 @@ def create_app(service: CompensatorService) -> FastAPI:
                 "instance": service.instance, "subscriptions": sorted(service.retriers),
                 "swept": service.sweeper.swept, "last_sweep_s": service.sweeper.last_sweep_s}
 
+    async def readiness() -> dict[str, bool]:
+        return {"mongo": await service.store.ping()}  # retries and leases live there
+
+    add_readiness(app, readiness, required=("mongo",), service="compensator")
     return app

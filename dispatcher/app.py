@@ -11,7 +11,7 @@ from msgbus.auth import bearer_token, same_secret
 from msgbus.brokers.direct import INTERNAL_PATH
 from msgbus.codec import decode_batch
 from msgbus.errors import Unauthorized, Unavailable
-from msgbus.http import service_app
+from msgbus.http import add_readiness, service_app
 
 
 def create_app(service: DispatcherService) -> FastAPI:
@@ -38,4 +38,10 @@ def create_app(service: DispatcherService) -> FastAPI:
                 "subscriptions": service.supervisor.subscription_ids(),
                 "trace_backlog": service.trace.backlog()}
 
+    async def readiness() -> dict[str, bool]:
+        buffer = service.trace_buffer  # outcomes wait here while MongoDB is down
+        return {"trace_buffer_has_room": buffer.used_bytes < buffer.max_bytes,
+                "mongo": await service.store.ping()}
+
+    add_readiness(app, readiness, required=("trace_buffer_has_room",), service="dispatcher")
     return app

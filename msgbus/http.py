@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -129,6 +129,27 @@ def service_app(
         return metrics_response()
 
     return app
+
+
+ReadinessChecks = Callable[[], Awaitable[dict[str, bool]]]
+
+
+def add_readiness(app: FastAPI, checks: ReadinessChecks, *, required: Iterable[str],
+                  service: str) -> None:
+    """GET /ready: 200 when every `required` check of `checks()` passes, else 503 (Kubernetes
+    then sends the pod no traffic). The other checks are only shown. /health stays the liveness
+    probe: it answers while the event loop does, whatever the dependencies do (restarting a pod
+    never brings MongoDB back). A "mongo" check also sets msgbus_mongo_up{service}."""
+    must_pass = frozenset(required)
+
+    @app.get("/ready", include_in_schema=False)
+    async def _ready() -> JSONResponse:
+        found = await checks()
+        if "mongo" in found:
+            metrics.MONGO_UP.labels(service).set(1 if found["mongo"] else 0)
+        ready = all(found.get(name, False) for name in must_pass)
+        return JSONResponse({"ready": ready, "checks": found,
+                             "required": sorted(must_pass)}, status_code=200 if ready else 503)
 
 
 class RequestTimer:

@@ -29,7 +29,7 @@ from msgbus.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
-from msgbus.http import Asgi, LeanEndpoint, RequestTimer, service_app
+from msgbus.http import Asgi, LeanEndpoint, RequestTimer, add_readiness, service_app
 from msgbus.metrics import BUFFER_BYTES, MESSAGES_REJECTED, REQUEST_LATENCY
 from msgbus.models import JSON_CONTENT_TYPE, Envelope, is_destination_code, utcnow
 from receiver.intake import Intake
@@ -296,6 +296,16 @@ def create_app(service: ReceiverService) -> FastAPI:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "mongo": await service.store.ping(),
                 "buffer": service.intake.depths(), "drainer": drainer_state()}
+
+    async def readiness() -> dict[str, bool]:
+        buffer = service.buffer
+        checks = {"buffer_has_room": buffer.used_bytes < buffer.max_bytes,
+                  "mongo": await service.store.ping()}  # not required: the buffer absorbs it
+        if service.drain_process is not None:
+            checks["drainer_running"] = service.drain_process.pid is not None
+        return checks
+
+    add_readiness(app, readiness, required=("buffer_has_room",), service="receiver")
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
