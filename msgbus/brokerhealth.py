@@ -190,7 +190,11 @@ class BrokerHealthMonitor:
                 found = metadata.topics.get(topic)
                 if found is None or not found.partitions:
                     continue
-                self._record_kafka(cluster, sub, admin, reader, topic, sorted(found.partitions))
+                try:
+                    self._record_kafka(cluster, sub, admin, reader, topic,
+                                       sorted(found.partitions))
+                except KafkaException as exc:  # one group's answer; the cluster answered
+                    log.warning("Kafka cluster %s: position of %s: %s", cluster, sub.id, exc)
             return True
         except KafkaException as exc:
             log.warning("Kafka cluster %s: %s", cluster, exc)
