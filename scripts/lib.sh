@@ -37,7 +37,7 @@ make_venv() {
 }
 
 install_project() {
-    local packages=(-e '.[dev,services]')
+    local packages=(-e '.[dev,services,analytics]')
     packages=(-e ./client "${packages[@]}")
     step "pip install ${packages[*]}"
     "$VENV/bin/python" -m pip install --disable-pip-version-check "${packages[@]}"

@@ -26,10 +26,19 @@ ensure_chromium() {
     fi
 }
 
+ensure_java() {
+    # the analytics jobs run on PySpark, which needs a JVM (17 or newer)
+    if ! command -v java >/dev/null 2>&1; then
+        step "java (apt-get install openjdk-17-jre-headless, for the analytics tests)"
+        apt_install openjdk-17-jre-headless
+    fi
+}
+
 make_venv
 install_project
 ensure_rabbitmq
 ensure_chromium
+ensure_java
 step "ruff check ."
 "$VENV/bin/ruff" check .
 step "mypy"

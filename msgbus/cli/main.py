@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import orjson
 
+from msgbus.cli.analytics_cmd import analytics
 from msgbus.cli.drainer_cmd import spool_drainer
 from msgbus.cli.ops_cmd import parked, replay
 from msgbus.cli.services_cmd import services
@@ -173,3 +174,4 @@ main.add_command(spool_drainer)
 main.add_command(replay)
 main.add_command(parked)
 main.add_command(users)
+main.add_command(analytics)
