@@ -1,10 +1,12 @@
 """What the dashboard shows, from the bus's own records: messages per destination per hour over
-the last day, and per subscription its backlog, oldest undelivered age and dead letters, the
-failing ones first. Each figure is an index-backed query with a cap; the result is cached for a
-few seconds so a dashboard left open does not load MongoDB."""
+the last day, and per subscription its backlog, oldest undelivered age, dead letters and its
+last hour's push success rate and latency (p50/p99), the failing ones first. Each figure is an
+index-backed query with a cap; the result is cached for a few seconds so a dashboard left open
+does not load MongoDB."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -15,7 +17,35 @@ from msgbus.store import MongoStore
 
 HOURS = 24
 COUNT_CAP = 100_000
+PUSH_SAMPLE_CAP = 5_000  # the newest attempts of the last hour that the push figures are read from
 CACHE_S = 10.0
+
+
+@dataclass(slots=True)
+class PushHealth:
+    """A subscription's pushes of the last hour (at most PUSH_SAMPLE_CAP of the newest)."""
+
+    attempts: int = 0
+    succeeded: int = 0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.succeeded / self.attempts if self.attempts else None
+
+    @classmethod
+    def of(cls, samples: list[tuple[bool, float]]) -> PushHealth:
+        if not samples:
+            return cls()
+        latencies = sorted(latency for _, latency in samples)
+        return cls(attempts=len(samples), succeeded=sum(ok for ok, _ in samples),
+                   p50_ms=_percentile(latencies, 0.50), p99_ms=_percentile(latencies, 0.99))
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending, non-empty list."""
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 @dataclass(slots=True)
@@ -25,11 +55,14 @@ class SubscriptionHealth:
     backlog: int
     oldest_age_s: float
     parked: int
+    pushes: PushHealth
 
     @property
-    def trouble(self) -> tuple[int, float, int]:
-        """Sort key: dead letters first, then the oldest wait, then the backlog."""
-        return (-self.parked, -self.oldest_age_s, -self.backlog)
+    def trouble(self) -> tuple[int, float, float, int]:
+        """Sort key: dead letters first, then the oldest wait, then the lowest success rate,
+        then the backlog."""
+        rate = self.pushes.success_rate
+        return (-self.parked, -self.oldest_age_s, 1.0 if rate is None else rate, -self.backlog)
 
 
 @dataclass(slots=True)
@@ -47,6 +80,10 @@ class Dashboard:
     @property
     def peak(self) -> int:
         return max((max(c) for c in self.volume.values() if c), default=0)
+
+    @property
+    def slowest_p99_ms(self) -> float:
+        return max((h.pushes.p99_ms or 0.0 for h in self.subscriptions), default=0.0)
 
 
 class DashboardData:
@@ -72,10 +109,20 @@ class DashboardData:
                 {"subscription": sub.id, "status": DeliveryStatus.PARKED.value},
                 limit=COUNT_CAP)
             age = (now - oldest).total_seconds() if oldest is not None else 0.0
+            pushes = await self._pushes(sub.id, now - timedelta(hours=1))
             health.append(SubscriptionHealth(sub.id, sub.paused, backlog, max(0.0, age),
-                                             parked))
+                                             parked, pushes))
         health.sort(key=lambda h: h.trouble)
         return Dashboard(hours, volume, health, time.monotonic())
+
+    async def _pushes(self, sub_id: str, since: datetime) -> PushHealth:
+        """One index range of (subscription, started_at), newest first, capped."""
+        cursor = self._store.attempts.find(
+            {"subscription": sub_id, "started_at": {"$gte": since}},
+            {"_id": 0, "ok": 1, "latency_ms": 1},
+        ).sort("started_at", -1).limit(PUSH_SAMPLE_CAP)
+        return PushHealth.of([(bool(doc.get("ok")), float(doc.get("latency_ms") or 0.0))
+                              async for doc in cursor])
 
     async def _per_hour(self, destination: str, first: datetime) -> list[int]:
         """Messages of `destination` per hour since `first`: one aggregation over the

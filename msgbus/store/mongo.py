@@ -56,6 +56,8 @@ INDEXES: dict[str, list[IndexModel]] = {
     "attempts": [
         IndexModel([("message_id", ASCENDING), ("started_at", ASCENDING)]),
         IndexModel([("started_at", ASCENDING)]),  # analytics: reads by time range
+        # the admin dashboard's push latency and success rate of one subscription's last hour
+        IndexModel([("subscription", ASCENDING), ("started_at", DESCENDING)]),
     ],
     "subscriptions": [IndexModel([("destination", ASCENDING)])],
     "apps": [IndexModel([("key_hashes", ASCENDING)])],
