@@ -1,8 +1,8 @@
 """The node spool drainer (`msgbus spool-drainer`, the Kubernetes DaemonSet) on real queues:
 on one node root, a receiver buffer and a client spool whose processes were killed (-9) are
-drained into the real bus (MongoDB records, the direct path) and deleted, while a receiver buffer
-and a client spool that live processes hold are left exactly as they are; queues written more
-recently than --min-idle are left too."""
+drained into the real bus (Kafka, MongoDB records, pushed to a subscriber) and deleted, while a
+receiver buffer and a client spool that live processes hold are left exactly as they are; queues
+written more recently than --min-idle are left too."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from msgbus_client.spooltools import inspect_spool
 
 from msgbus import bufferslots, services
 from tests.support.bus import RunningBus, sample_value, wait_until
+from tests.support.subscriber import RecordingSubscriber
 
 pytestmark = pytest.mark.integration
 
@@ -103,6 +104,8 @@ def drainer(bus: RunningBus, root: Path, state: Path, keys: Path, *args: str,
         "MSGBUS_STATE_DIR": str(state),
         "MSGBUS_MONGO_URI": bus.connections.mongo_uri,
         "MSGBUS_MONGO_DB": bus.connections.mongo_db,
+        "MSGBUS_KAFKA_BOOTSTRAP": bus.connections.kafka_bootstrap,
+        "MSGBUS_RABBITMQ_URL": bus.connections.rabbitmq_url,
         "MSGBUS_INTERNAL_TOKEN": bus.connections.internal_token.get_secret_value(),
         "MSGBUS_RECEIVER_DISPATCHER_URL": bus.dispatcher_url,
         "MSGBUS_SPOOL_DRAINER_RECEIVER_URL": bus.receiver_url,
@@ -122,7 +125,10 @@ def recorded(bus: RunningBus, destination: str) -> set[str]:
 def test_drainer_drains_orphans_into_the_bus_and_never_touches_held_queues(
         bus: RunningBus, api_key: str, tmp_path: Path, pods: list[Pod]) -> None:
     destination = f"node-{uuid.uuid4().hex[:8]}"
-    bus.create_destination(destination, "direct")
+    bus.create_destination(destination, "kafka")
+    subscriber = RecordingSubscriber()
+    bus.subscribe(destination, "sink", bus.serve_subscriber(subscriber))
+    bus.wait_for_workers([f"{destination}/sink"])
     root, keys = tmp_path / "node", tmp_path / "keys"
     keys.mkdir()
     (keys / "shop").write_text(api_key + "\n")
@@ -153,10 +159,12 @@ def test_drainer_drains_orphans_into_the_bus_and_never_touches_held_queues(
     assert "client_spool: 1 held, 0 idle, 1 orphaned; 1 drained and removed" in done.stdout
 
     expected = set(gone_receiver.lines[:-1]) | set(gone_producer.lines)
+    live = set(live_receiver.lines[:-1]) | set(live_producer.lines)
     wait_until(lambda: expected <= recorded(bus, destination), 30,
                "the orphans' messages recorded in MongoDB")
-    assert not recorded(bus, destination) & (set(live_receiver.lines[:-1])
-                                             | set(live_producer.lines))
+    wait_until(lambda: expected <= subscriber.message_ids(), 60,
+               "the orphans' messages pushed to the subscriber through Kafka")
+    assert not (recorded(bus, destination) | subscriber.message_ids()) & live
     assert not gone_slot.exists() and not (root / "spool/shop/pod-1").exists()
     # the live ones: still held by their process, with everything still in them
     assert bufferslots.holder_of(live_slot) == f"pid={live_receiver.proc.pid} host={os.uname()[1]}"
