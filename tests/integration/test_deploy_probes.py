@@ -55,10 +55,12 @@ def test_a_compensator_without_mongo_is_not_ready_but_alive() -> None:
     assert 'msgbus_mongo_up{service="compensator"} 0.0' in metrics.text
 
 
-def test_services_stop_on_sigterm_with_status_0(bus: RunningBus, tmp_path: Path) -> None:
+def test_services_stop_on_sigterm_with_status_0(bus: RunningBus, tmp_path: Path,
+                                                 mongo_db_name: str) -> None:
     conn = bus.connections
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
-    base_env.update({"MSGBUS_MONGO_URI": conn.mongo_uri, "MSGBUS_MONGO_DB": conn.mongo_db,
+    # a database of their own: they must not join the consumer groups of the bus's subscriptions
+    base_env.update({"MSGBUS_MONGO_URI": conn.mongo_uri, "MSGBUS_MONGO_DB": mongo_db_name,
                      "MSGBUS_KAFKA_BOOTSTRAP": conn.kafka_bootstrap,
                      "MSGBUS_RABBITMQ_URL": conn.rabbitmq_url,
                      "MSGBUS_INTERNAL_TOKEN": "t", "MSGBUS_ADMIN_TOKEN": "a"})
