@@ -97,8 +97,13 @@ def test_deploy_overlay_has_every_part_of_the_deployment(overlay: str) -> None:
     assert ("ServiceMonitor", "msgbus") in kinds
     assert any(kind == "NetworkPolicy" for kind, _ in kinds)
     assert any(kind == "ConfigMap" and name.startswith("msgbus-config") for kind, name in kinds)
-    namespaces = {o["metadata"].get("namespace") for o in rendered(overlay)}
+    namespaces = {o["metadata"].get("namespace") for o in rendered(overlay)
+                  if o["kind"] != "Namespace"}
     assert len(namespaces) == 1 and None not in namespaces
+    # hostPath needs the "privileged" Pod Security level in the namespace the objects go to
+    [namespace] = of_kind(overlay, "Namespace").values()
+    assert namespace["metadata"]["name"] in namespaces
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     # prod leaves the Secret out (it is created apart); dev brings its own
     assert (("Secret", "msgbus-secrets") in kinds) == (overlay == "dev")
 
