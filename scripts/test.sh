@@ -16,6 +16,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ensure_rabbitmq() {
     step "RabbitMQ on 127.0.0.1:5672 (installed and started if needed)"
     "$VENV/bin/python" -c 'from msgbus.services import ensure_rabbitmq; print(ensure_rabbitmq())'
+    # its management API: the broker health metrics read it (tests/integration/test_deploy_*)
+    "$VENV/bin/python" -c 'from msgbus.services import ensure_rabbitmq_management as m; print(m())'
 }
 
 ensure_chromium() {
