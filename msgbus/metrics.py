@@ -185,7 +185,9 @@ ORPHANS_DRAINED = Counter(
     "left: some messages stay in it, failed)", ["kind", "outcome"])
 DRAINER_LAST_SCAN = Gauge(
     "msgbus_spool_drainer_last_scan_timestamp_seconds",
-    "When the spool drainer last finished a scan of its node (Unix time)")
+    "When the spool drainer last finished a scan of its node's queues of a kind (Unix time); "
+    "a receiver buffer waiting for MongoDB or a broker holds up its kind's next scan",
+    ["kind"])
 
 
 def render() -> tuple[bytes, str]:

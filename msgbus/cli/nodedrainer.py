@@ -216,5 +216,5 @@ class NodeDrainer:
 
     def _done(self, report: ScanReport) -> ScanReport:
         self.last[report.kind] = report
-        DRAINER_LAST_SCAN.set(time.time())
+        DRAINER_LAST_SCAN.labels(report.kind).set(time.time())
         return report

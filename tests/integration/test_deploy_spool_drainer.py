@@ -201,7 +201,9 @@ def test_drainer_serves_health_and_node_metrics_and_stops_on_sigterm(
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert sample_value(metrics, "msgbus_node_queues",
                             {"kind": "client_spool", "state": "orphaned"}) == 0
-        assert sample_value(metrics, "msgbus_spool_drainer_last_scan_timestamp_seconds", {}) > 0
+        for kind in ("receiver_buffer", "client_spool"):
+            assert sample_value(metrics, "msgbus_spool_drainer_last_scan_timestamp_seconds",
+                                {"kind": kind}) > 0
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
     finally:
