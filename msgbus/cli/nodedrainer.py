@@ -84,7 +84,10 @@ class NodeDrainer:
 
     async def close(self) -> None:
         """Stop scanning. A buffer being drained is released as it is (its entries stay for
-        the next owner); a client spool being drained finishes its batch in its thread."""
+        the next owner). A client spool being drained goes on in its thread until it is empty
+        or `drain_timeout_s` ends (the process exits after it): keep that below the pod's
+        termination grace period. Either way nothing is lost: entries leave a queue only once
+        taken."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
