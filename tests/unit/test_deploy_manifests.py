@@ -150,6 +150,9 @@ def test_deploy_receivers_and_the_spool_drainer_share_the_node_root(overlay: str
     assert len(set(paths.values())) == 1
     drainer = of_kind(overlay, "DaemonSet")["msgbus-spool-drainer"]["spec"]["template"]["spec"]
     assert {"operator": "Exists"} in drainer["tolerations"]  # every node
+    # a client spool drain under way at SIGTERM ends by its timeout, within the grace period
+    assert float(config["MSGBUS_SPOOL_DRAINER_DRAIN_TIMEOUT_S"]) < \
+        drainer["terminationGracePeriodSeconds"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
