@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Callable
 
 import matplotlib
@@ -17,6 +18,7 @@ MAX_SERIES = 8  # lines or bars beyond this make a chart unreadable: the busiest
 STATUS_COLORS = {"delivered": "#2e9d5b", "failed": "#d64545", "retrying": "#f0a030",
                  "pending": "#9aa5b1", "parked": "#7a3fa0", "skipped": "#c9d1d9",
                  "discarded": "#4a4a4a"}
+_METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)  # RDF with a creation date
 plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
                      "svg.fonttype": "none", "svg.hashsalt": "msgbus"})
 
@@ -31,7 +33,8 @@ def svg(draw: Callable[[Axes], None], *, width_in: float = 7.5, height_in: float
     finally:
         plt.close(figure)
     text = buffer.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prologue: the SVG goes inline in HTML
+    text = text[text.index("<svg"):]  # drop the XML prologue: the SVG goes inline in HTML
+    return _METADATA.sub("", text)
 
 
 def _no_data(axes: Axes) -> None:
