@@ -145,12 +145,13 @@ class NodeDrainer:
         oldest_s = max((r.last_write_age_s for r in orphans), default=0.0)
         self._show(report, oldest_s, pending=sum(r.pending for r in orphans))
         if orphans and not self.settings.receiver_url:
+            report.failed = len(orphans)  # so that MsgbusOrphanDrainFailing tells someone
             report.errors.append("MSGBUS_SPOOL_DRAINER_RECEIVER_URL is not set: orphaned "
                                  "client spools are reported, not drained")
             log.error("spool drainer: %s", report.errors[-1])
-            return self._done(report)
-        for orphan in orphans:
-            await asyncio.to_thread(self._drain_spool, orphan, report)
+        else:
+            for orphan in orphans:
+                await asyncio.to_thread(self._drain_spool, orphan, report)
         for outcome in ("drained", "left", "failed"):
             ORPHANS_DRAINED.labels(CLIENT_SPOOL, outcome).inc(getattr(report, outcome))
         return self._done(report)
