@@ -203,6 +203,24 @@ class DispatchBench:
                                 f"{result['problems']}")
         self.s.wait_workers_stopped(sub_ids)
 
+    def isolation_destinations(self, run: int, tag: str) -> tuple[list[str], list[str]]:
+        """The "alone" (A) and "neighbours" (A, B, C, D) destinations of the isolation phases,
+        their subscriptions paused and their backlogs pre-loaded; returns both lists of
+        subscription ids."""
+        def create(name: str, subscribers: dict[str, str]) -> list[str]:
+            return self.s.create(f"dispatch-{tag}-{name}", subscribers,
+                                 concurrency=self.args.push_concurrency,
+                                 timeout_ms=ISOLATION_TIMEOUT_MS)
+
+        alone = create("alone", {"a": self.sub("hook", f"iso-alone-{run}")})
+        mixed = create("mixed", {"a": self.sub("hook", f"iso-mixed-{run}"),
+                                 "b": self.sub("hang", f"b-{run}"),
+                                 "c": self.sub("fail", f"c-{run}"),
+                                 "d": self.sub("slow", f"d-{run}")})
+        self.s.preload(f"dispatch-{tag}-alone", 0, self.args.iso_messages)
+        self.s.preload(f"dispatch-{tag}-mixed", 0, self.args.iso_messages)
+        return alone, mixed
+
     # ---- one run --------------------------------------------------------------------------
 
     def run_once(self, run: int) -> RunFigures:
@@ -215,19 +233,12 @@ class DispatchBench:
                                  concurrency=a.push_concurrency, timeout_ms=timeout_ms)
 
         cap = create("cap", {"a": self.sub("hook", f"cap-{run}")})
-        alone = create("alone", {"a": self.sub("hook", f"iso-alone-{run}")},
-                       ISOLATION_TIMEOUT_MS)
-        mixed = create("mixed", {"a": self.sub("hook", f"iso-mixed-{run}"),
-                                 "b": self.sub("hang", f"b-{run}"),
-                                 "c": self.sub("fail", f"c-{run}"),
-                                 "d": self.sub("slow", f"d-{run}")}, ISOLATION_TIMEOUT_MS)
         lat = create("lat", {"a": self.sub("hook", f"lat-{run}")})
         say(f"run {run}: pre-loading {a.messages} + 2 x {a.iso_messages} messages through the "
             "receiver")
         began = time.monotonic()
         self.s.preload(f"dispatch-{tag}-cap", 0, a.messages)
-        self.s.preload(f"dispatch-{tag}-alone", 0, a.iso_messages)
-        self.s.preload(f"dispatch-{tag}-mixed", 0, a.iso_messages)
+        alone, mixed = self.isolation_destinations(run, tag)
         accepted_s = time.monotonic() - began
         settled_s = self.s.wait_quiet(f"run {run} pre-load", a.timeout * 2)
         say(f"run {run}: pre-load accepted in {accepted_s:.1f} s, published and recorded "

@@ -40,7 +40,7 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _run(coro: Any) -> Any:
+def run_loop(coro: Any) -> Any:
     try:
         import uvloop
 
@@ -54,7 +54,7 @@ def _run(coro: Any) -> Any:
 def raw_push(url: str, start: int, count: int, concurrency: int,
              deadline: float) -> dict[str, Any]:
     """Process target: the raw aiohttp push loop. Stops sending at `deadline` (unix time)."""
-    return dict(_run(_raw_push(url, start, count, concurrency, deadline)))
+    return dict(run_loop(_raw_push(url, start, count, concurrency, deadline)))
 
 
 async def _raw_push(url: str, start: int, count: int, concurrency: int,
@@ -89,7 +89,7 @@ async def _raw_push(url: str, start: int, count: int, concurrency: int,
 def paced_send(url: str, api_key: str, start: int, count: int, rate_per_s: float,
                concurrency: int, deadline: float) -> dict[str, Any]:
     """Process target: paced single-message POSTs to the receiver (see the module doc)."""
-    return dict(_run(_paced_send(url, api_key, start, count, rate_per_s, concurrency,
+    return dict(run_loop(_paced_send(url, api_key, start, count, rate_per_s, concurrency,
                                  deadline)))
 
 

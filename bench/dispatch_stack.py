@@ -5,7 +5,8 @@
   and the raw baseline, "neighbours" for the hanging, failing and slow ones, so that serving
   the bad neighbours never costs the healthy subscriber's process anything;
 - one dispatcher (`msgbus dispatcher`) and one receiver (`msgbus receiver --workers 1`, with
-  its drain process), the production entry points, each in processes of their own;
+  its drain process), the production entry points, each in processes of their own; with
+  `full=True` (bench.e2e) also one `msgbus compensator`, and the machine's RabbitMQ;
 - a one-process `ProcessPoolExecutor` (spawn) for the load generators (bench/dispatch_load.py).
 
 Destinations (Kafka) and subscriptions are written to MongoDB with the product's `MongoStore`;
@@ -96,9 +97,12 @@ def wait_for(what: str, condition: Callable[[], bool], timeout_s: float,
 
 
 class DispatchStack:
-    def __init__(self, workdir: Path, stack: contextlib.ExitStack) -> None:
+    def __init__(self, workdir: Path, stack: contextlib.ExitStack, *, full: bool = False,
+                 settings: dict[str, str] | None = None) -> None:
         self.workdir = workdir
         self.stack = stack
+        self.full = full  # a compensator and RabbitMQ too: the whole bus
+        self.settings = settings or {}  # MSGBUS_* variables of every bus process
         self.logs = workdir / "logs"
         self.run_id = secrets.token_hex(3)
         self.mongo_db = f"bench_dispatch_{self.run_id}"
@@ -125,6 +129,9 @@ class DispatchStack:
             "MSGBUS_KAFKA_BOOTSTRAP": tansu.url, "MSGBUS_CONFIG_REFRESH_S": "1",
             "MSGBUS_INTERNAL_TOKEN": secrets.token_urlsafe(24),
         }
+        if self.full:
+            self.env["MSGBUS_RABBITMQ_URL"] = services.ensure_rabbitmq().url
+        self.env.update(self.settings)
         self._call(self._prepare_store())
 
         self.sub_url = self._start_subscriber("sub")
@@ -144,6 +151,13 @@ class DispatchStack:
         self.cpu_pids.update(dispatcher=self.dispatcher.pid, receiver=receiver.pid)
         self._wait_healthy("dispatcher", self.dispatcher_url)
         self._wait_healthy("receiver", self.receiver_url)
+        if self.full:
+            port = services.free_port()
+            compensator = self._spawn("compensator", self._msgbus("compensator"),
+                                      MSGBUS_COMPENSATOR_HOST=HOST,
+                                      MSGBUS_COMPENSATOR_PORT=str(port))
+            self.cpu_pids["compensator"] = compensator.pid
+            self._wait_healthy("compensator", f"http://{HOST}:{port}")
 
         self.load = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         self.stack.callback(self.load.shutdown, wait=True, cancel_futures=True)
@@ -200,8 +214,8 @@ class DispatchStack:
             await store.close()
 
     def create(self, code: str, subscribers: dict[str, str], *, concurrency: int,
-               timeout_ms: int) -> list[str]:
-        """A Kafka destination with paused subscriptions {name: url}; returns their ids."""
+               timeout_ms: int, broker: BrokerKind = BrokerKind.KAFKA) -> list[str]:
+        """A destination with paused subscriptions {name: url}; returns their ids."""
         subs = [Subscription(destination=code, name=name, url=HttpUrl(url), paused=True,
                              max_concurrency=concurrency, timeout_ms=timeout_ms)
                 for name, url in subscribers.items()]
@@ -209,7 +223,7 @@ class DispatchStack:
         async def save() -> None:
             store = MongoStore(self.mongo_uri, self.mongo_db)
             try:
-                await store.save_destination(Destination(code=code, broker=BrokerKind.KAFKA))
+                await store.save_destination(Destination(code=code, broker=broker))
                 for sub in subs:
                     await store.save_subscription(sub)
             finally:

@@ -1,0 +1,120 @@
+"""Load generators of `python -m bench.e2e`, each run in a process of its own (a spawned
+`ProcessPoolExecutor` worker) so that they never share a GIL with what they measure.
+
+- `client_send`: the producer as applications run it. `MsgbusClient.send()` (the product's
+  client library: LMDB spool, fsync, group commit, then the background resender's batched
+  POSTs to the receiver) from `threads` threads, paced on the clock: message n is due at
+  start + (n - first) / rate. Returns, per message number, the unix time at which its send()
+  returned, and when the spool was empty again (every message accepted by the receiver).
+- `paced_direct`: the baseline. The same bodies POSTed straight to the subscriber with aiohttp
+  at the same pace: no spool, no receiver, no broker, no dispatcher.
+
+Bodies are `bench.dispatch_load.body(n)`, which the subscriber (`bench.subscriber.Recorder`)
+records by `n` with its arrival time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from bench.dispatch_load import REQUEST_TIMEOUT_S, body, run_loop
+
+GROUP_COMMIT_MS = 2.0
+DRAIN_POLL_S = 0.02
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def client_send(receiver_url: str, api_key: str, spool_dir: str, destination: str, first: int,
+                count: int, rate_per_s: float, threads: int, timeout_s: float) -> dict[str, Any]:
+    """Process target: see the module doc. Gives up waiting for the spool to empty after
+    `timeout_s` (and reports how many stayed)."""
+    from msgbus_client import MsgbusClient
+
+    returned_at: dict[int, float] = {}
+    errors: Counter[str] = Counter()
+    lock = threading.Lock()
+    client = MsgbusClient(receiver_url, api_key, spool_dir=Path(spool_dir),
+                          group_commit_ms=GROUP_COMMIT_MS, inline_send=False,
+                          retry_base_s=0.05, retry_max_s=1.0)
+    start = time.monotonic() + 0.05
+
+    def sender(offset: int) -> None:
+        for n in range(first + offset, first + count, threads):
+            delay = start + (n - first) / rate_per_s - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            try:
+                client.send(destination, body(n), biz_id=f"order-{n % 1000}")
+            except Exception as exc:  # reported, not raised: the run goes on
+                with lock:
+                    errors[type(exc).__name__] += 1
+                continue
+            now = time.time()
+            with lock:
+                returned_at[n] = now
+
+    cpu0, started = _cpu_s(), time.time()
+    workers = [threading.Thread(target=sender, args=(i,), daemon=True) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    sent_by = time.time()
+    deadline = time.monotonic() + timeout_s
+    while client.spool.pending_count() and time.monotonic() < deadline:
+        time.sleep(DRAIN_POLL_S)
+    drained_at = time.time()
+    left = client.close(timeout_s=5.0)
+    return {"returned_at": returned_at, "errors": dict(errors), "started": started,
+            "sent_by": sent_by, "drained_at": drained_at, "left_in_spool": left,
+            "cpu_s": _cpu_s() - cpu0}
+
+
+def paced_direct(url: str, first: int, count: int, rate_per_s: float,
+                 concurrency: int) -> dict[str, Any]:
+    """Process target: the direct-HTTP baseline (see the module doc)."""
+    return dict(run_loop(_paced_direct(url, first, count, rate_per_s, concurrency)))
+
+
+async def _paced_direct(url: str, first: int, count: int, rate_per_s: float,
+                        concurrency: int) -> dict[str, Any]:
+    numbers = iter(range(first, first + count))
+    stats: Counter[str] = Counter()
+    headers = {"content-type": "application/json"}
+    loop = asyncio.get_running_loop()
+    t0 = loop.time() + 0.05
+
+    async def poster(session: aiohttp.ClientSession) -> None:
+        for n in numbers:
+            delay = t0 + (n - first) / rate_per_s - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            try:
+                async with session.post(url, data=orjson.dumps(body(n)),
+                                        headers=headers) as response:
+                    await response.read()
+                    stats["ok" if response.status == 200 else f"status:{response.status}"] += 1
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                stats[f"error:{type(exc).__name__}"] += 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        cpu0, started = _cpu_s(), time.time()
+        await asyncio.gather(*(poster(session) for _ in range(concurrency)))
+        finished = time.time()
+    return {"stats": dict(stats), "started": started, "finished": finished,
+            "cpu_s": _cpu_s() - cpu0}
