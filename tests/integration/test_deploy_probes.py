@@ -20,6 +20,7 @@ from compensator.app import create_app as compensator_app
 from compensator.service import CompensatorService
 from msgbus import services
 from msgbus.settings import CompensatorSettings, ConnectionSettings
+from msgbus.store import MongoStore
 from tests.support.bus import RunningBus, wait_until
 
 pytestmark = pytest.mark.integration
@@ -42,14 +43,17 @@ def test_every_service_is_ready_on_the_running_bus(bus: RunningBus) -> None:
 def test_a_compensator_without_mongo_is_not_ready_but_alive() -> None:
     dead = f"mongodb://127.0.0.1:{services.free_port()}"
     conn = ConnectionSettings(mongo_uri=dead, internal_token=SecretStr("t"))
-    app = compensator_app(CompensatorService(CompensatorSettings(connections=conn)))
+    service = CompensatorService(CompensatorSettings(connections=conn))
+    service.store = MongoStore(dead, "msgbus", timeout_ms=300)  # fail fast, not in 5 s
+    app = compensator_app(service)
 
-    async def probe() -> tuple[httpx.Response, httpx.Response]:
+    async def probe() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
         transport = httpx.ASGITransport(app=app)  # no lifespan: the service never connects
         async with httpx.AsyncClient(transport=transport, base_url="http://compensator") as c:
-            return await c.get("/ready"), await c.get("/metrics")
+            return await c.get("/ready"), await c.get("/metrics"), await c.get("/health")
 
-    ready, metrics = asyncio.run(probe())
+    ready, metrics, health = asyncio.run(probe())
+    assert health.status_code == 200 and health.json()["mongo"] is False  # liveness holds
     assert ready.status_code == 503
     assert ready.json()["checks"] == {"mongo": False}
     assert 'msgbus_mongo_up{service="compensator"} 0.0' in metrics.text
