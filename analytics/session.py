@@ -45,6 +45,6 @@ def build_spark(settings: AnalyticsSettings) -> SparkSession:
 
 
 def mongo_location(spark: SparkSession, settings: AnalyticsSettings) -> MongoLocation:
-    partitions = settings.read_partitions or 2 * spark.sparkContext.defaultParallelism
+    partitions = settings.read_partitions or spark.sparkContext.defaultParallelism
     return MongoLocation(settings.mongo_uri, settings.mongo_db, partitions,
                          settings.read_batch_rows)

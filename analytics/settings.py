@@ -22,8 +22,8 @@ class AnalyticsSettings(BaseSettings):
         default=8, ge=1, description="spark.sql.shuffle.partitions: the aggregates are small; "
                                      "Spark's default of 200 costs seconds of task overhead")
     read_partitions: int = Field(
-        default=0, ge=0, description="time slices each MongoDB read is split into; 0: twice "
-                                     "the cores Spark has")
+        default=0, ge=0, description="time slices each MongoDB read is split into, read in "
+                                     "parallel; 0: as many as Spark has cores")
     read_batch_rows: int = Field(default=10_000, ge=100, le=1_000_000,
                                  description="rows per Arrow batch (and MongoDB cursor batch)")
     archive_dir: Path = Path(".msgbus/archive")

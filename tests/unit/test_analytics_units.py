@@ -11,6 +11,7 @@ from pyspark.sql.datasource import (
     EqualTo,
     GreaterThanOrEqual,
     In,
+    IsNotNull,
     IsNull,
     LessThan,
     Not,
@@ -67,8 +68,15 @@ def test_analytics_reader_replaces_its_filters_for_each_query() -> None:
     assert list(reader.pushFilters([EqualTo(("status",), "parked")])) == []
     assert list(reader.pushFilters([EqualTo(("status",), "failed")])) == []
     start, end = options.start, options.end
+    assert reader.query(start, end) == {"created_at": {"$gte": start, "$lt": end},
+                                        "status": {"$eq": "failed"}}
+    later = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    list(reader.pushFilters([IsNotNull(("created_at",)), GreaterThanOrEqual(("created_at",),
+                                                                             later)]))
+    # merged into the slice's range where the operators differ, else one more condition
     assert reader.query(start, end) == {"$and": [
-        {"created_at": {"$gte": start, "$lt": end}}, {"status": {"$eq": "failed"}}]}
+        {"created_at": {"$gte": start, "$lt": end, "$ne": None}},
+        {"created_at": {"$gte": later}}]}
     assert reader.projection() == {name: 1 for name in DELIVERIES_STATS.fieldNames()}
     assert MongoReader(options, DELIVERIES_FULL).projection() is None  # `extra` needs all
 
