@@ -233,6 +233,29 @@ class DispatchStack:
         self.subscriptions.update({s.id: s for s in subs})
         return [s.id for s in subs]
 
+    def stages(self, message_ids: list[str]) -> dict[str, tuple[float, float]]:
+        """Per message id: when the receiver accepted it and when its first push began (unix
+        times, from the bus's own records in MongoDB)."""
+        async def read() -> dict[str, tuple[float, float]]:
+            store = MongoStore(self.mongo_uri, self.mongo_db)
+            received: dict[str, float] = {}
+            pushed: dict[str, float] = {}
+            try:
+                for lo in range(0, len(message_ids), 1000):
+                    chunk = message_ids[lo:lo + 1000]
+                    async for doc in store.messages.find({"_id": {"$in": chunk}},
+                                                         {"received_at": 1}):
+                        received[doc["_id"]] = doc["received_at"].timestamp()
+                    async for doc in store.attempts.find({"message_id": {"$in": chunk},
+                                                          "attempt": 1},
+                                                         {"message_id": 1, "started_at": 1}):
+                        pushed[doc["message_id"]] = doc["started_at"].timestamp()
+            finally:
+                await store.close()
+            return {mid: (received[mid], pushed[mid]) for mid in received if mid in pushed}
+
+        return dict(self._call(read()))
+
     def set_paused(self, sub_ids: list[str], paused: bool) -> None:
         changed = [self.subscriptions[i].model_copy(update={"paused": paused})
                    for i in sub_ids]

@@ -55,7 +55,7 @@ from bench.e2e_report import (
     summarize,
     table,
 )
-from bench.report import out, say
+from bench.report import out, percentile, say
 from msgbus.models import BrokerKind
 
 CLIENT_THREADS = 16
@@ -158,7 +158,8 @@ class E2EBench:
                           if n in arrivals]
         fig.bus_ms = [ms for _, ms in fig.bus_series]
         self._check(fig, "latency", count, result, arrivals)
-        self.s.wait_quiet(f"run {run} latency", a.timeout)
+        self.s.wait_quiet(f"run {run} latency", a.timeout)  # every trace is in MongoDB now
+        fig.stages_p50_ms = self.stages(result, arrivals)
 
         say(f"run {run}: baseline, {count} direct POSTs at {rate:,.0f}/s to the subscriber")
         base_label = f"direct-{run}"
@@ -172,6 +173,21 @@ class E2EBench:
         fig.base_ms = [ms for _, ms in fig.base_series]
         if stats["stats"].get("ok", 0) != count:
             fig.problems.append(f"direct baseline: {stats['stats']}")
+
+    def stages(self, result: dict[str, Any], arrivals: dict[int, float]) -> dict[str, float]:
+        """p50 of each stage of the way: send() returned → the receiver accepted (its
+        received_at) → the dispatcher began the push (attempt 1's started_at) → arrival."""
+        ids: dict[int, str] = result["message_ids"]
+        stages = self.s.stages(list(ids.values()))
+        parts: dict[str, list[float]] = {"client→receiver": [], "receiver→push": [],
+                                         "push→subscriber": []}
+        for n, returned in result["returned_at"].items():
+            if n in arrivals and ids[n] in stages:
+                received, pushed = stages[ids[n]]
+                parts["client→receiver"].append((received - returned) * 1000)
+                parts["receiver→push"].append((pushed - received) * 1000)
+                parts["push→subscriber"].append((arrivals[n] - pushed) * 1000)
+        return {name: percentile(values, 50) for name, values in parts.items()}
 
     def isolation(self, fig: E2ERun) -> None:
         figures = RunFigures(fig.run)

@@ -5,7 +5,8 @@
   client library: LMDB spool, fsync, group commit, then the background resender's batched
   POSTs to the receiver) from `threads` threads, paced on the clock: message n is due at
   start + (n - first) / rate. Returns, per message number, the unix time at which its send()
-  returned, and when the spool was empty again (every message accepted by the receiver).
+  returned and its message id, and when the spool was empty again (every message accepted by
+  the receiver).
 - `paced_direct`: the baseline. The same bodies POSTed straight to the subscriber with aiohttp
   at the same pace: no spool, no receiver, no broker, no dispatcher.
 
@@ -44,6 +45,7 @@ def client_send(receiver_url: str, api_key: str, spool_dir: str, destination: st
     from msgbus_client import MsgbusClient
 
     returned_at: dict[int, float] = {}
+    message_ids: dict[int, str] = {}
     errors: Counter[str] = Counter()
     lock = threading.Lock()
     client = MsgbusClient(receiver_url, api_key, spool_dir=Path(spool_dir),
@@ -57,7 +59,7 @@ def client_send(receiver_url: str, api_key: str, spool_dir: str, destination: st
             if delay > 0:
                 time.sleep(delay)
             try:
-                client.send(destination, body(n), biz_id=f"order-{n % 1000}")
+                message_id = client.send(destination, body(n), biz_id=f"order-{n % 1000}")
             except Exception as exc:  # reported, not raised: the run goes on
                 with lock:
                     errors[type(exc).__name__] += 1
@@ -65,6 +67,7 @@ def client_send(receiver_url: str, api_key: str, spool_dir: str, destination: st
             now = time.time()
             with lock:
                 returned_at[n] = now
+                message_ids[n] = message_id
 
     cpu0, started = _cpu_s(), time.time()
     workers = [threading.Thread(target=sender, args=(i,), daemon=True) for i in range(threads)]
@@ -78,8 +81,8 @@ def client_send(receiver_url: str, api_key: str, spool_dir: str, destination: st
         time.sleep(DRAIN_POLL_S)
     drained_at = time.time()
     left = client.close(timeout_s=5.0)
-    return {"returned_at": returned_at, "errors": dict(errors), "started": started,
-            "sent_by": sent_by, "drained_at": drained_at, "left_in_spool": left,
+    return {"returned_at": returned_at, "message_ids": message_ids, "errors": dict(errors),
+            "started": started, "sent_by": sent_by, "drained_at": drained_at, "left_in_spool": left,
             "cpu_s": _cpu_s() - cpu0}
 
 

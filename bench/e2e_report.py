@@ -37,6 +37,8 @@ class E2ERun:
     # (seconds since the phase began, latency ms) for the plot
     bus_series: list[tuple[float, float]] = field(default_factory=list, repr=False)
     base_series: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    # the bus's p50 split at the receiver's acceptance and the push's start (bus records), ms
+    stages_p50_ms: dict[str, float] = field(default_factory=dict)
     alone_per_s: float = math.nan
     with_neighbours_per_s: float = math.nan
     problems: list[str] = field(default_factory=list)
@@ -62,6 +64,7 @@ class E2ERun:
             "direct_p95_ms": percentile(self.base_ms, 95),
             "direct_p99_ms": percentile(self.base_ms, 99),
             "overhead_p50_ms": bus_p50 - base_p50,
+            **{f"stage_{name}_p50_ms": ms for name, ms in self.stages_p50_ms.items()},
             "alone_per_s": self.alone_per_s,
             "with_neighbours_per_s": self.with_neighbours_per_s,
             "isolation_ratio": self.isolation_ratio,
@@ -80,7 +83,8 @@ class E2ERun:
             f"subscriber p50/p95/p99 {f['bus_p50_ms']:.1f}/{f['bus_p95_ms']:.1f}/"
             f"{f['bus_p99_ms']:.1f} ms; direct POST {f['direct_p50_ms']:.1f}/"
             f"{f['direct_p95_ms']:.1f}/{f['direct_p99_ms']:.1f} ms; overhead p50 "
-            f"{f['overhead_p50_ms']:.1f} ms")
+            f"{f['overhead_p50_ms']:.1f} ms; p50 of its stages: "
+            + ", ".join(f"{name} {ms:.1f} ms" for name, ms in self.stages_p50_ms.items()))
         lines.append(f"run {self.run}  isolation: A alone {self.alone_per_s:,.0f}/s, with "
                      f"broken and slow neighbours {self.with_neighbours_per_s:,.0f}/s, ratio "
                      f"{self.isolation_ratio:.3f}")
