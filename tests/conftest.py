@@ -10,11 +10,14 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pytest
 
 from msgbus import services
+
+if TYPE_CHECKING:
+    from tests.support.deployment import Servers
 
 # ---- real services: tansu (Kafka), SecantusDB (MongoDB), RabbitMQ --------------------------------
 
@@ -68,6 +71,18 @@ def rabbitmq_url() -> Iterator[str]:
     yield rabbit.url
     if rabbit.started_by_us:
         services.stop_rabbitmq()
+
+
+@pytest.fixture(scope="module")
+def private_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    """Servers of this module's own, which its tests stop and restart: SecantusDB, tansu on
+    moto's S3 and a RabbitMQ node (tests/support/deployment.py)."""
+    from tests.support.deployment import start_servers  # only the modules that need them
+
+    started = _start_or_give_up(
+        lambda: start_servers(tmp_path_factory.mktemp("private-servers")))
+    yield started
+    started.close()
 
 
 @pytest.fixture

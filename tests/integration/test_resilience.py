@@ -13,7 +13,6 @@ and printed. Run with -s to see the progress and the time each phase took.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,12 +22,10 @@ from pathlib import Path
 import pytest
 
 from msgbus.models import BrokerKind
-from msgbus.services import ServiceError
 from tests.support.deployment import (
     Deployment,
     Phases,
     Servers,
-    start_servers,
     wait_with_progress,
 )
 from tests.support.load import Answer, SteadyLoad
@@ -50,35 +47,19 @@ class NotIsolated(AssertionError):
     """One broker's outage held back the messages of a destination on another broker."""
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory, rabbitmq_url: str) -> Iterator[Servers]:
-    """Private servers for this module. `rabbitmq_url` only makes sure RabbitMQ is installed."""
-    try:
-        started = start_servers(tmp_path_factory.mktemp("resilience-servers"))
-    except ServiceError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and a private server could not start: {exc}", pytrace=False)
-        pytest.skip(f"a private server could not start: {exc}")
-    yield started
-    started.close()
+@pytest.fixture
+def servers(private_servers: Servers) -> Servers:
+    private_servers.restart_stopped()  # a failed test before may have left one down
+    return private_servers
 
 
 @pytest.fixture
 def deployment(servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
-    servers.restart_stopped()  # a failed test before may have left one down
     unique = uuid.uuid4().hex[:6]
     deployed = Deployment(servers, tmp_path, {f"k-{unique}": BrokerKind.KAFKA,
                                               f"r-{unique}": BrokerKind.RABBITMQ})
     yield deployed
     deployed.close()
-
-
-def _warm_up(deployment: Deployment) -> None:
-    """Wait until every destination's subscriber got pushes: the path works end to end."""
-    def pushed() -> tuple[int, int]:
-        return min(deployment.pushes(code) for code in deployment.destinations), WARM_PUSHES
-
-    wait_with_progress("the first pushes of every destination", pushed, 60)
 
 
 def _start_under_load(deployment: Deployment, phases: Phases) -> SteadyLoad:
@@ -87,7 +68,7 @@ def _start_under_load(deployment: Deployment, phases: Phases) -> SteadyLoad:
         deployment.start()
     load = deployment.load(rate_per_s=RATE_PER_S, duration_s=MAX_LOAD_S).start()
     with phases.phase("warm-up"):
-        _warm_up(deployment)
+        deployment.wait_warm(WARM_PUSHES)
     return load
 
 

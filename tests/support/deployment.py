@@ -4,11 +4,12 @@
 (MongoDB protocol), tansu (Kafka protocol) on S3 storage served by moto (so a broker restart
 loses nothing), and a RabbitMQ node. `Deployment` is one test's bus on them: its own MongoDB
 database with destinations, subscriptions and a producer app written through `MongoStore`, a
-`RecordingSubscriber` per destination, a dispatcher process and receiver processes.
+`RecordingSubscriber` per subscription, a dispatcher process, receiver processes and a
+compensator process.
 Clients reach tansu through a `TcpGate` (tansu advertises the gate's address): see
 `Servers.stop_kafka` for why.
 `check_everything_delivered()` waits until every message a load got a 202 for is recorded in
-MongoDB, pushed to its subscriber and marked delivered, and prints what that took.
+MongoDB, pushed to its subscribers and marked delivered, and prints what that took.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from tests.support.tcp_gate import TcpGate
 
 T = TypeVar("T")
 KAFKA_BUCKET = "tansu"
-SUBSCRIPTION = "rec"
+SUBSCRIPTION = "rec"  # the first subscription of every destination
 PROGRESS_EVERY_S = 5.0
 KAFKA_QUIESCE_S = 1.0  # tansu finishes the produce requests it is working on well within this
 
@@ -176,16 +177,24 @@ def wait_with_progress(what: str, have_need: Callable[[], tuple[int, int]],
 
 class Deployment:
     def __init__(self, servers: Servers, work_dir: Path, destinations: dict[str, BrokerKind],
-                 ) -> None:
+                 subscription_names: tuple[str, ...] = (SUBSCRIPTION,)) -> None:
+        """Every destination gets one subscription per name (the first must be
+        SUBSCRIPTION), each with a subscriber of its own."""
+        if subscription_names[:1] != (SUBSCRIPTION,):
+            raise ValueError(f"the first subscription is named {SUBSCRIPTION!r}")
         self.servers = servers
         self.work_dir = work_dir
         self.destinations = destinations
+        self.subscription_names = subscription_names
         self.db = f"resilience_{uuid.uuid4().hex[:10]}"
         self.token = secrets.token_urlsafe(24)
         self.loop = BackgroundLoop()
         self.store = MongoStore(servers.mongo.url, self.db)
         self._subscriber_servers = ServerGroup()
+        # the subscriber of each destination's first subscription, by destination code
         self.subscribers: dict[str, RecordingSubscriber] = {}
+        # the subscriber of every subscription, by subscription id ("code/name")
+        self.subscriber_of: dict[str, RecordingSubscriber] = {}
         self.processes: list[BusProcess] = []
         self.dispatcher: BusProcess | None = None
         self.receivers: list[BusProcess] = []
@@ -203,7 +212,7 @@ class Deployment:
         self.run(self._configure())
         self.dispatcher = self._process("dispatcher", "dispatcher", self.work_dir / "dispatcher")
         self.dispatcher.start()
-        subscriptions = {f"{code}/{SUBSCRIPTION}" for code in self.destinations}
+        subscriptions = set(self.subscription_ids())
         wait_until(lambda: subscriptions <= set(self._dispatcher_workers()), 60,
                    f"dispatcher workers for {sorted(subscriptions)}", interval_s=0.2)
         for index in range(receivers):
@@ -217,14 +226,16 @@ class Deployment:
         await self.store.ensure_indexes()
         for code, broker in self.destinations.items():
             await self.store.save_destination(Destination(code=code, broker=broker))
-            subscriber = RecordingSubscriber()
-            server = await self._subscriber_servers.start(
-                make_server(subscriber, services.HOST, 0), f"subscriber-{code}")
-            url = f"http://{services.HOST}:{server.port}/hook"
-            await self.store.save_subscription(Subscription(
-                destination=code, name=SUBSCRIPTION, url=HttpUrl(url),
-                **{"max_concurrency": 32, **self.subscription_options}))
-            self.subscribers[code] = subscriber
+            for name in self.subscription_names:
+                subscriber = RecordingSubscriber()
+                server = await self._subscriber_servers.start(
+                    make_server(subscriber, services.HOST, 0), f"subscriber-{code}-{name}")
+                url = f"http://{services.HOST}:{server.port}/hook"
+                await self.store.save_subscription(Subscription(
+                    destination=code, name=name, url=HttpUrl(url),
+                    **{"max_concurrency": 32, **self.subscription_options}))
+                self.subscriber_of[f"{code}/{name}"] = subscriber
+            self.subscribers[code] = self.subscriber_of[f"{code}/{SUBSCRIPTION}"]
         self.api_key = new_api_key()
         await self.store.create_app("load", hash_api_key(self.api_key), ["*"])
 
@@ -279,8 +290,20 @@ class Deployment:
 
     # -- observing -----------------------------------------------------------------------
 
+    def subscription_ids(self, code: str | None = None) -> list[str]:
+        """"code/name" of every subscription (of destination `code`, if given)."""
+        return [f"{dest}/{name}" for dest in self.destinations
+                for name in self.subscription_names if code in (None, dest)]
+
     def pushes(self, code: str) -> int:
         return len(self.subscribers[code].pushes)
+
+    def wait_warm(self, pushes: int, timeout_s: float = 60) -> None:
+        """Wait until every subscriber got `pushes` pushes: the path works end to end."""
+        def pushed() -> tuple[int, int]:
+            return min(len(sub.pushes) for sub in self.subscriber_of.values()), pushes
+
+        wait_with_progress("the first pushes of every subscription", pushed, timeout_s)
 
     def stored_ids(self, code: str) -> set[str]:
         async def fetch() -> set[str]:
@@ -289,14 +312,38 @@ class Deployment:
 
         return self.run(fetch())
 
-    def delivered_ids(self, code: str) -> set[str]:
+    def delivered_ids(self, subscription: str) -> set[str]:
+        """Ids of the messages MongoDB marks delivered to `subscription` ("code/name")."""
         async def fetch() -> set[str]:
             cursor = self.store.deliveries.find(
-                {"subscription": f"{code}/{SUBSCRIPTION}",
+                {"subscription": subscription,
                  "status": DeliveryStatus.DELIVERED.value}, {"message_id": 1})
             return {str(doc["message_id"]) async for doc in cursor}
 
         return self.run(fetch())
+
+    def backlogs(self) -> str:
+        """Where work waits: receiver buffers, the dispatcher's outcome buffer, delivery
+        states in MongoDB (for progress lines while the bus catches up)."""
+        parts = []
+        for receiver in self.receivers:
+            health = receiver.health(timeout_s=2.0)
+            parts.append(f"{receiver.name} buffer "
+                         f"{health.get('buffer') if health else 'down'}")
+        if self.dispatcher is not None:
+            health = self.dispatcher.health(timeout_s=2.0)
+            parts.append(f"dispatcher outcomes {health.get('trace_backlog') if health else 'down'}")
+
+        async def states() -> dict[str, int]:
+            pipeline = [{"$group": {"_id": "$status", "n": {"$sum": 1}}}]
+            return {str(d["_id"]): int(d["n"])
+                    async for d in await self.store.deliveries.aggregate(pipeline)}
+
+        try:
+            parts.append(f"deliveries in MongoDB {self.run(states(), timeout_s=10)}")
+        except Exception as exc:  # MongoDB slow or down: the line says so
+            parts.append(f"deliveries in MongoDB: {type(exc).__name__}")
+        return "; ".join(parts)
 
     def describe(self, message_ids: set[str], limit: int = 5) -> str:
         """Where some messages are: in MongoDB? their delivery states? pushed?"""
@@ -309,7 +356,7 @@ class Deployment:
                 return found is not None, states
 
             stored, states = self.run(look())
-            pushed = [code for code, sub in self.subscribers.items()
+            pushed = [sid for sid, sub in self.subscriber_of.items()
                       if message_id in sub.message_ids()]
             lines.append(f"  {message_id}: in messages={stored}, deliveries={states}, "
                          f"pushed to={pushed}")
@@ -324,19 +371,23 @@ class Deployment:
         try:
             yield
         except BaseException:
-            print("\n" + self.logs(), flush=True)
-            for process in self.processes:
-                if process.process is not None and process.process.poll() is None:
-                    lines = [line for line in process.metrics("msgbus_")
-                             if "_bucket{" not in line and "_created{" not in line]
-                    say(f"{process.name} metrics:\n  " + "\n  ".join(lines))
+            self.print_state()
             raise
+
+    def print_state(self) -> None:
+        """The end of every process's log, and the metrics of those running."""
+        print("\n" + self.logs(), flush=True)
+        for process in self.processes:
+            if process.process is not None and process.process.poll() is None:
+                lines = [line for line in process.metrics("msgbus_")
+                         if "_bucket{" not in line and "_created{" not in line]
+                say(f"{process.name} metrics:\n  " + "\n  ".join(lines))
 
     # -- checking --------------------------------------------------------------------------
 
     def check_everything_delivered(self, load: SteadyLoad, phases: Phases,
                                    timeout_s: float = 120) -> None:
-        """Every message answered 202 is recorded in MongoDB, pushed to its subscriber and
+        """Every message answered 202 is recorded in MongoDB, pushed to its subscribers and
         marked delivered; prints duplicates and extra (not 202'd) messages."""
         for code in self.destinations:
             accepted = load.accepted_ids(code)
@@ -345,14 +396,16 @@ class Deployment:
             with phases.phase(f"{code}: {len(accepted)} accepted messages recorded in MongoDB"):
                 self._wait_for_all(f"{code} recorded in MongoDB", accepted,
                                    functools.partial(self.stored_ids, code), timeout_s)
-            with phases.phase(f"{code}: pushed to the subscriber"):
-                subscriber = self.subscribers[code]
-                self._wait_for_all(f"{code} pushed to the subscriber", accepted,
-                                   subscriber.message_ids, timeout_s)
-            with phases.phase(f"{code}: marked delivered in MongoDB"):
-                self._wait_for_all(f"{code} marked delivered", accepted,
-                                   functools.partial(self.delivered_ids, code), timeout_s)
-            self._print_extras(code, accepted)
+            for subscription in self.subscription_ids(code):
+                with phases.phase(f"{subscription}: pushed to the subscriber"):
+                    subscriber = self.subscriber_of[subscription]
+                    self._wait_for_all(f"{subscription} pushed to the subscriber", accepted,
+                                       subscriber.message_ids, timeout_s)
+                with phases.phase(f"{subscription}: marked delivered in MongoDB"):
+                    self._wait_for_all(f"{subscription} marked delivered", accepted,
+                                       functools.partial(self.delivered_ids, subscription),
+                                       timeout_s)
+                self._print_extras(subscription, accepted)
 
     def _wait_for_all(self, what: str, wanted: set[str], have: Callable[[], set[str]],
                       timeout_s: float) -> None:
@@ -366,11 +419,11 @@ class Deployment:
             raise AssertionError(f"{exc}: {len(missing)} of {len(wanted)} missing, e.g.\n"
                                  f"{self.describe(missing)}") from None
 
-    def _print_extras(self, code: str, accepted: set[str]) -> None:
-        pushes = self.subscribers[code].pushes
+    def _print_extras(self, subscription: str, accepted: set[str]) -> None:
+        pushes = self.subscriber_of[subscription].pushes
         distinct = {p.message_id for p in pushes}
-        stored = self.stored_ids(code)
-        say(f"{code}: {len(accepted)} accepted (202), {len(stored)} in MongoDB "
+        stored = self.stored_ids(subscription.split("/", 1)[0])
+        say(f"{subscription}: {len(accepted)} accepted (202), {len(stored)} in MongoDB "
             f"({len(stored - accepted)} not answered 202, e.g. cut off by a kill), "
             f"{len(pushes)} pushes of {len(distinct)} distinct messages "
             f"({len(pushes) - len(distinct)} duplicate pushes)")

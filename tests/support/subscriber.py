@@ -15,6 +15,11 @@ from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
 class Push:
     headers: dict[str, str]
     body: bytes
+    status: int = 200  # what the subscriber answered
+
+    @property
+    def succeeded(self) -> bool:
+        return 200 <= self.status < 300
 
     @property
     def message_id(self) -> str:
@@ -32,13 +37,23 @@ class RecordingSubscriber:
             return
         body = await read_body(receive)
         headers = request_headers(scope)
+        status = self.status
         with self._lock:
-            self.pushes.append(Push(headers, body))
-        await respond(send, self.status, b"ok")
+            self.pushes.append(Push(headers, body, status))
+        await respond(send, status, b"ok")
 
     def message_ids(self) -> set[str]:
         with self._lock:
             return {p.message_id for p in self.pushes}
+
+    def successes(self) -> dict[str, int]:
+        """Per message, how many of its pushes were answered 2xx."""
+        with self._lock:
+            counts: dict[str, int] = {}
+            for push in self.pushes:
+                if push.succeeded:
+                    counts[push.message_id] = counts.get(push.message_id, 0) + 1
+            return counts
 
 
 @dataclass
@@ -54,19 +69,11 @@ class ScriptedSubscriber(RecordingSubscriber):
         if await answer_lifespan(scope, receive, send):
             return
         body = await read_body(receive)
-        push = Push(request_headers(scope), body)
+        headers = request_headers(scope)
         with self._lock:
-            self.pushes.append(push)
-            nth = self._seen[push.message_id] = self._seen.get(push.message_id, 0) + 1
+            message_id = headers["ce-id"]
+            nth = self._seen[message_id] = self._seen.get(message_id, 0) + 1
             status = self.script(nth) if self.script is not None else self.status
-            self.answered.append((push.message_id, status, time.monotonic()))
+            self.pushes.append(Push(headers, body, status))
+            self.answered.append((message_id, status, time.monotonic()))
         await respond(send, status, b"ok")
-
-    def successes(self) -> dict[str, int]:
-        """Per message, how many of its pushes were answered 2xx."""
-        with self._lock:
-            counts: dict[str, int] = {}
-            for message_id, status, _ in self.answered:
-                if 200 <= status < 300:
-                    counts[message_id] = counts.get(message_id, 0) + 1
-            return counts
