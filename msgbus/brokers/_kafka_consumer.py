@@ -170,10 +170,26 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
         self._flow_control(consumer, in_flight)
         room = self.max_buffered - in_flight
         batch = 1 if self._paused else max(1, min(_FETCH_BATCH, room))
-        messages = consumer.consume(num_messages=batch, timeout=self._poll_timeout_s)
+        messages = self._fetch(consumer, batch)
         if messages:
             self._handle(messages)
         self._commit(consumer)
+
+    def _fetch(self, consumer: Consumer, batch: int) -> list[Any]:
+        """Up to `batch` messages, without waiting for a full batch.
+
+        `consume(n, timeout)` returns only when n messages are there or the whole timeout has
+        passed, so a batch-sized call holds a message that arrived alone for up to the poll
+        timeout (here: p50 58 ms -> 9 ms at 100 msg/s on tansu). So take what librdkafka
+        has already fetched; when that is nothing, wait for one message, then take whatever
+        came with it."""
+        messages = consumer.consume(num_messages=batch, timeout=0)
+        if messages:
+            return messages
+        messages = consumer.consume(num_messages=1, timeout=self._poll_timeout_s)
+        if messages and batch > 1:
+            messages += consumer.consume(num_messages=batch - 1, timeout=0)
+        return messages
 
     def _in_grace(self) -> bool:
         """Full, but not for long: wait for room before pausing.
