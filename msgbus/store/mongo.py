@@ -72,9 +72,15 @@ def _raise_unless_duplicates(exc: BulkWriteError) -> None:
 
 
 class MongoStore:
-    def __init__(self, uri: str, db_name: str, *, timeout_ms: int = 5000) -> None:
+    def __init__(self, uri: str, db_name: str, *, timeout_ms: int = 5000,
+                 socket_timeout_ms: int = 30_000) -> None:
+        # socket_timeout_ms: a server that stops answering (hung, or a half-open connection
+        # after a restart) fails the call instead of holding its caller forever (pymongo's
+        # default is no timeout); the drainers then back off and try again. Well above the
+        # longest legitimate call (a sweep's update_many, a dashboard aggregation: seconds).
         self._client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-            uri, serverSelectionTimeoutMS=timeout_ms, tz_aware=True, appname="msgbus"
+            uri, serverSelectionTimeoutMS=timeout_ms, socketTimeoutMS=socket_timeout_ms,
+            tz_aware=True, appname="msgbus"
         )
         self.db = self._client[db_name]
         self.messages = self.db["messages"]

@@ -3,7 +3,8 @@
 
 Open: every connection is forwarded, byte for byte, to the target. Closed: new connections are
 accepted and reset at once (the client sees a connection error), and closing the gate resets
-every connection it is forwarding, so kept-alive client connections fail too.
+every connection it is forwarding, so kept-alive client connections fail too. Frozen: every
+connection stays open but no byte moves, as with a peer that hangs (until `thaw()`).
 It runs its own asyncio loop on a background thread.
 """
 
@@ -28,6 +29,8 @@ class TcpGate:
         self.forwarded = 0  # connections forwarded to the target
         self._open = open_
         self._active: set[asyncio.WriteTransport] = set()
+        self._flowing = asyncio.Event()  # cleared while frozen
+        self._flowing.set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-gate",
                                         daemon=True)
@@ -49,6 +52,19 @@ class TcpGate:
 
     def open(self) -> None:
         self._open = True
+
+    def freeze(self) -> None:
+        """Keep every connection open but move no more bytes either way."""
+        self._call(self._flow(False))
+
+    def thaw(self) -> None:
+        self._call(self._flow(True))
+
+    async def _flow(self, flowing: bool) -> None:
+        if flowing:
+            self._flowing.set()
+        else:
+            self._flowing.clear()
 
     def close(self) -> None:
         """Refuse new connections and reset the ones being forwarded."""
@@ -97,17 +113,21 @@ class TcpGate:
         pair = {client, upstream}
         self._active |= pair
         try:
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(_pipe(reader, up_writer, self._flowing),
+                                 _pipe(up_reader, writer, self._flowing))
         finally:
             for transport in pair:
                 transport.abort()
             self._active -= pair
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy until EOF or an error, then close both ends of this direction."""
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                flowing: asyncio.Event) -> None:
+    """Copy (while `flowing` is set) until EOF or an error, then close both ends of this
+    direction."""
     with contextlib.suppress(OSError, asyncio.IncompleteReadError):
         while data := await reader.read(_CHUNK):
+            await flowing.wait()
             writer.write(data)
             await writer.drain()
     writer.transport.abort()
