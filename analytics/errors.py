@@ -3,7 +3,7 @@
 AnalyticsError
 ├── ArchiveMismatch   counts of a run disagree (read vs MongoDB, or written vs archive):
 │                     nothing was marked archived
-└── NotInArchive      trace: no archived message matches
+└── NotInArchive      no archive there, or (trace) no archived message matches
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analytics.errors import NotInArchive
 from analytics.mongo_source import MongoLocation, read_collection
 from analytics.schemas import ATTEMPTS_STATS, COLLECTIONS, DELIVERIES_STATS, MESSAGES_STATS
 from analytics.stats import StatsInputs
@@ -36,13 +37,21 @@ def archive_inputs(spark: SparkSession, archive_dir: Path | str, start: datetime
     return StatsInputs(table("messages"), table("deliveries"), table("attempts"))
 
 
+def archive_path(archive_dir: Path | str, collection: str) -> str:
+    path = Path(archive_dir) / collection
+    if not path.is_dir():
+        raise NotInArchive(f"no archive of {collection} in {archive_dir} "
+                           f"(`msgbus analytics archive` writes it)")
+    return str(path)
+
+
 def archive_table(spark: SparkSession, archive_dir: Path | str, collection: str,
                   start: datetime | None = None, end: datetime | None = None,
                   time_field: str | None = None) -> DataFrame:
     """One archived collection; with a range, only its days' partitions are read."""
     from pyspark.sql import functions as F
 
-    frame = spark.read.parquet(str(Path(archive_dir) / collection))
+    frame = spark.read.parquet(archive_path(archive_dir, collection))
     if start is not None and end is not None:
         field = time_field or COLLECTIONS[collection][0]
         frame = frame.where(

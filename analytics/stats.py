@@ -14,7 +14,8 @@ Tables (pandas DataFrames, small: the aggregation happens in Spark):
 - slowest_subscribers, most_failing_subscribers: rankings of subscriptions over the range.
 
 Rows have a `level` (bus, destination, subscription) and a `granularity` (total, day, hour with
-its `period_start`). Percentiles are Spark's `percentile_approx` (rank error ≤ 1/10,000).
+its `period_start`). Percentiles are nearest-rank over values kept to 3 significant digits
+(≤ 0.5 % off; see analytics/stats_sql.py).
 """
 
 from __future__ import annotations
@@ -24,16 +25,12 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from analytics import stats_sql as sql
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 STATUSES = ("delivered", "failed", "retrying", "pending", "parked", "skipped", "discarded")
-PERCENTILE_ACCURACY = 10_000
-# (destination, subscription) x (hour, day, all): every level and granularity in one pass
-_SETS_BY_SUBSCRIPTION = ("(destination, subscription, hour), (destination, subscription, day),"
-                         " (destination, subscription), (destination, hour), (destination, day),"
-                         " (destination), (hour), (day), ()")
-_SETS_BY_DESTINATION = "(destination, hour), (destination, day), (destination), (hour), (day), ()"
 
 
 @dataclass(frozen=True)
@@ -67,16 +64,26 @@ def compute_stats(spark: SparkSession, inputs: StatsInputs, *, top: int = 10,
     inputs.deliveries.createOrReplaceTempView("stats_deliveries")
     inputs.attempts.createOrReplaceTempView("stats_attempts")
     step("messages in, per destination and hour/day")
-    messages_in = _collect(spark, _MESSAGES_IN_SQL.format(sets=_SETS_BY_DESTINATION))
-    step("deliveries by outcome, success rate, acceptance -> delivered time")
-    deliveries = _collect(spark, _DELIVERIES_SQL.format(
-        sets=_SETS_BY_SUBSCRIPTION, status_counts=_status_counts(),
-        accuracy=PERCENTILE_ACCURACY))
-    step("pushes: attempts, failures, latency percentiles")
-    pushes = _collect(spark, _PUSHES_SQL.format(sets=_SETS_BY_SUBSCRIPTION,
-                                                accuracy=PERCENTILE_ACCURACY))
-    step("attempts until success")
-    attempts_until_success: pd.DataFrame = spark.sql(_ATTEMPTS_UNTIL_SUCCESS_SQL).toPandas()
+    messages_in = _collect(spark, sql.MESSAGES_IN)
+    step("deliveries: outcomes and acceptance -> delivered times, per subscription and hour")
+    delivery_cells = spark.sql(sql.DELIVERY_CELLS).cache()
+    push_cells = spark.sql(sql.PUSH_CELLS).cache()
+    try:
+        step(f"  {delivery_cells.count():,} cells")  # the pass over the deliveries, here
+        step("pushes: outcomes and latencies, per subscription and hour")
+        step(f"  {push_cells.count():,} cells")
+        delivery_cells.createOrReplaceTempView("stats_delivery_cells")
+        push_cells.createOrReplaceTempView("stats_push_cells")
+        deliveries = _merge(_collect(spark, sql.delivery_counts(STATUSES)), _collect(
+            spark, sql.percentiles("stats_delivery_cells", "delivery_ms",
+                                   "status = 'delivered'")))
+        step("rolled up per destination, bus, day and the whole range")
+        pushes = _merge(_collect(spark, sql.PUSH_COUNTS),
+                        _collect(spark, sql.percentiles("stats_push_cells", "latency_ms")))
+        attempts_until_success: pd.DataFrame = spark.sql(sql.ATTEMPTS_UNTIL_SUCCESS).toPandas()
+    finally:
+        delivery_cells.unpersist()
+        push_cells.unpersist()
     return StatsTables(
         messages_in=messages_in, deliveries=deliveries, pushes=pushes,
         attempts_until_success=attempts_until_success,
@@ -84,73 +91,18 @@ def compute_stats(spark: SparkSession, inputs: StatsInputs, *, top: int = 10,
         most_failing_subscribers=most_failing_subscribers(deliveries, pushes, top))
 
 
-def _status_counts() -> str:
-    return ",\n".join(f"count_if(d.status = '{s}') AS {s}" for s in STATUSES)
-
-
-_LEVEL_COLUMNS = """
-    CASE WHEN grouping(destination) = 1 THEN 'bus'
-         WHEN {subscription_grouped} THEN 'destination' ELSE 'subscription' END AS level,
-    CASE WHEN grouping(hour) = 0 THEN 'hour' WHEN grouping(day) = 0 THEN 'day'
-         ELSE 'total' END AS granularity,
-    coalesce(hour, day) AS period_start"""
-
-_MESSAGES_IN_SQL = """
-SELECT {level}, destination, count(*) AS messages, coalesce(sum(size), 0) AS bytes
-FROM (SELECT destination, size, date_trunc('hour', created_at) AS hour,
-             date_trunc('day', created_at) AS day FROM stats_messages)
-GROUP BY GROUPING SETS ({{sets}})
-""".format(level=_LEVEL_COLUMNS.format(subscription_grouped="true"))
-
-_DELIVERIES_SQL = """
-SELECT {level}, destination, subscription, count(*) AS deliveries,
-    {{status_counts}},
-    try_divide(count_if(status = 'delivered'), count_if(status <> 'skipped')) AS success_rate,
-    percentile_approx(delivery_ms, array(0.5, 0.95, 0.99), {{accuracy}}) AS delivery_ms_pct
-FROM (
-    SELECT d.destination, d.subscription, d.status,
-        date_trunc('hour', d.created_at) AS hour, date_trunc('day', d.created_at) AS day,
-        CASE WHEN d.status = 'delivered' THEN (unix_micros(d.delivered_at)
-            - unix_micros(coalesce(m.received_at, d.created_at))) / 1000.0 END AS delivery_ms
-    FROM stats_deliveries d LEFT JOIN stats_messages m ON m._id = d.message_id
-) d
-GROUP BY GROUPING SETS ({{sets}})
-""".format(level=_LEVEL_COLUMNS.format(subscription_grouped="grouping(subscription) = 1"))
-
-_PUSHES_SQL = """
-SELECT {level}, destination, subscription, count(*) AS attempts,
-    count_if(NOT ok) AS failed_attempts, try_divide(count_if(ok), count(*)) AS ok_rate,
-    percentile_approx(latency_ms, array(0.5, 0.95, 0.99), {{accuracy}}) AS latency_ms_pct,
-    max(latency_ms) AS latency_ms_max
-FROM (
-    SELECT split_part(subscription, '/', 1) AS destination, subscription, ok, latency_ms,
-        date_trunc('hour', started_at) AS hour, date_trunc('day', started_at) AS day
-    FROM stats_attempts
-)
-GROUP BY GROUPING SETS ({{sets}})
-""".format(level=_LEVEL_COLUMNS.format(subscription_grouped="grouping(subscription) = 1"))
-
-_ATTEMPTS_UNTIL_SUCCESS_SQL = """
-SELECT destination, subscription, attempts, count(*) AS deliveries
-FROM stats_deliveries WHERE status = 'delivered'
-GROUP BY destination, subscription, attempts
-ORDER BY destination, subscription, attempts
-"""
-
-
-def _collect(spark: SparkSession, sql: str) -> pd.DataFrame:
-    table: pd.DataFrame = spark.sql(sql).toPandas()
-    for column in [c for c in table.columns if c.endswith("_pct")]:
-        stem = column.removesuffix("_pct")
-        for index, name in enumerate(("p50", "p95", "p99")):
-            table[f"{stem}_{name}"] = table[column].map(
-                lambda values, i=index: None if values is None else float(values[i]))
-        table = table.drop(columns=[column])
+def _collect(spark: SparkSession, query: str) -> pd.DataFrame:
+    table: pd.DataFrame = spark.sql(query).toPandas()
     if "period_start" in table.columns:
         table["period_start"] = pd.to_datetime(table["period_start"], utc=True)
-    order = [c for c in ("level", "destination", "subscription", "granularity", "period_start")
-             if c in table.columns]
-    return table.sort_values(order, na_position="first", kind="stable").reset_index(drop=True)
+    keys = [k for k in sql.KEYS if k in table.columns]
+    return table.sort_values(keys, na_position="first", kind="stable").reset_index(drop=True)
+
+
+def _merge(counts: pd.DataFrame, percentiles: pd.DataFrame) -> pd.DataFrame:
+    keys = [k for k in sql.KEYS if k in counts.columns]
+    table = counts.merge(percentiles, on=keys, how="left")
+    return table.sort_values(keys, na_position="first", kind="stable").reset_index(drop=True)
 
 
 def slowest_subscribers(pushes: pd.DataFrame, top: int) -> pd.DataFrame:

@@ -33,8 +33,7 @@ class StatsRun:
 def load_inputs(spark: SparkSession, settings: AnalyticsSettings, source: Source,
                 start: datetime, end: datetime) -> StatsInputs:
     """Fresh DataFrames (never reuse one for another query: see analytics.mongo_source).
-    Messages and deliveries are each used by two aggregations: they are cached so that
-    MongoDB is read once."""
+    Messages are used by two aggregations: cached, so that MongoDB is read once."""
     from pyspark import StorageLevel
 
     if source == "mongo":
@@ -42,8 +41,7 @@ def load_inputs(spark: SparkSession, settings: AnalyticsSettings, source: Source
     else:
         inputs = archive_inputs(spark, settings.archive_dir, start, end)
     return StatsInputs(messages=inputs.messages.persist(StorageLevel.MEMORY_AND_DISK),
-                       deliveries=inputs.deliveries.persist(StorageLevel.MEMORY_AND_DISK),
-                       attempts=inputs.attempts)
+                       deliveries=inputs.deliveries, attempts=inputs.attempts)
 
 
 def run_stats(spark: SparkSession, settings: AnalyticsSettings, start: datetime,
@@ -59,7 +57,6 @@ def run_stats(spark: SparkSession, settings: AnalyticsSettings, start: datetime,
         tables = compute_stats(spark, inputs, top=settings.top_subscribers, say=progress.step)
     finally:
         inputs.messages.unpersist()
-        inputs.deliveries.unpersist()
     if out_dir is None:
         return StatsRun(tables, None, None)
     parquet_dir = out_dir / PARQUET_DIR

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analytics.errors import NotInArchive
-from analytics.inputs import DATE_COLUMN
+from analytics.inputs import DATE_COLUMN, archive_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,7 +31,7 @@ def find_traces(spark: SparkSession, archive_dir: Path, *, message_id: str | Non
 
     if (message_id is None) == (biz_id is None):
         raise ValueError("give exactly one of message_id and biz_id")
-    messages = spark.read.parquet(str(Path(archive_dir) / "messages"))
+    messages = spark.read.parquet(archive_path(archive_dir, "messages"))
     if message_id is not None:
         messages = messages.where(F.col("_id") == F.lit(message_id))
         day = uuid7_date(message_id)
@@ -49,7 +49,7 @@ def find_traces(spark: SparkSession, archive_dir: Path, *, message_id: str | Non
     days = sorted({m[DATE_COLUMN] for m in found})
 
     def related(table: str, order: str) -> dict[str, list[dict[str, Any]]]:
-        frame = spark.read.parquet(str(Path(archive_dir) / table)).where(
+        frame = spark.read.parquet(archive_path(archive_dir, table)).where(
             F.col("message_id").isin(ids) & (F.col(DATE_COLUMN) >= F.lit(days[0])))
         grouped: dict[str, list[dict[str, Any]]] = {}
         for row in frame.orderBy(order, "_id").collect():
