@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -81,6 +82,8 @@ def analytics_errors(command: F) -> F:
 @click.group()
 def analytics() -> None:
     """Delivery statistics, archives and traces of old messages (PySpark)."""
+    for chatty in ("py4j", "matplotlib"):  # py4j logs every connection, matplotlib its guesses
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 @analytics.command()
