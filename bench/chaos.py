@@ -38,6 +38,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sweep-after-s", type=float, default=ChaosConfig.sweep_after_s,
                         help="the compensators' MSGBUS_COMPENSATOR_SWEEP_AFTER_S "
                              "(default %(default).0f)")
+    parser.add_argument("--max-in-flight", type=int, default=ChaosConfig.max_in_flight,
+                        help="every subscription's in-flight budget, which bounds what a "
+                             "dispatcher killed with -9 pushes again (default %(default)s; 0: "
+                             "the product's default, max(64, 4 x max_concurrency))")
     parser.add_argument("--seed", type=int, default=None, help="default: a random one")
     parser.add_argument("--quiet-timeout-s", type=float, default=300.0,
                         help="how long to wait for the last deliveries (default 300)")
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
     config = ChaosConfig(seed=seed, duration_s=args.duration_s, rate_per_s=args.rate,
                          quiet_timeout_s=args.quiet_timeout_s,
-                         sweep_after_s=args.sweep_after_s)
+                         sweep_after_s=args.sweep_after_s, max_in_flight=args.max_in_flight)
     say(f"chaos run: seed {seed}, {config.rate_per_s:.0f} msg/s for {config.duration_s:.0f} s, "
         f"{config.rounds} round(s) of faults")
     signal.signal(signal.SIGTERM, _terminate)

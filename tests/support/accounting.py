@@ -22,6 +22,7 @@ class SubscriptionAccount:
     refused_pushes: int  # pushes the subscriber answered with a non-2xx status
     unexpected: int  # distinct messages pushed that no returned send() made
     lost_ids: set[str] = field(default_factory=set)
+    duplicate_times: list[float] = field(default_factory=list)  # monotonic, of each duplicate
     recorded_delivered: int | None = None  # marked delivered in MongoDB, when checked
 
     @property
@@ -34,6 +35,13 @@ def account(subscription: str, expected: set[str],
     successes = subscriber.successes()
     pushes = list(subscriber.pushes)
     delivered = expected & successes.keys()
+    seen: set[str] = set()
+    duplicate_times = []
+    for push in pushes:
+        if push.succeeded and push.message_id in expected:
+            if push.message_id in seen:
+                duplicate_times.append(push.at)
+            seen.add(push.message_id)
     return SubscriptionAccount(
         subscription=subscription,
         expected=len(expected),
@@ -42,6 +50,7 @@ def account(subscription: str, expected: set[str],
         refused_pushes=sum(1 for p in pushes if not p.succeeded),
         unexpected=len({p.message_id for p in pushes} - expected),
         lost_ids=expected - delivered,
+        duplicate_times=duplicate_times,
     )
 
 

@@ -35,6 +35,8 @@ PROGRESS_EVERY_S = 5.0
 MAX_FAULT_OVERRUN_S = 120.0  # the load runs on this long at most, while faults are not over
 SETTLE_S = 3.0  # after the last delivery: no push for this long means no duplicate is on its way
 RESTART_DELAY_S = 1.0
+TIMELINE_S = 5
+RECENT_S = 15.0  # a fault's duplicates arrive within this long after it is over
 FAILING_STATUS = 503
 
 # down times suit a window of ~45 s; longer runs repeat the set of faults (see `rounds`)
@@ -58,11 +60,15 @@ class ChaosConfig:
     lead_s: float = 10.0  # load before the fault window (the warm-up is in it)
     tail_s: float = 8.0  # load after the last fault is over
     quiet_timeout_s: float = 150.0  # for every message to reach every subscriber
+    record_timeout_s: float = 60.0  # then for MongoDB to mark them delivered (reported only)
     # Compensator: quick retries and sweeps, so that messages left pending by a fault (a
     # dispatcher killed with direct-path messages in hand) are delivered within the run
     retry_delays_s: tuple[float, ...] = (1.0, 2.0, 4.0)
     sweep_after_s: float = 60.0
     lease_s: float = 5.0
+    # of every subscription; 0: the product's default. Not lower: at 16 the subscriptions
+    # caught up so slowly after the outages that their backlogs outlived sweep_after_s
+    max_in_flight: int = 0
 
     @property
     def window_s(self) -> float:
@@ -88,6 +94,9 @@ class ChaosResult:
     phases: Phases
     lost_examples: str = ""
     problems: list[str] = field(default_factory=list)
+    # duplicates by the faults under way or recently over when they arrived
+    duplicates_after: dict[str, int] = field(default_factory=dict)
+    duplicate_timeline: dict[int, int] = field(default_factory=dict)  # 5 s bucket -> count
 
     def table(self) -> str:
         return accounting.table(self.accounts, self.totals, self.brokers)
@@ -103,6 +112,13 @@ class ChaosResult:
             lines.append(f"  {f['fault'] + target:32} {at('injected_at_s')} "
                          f"{at('recovery_at_s')} {at('recovered_at_s')}"
                          + (f"  ERROR {f['error']}" if f["error"] else ""))
+        timeline = ", ".join(f"{start}-{start + TIMELINE_S}: {n}"
+                             for start, n in sorted(self.duplicate_timeline.items()))
+        after = ", ".join(f"{k}: {n}" for k, n in sorted(self.duplicates_after.items(),
+                                                      key=lambda kv: -kv[1]))
+        lines.append(f"duplicates by time (s): {timeline or 'none'}")
+        lines.append(f"duplicates by the faults under way or over less than {RECENT_S:.0f} s "
+                     f"before they arrived: {after or 'none'}")
         return "\n".join(lines)
 
     def as_json(self) -> dict[str, Any]:
@@ -112,12 +128,15 @@ class ChaosResult:
             **self.totals.as_json(),
             "seed": c.seed,
             "rate_per_s": c.rate_per_s,
+            "max_in_flight": c.max_in_flight or None,
+            "sweep_after_s": c.sweep_after_s,
             "load_s": round(self.load_s, 1),
             "quiet_after_s": round(self.quiet_after_s, 1),
             "subscriptions": len(self.accounts),
             "unrecorded_in_mongodb": unrecorded,
             "send_errors": self.send_errors,
             "spooled_at_end": self.spooled_at_end,
+            "duplicates_after": self.duplicates_after,
             "faults": self.faults,
             "problems": self.problems,
         }
@@ -198,8 +217,13 @@ def deployed(servers: Servers, work_dir: Path, config: ChaosConfig) -> Iterator[
     deployment = Deployment(servers, work_dir, {f"chaos-k-{unique}": BrokerKind.KAFKA,
                                                 f"chaos-r-{unique}": BrokerKind.RABBITMQ},
                             subscription_names=SUBSCRIPTIONS)
+    # The in-flight budget bounds what a dispatcher killed with -9 has taken from the broker and
+    # not yet recorded: all of it is pushed again after its restart (the product's default is
+    # max(64, 4 x max_concurrency); 0 here keeps that default).
     deployment.subscription_options = {
-        "timeout_ms": 2000, "retry_policy": {"delays_s": list(config.retry_delays_s)}}
+        "max_concurrency": 16, "timeout_ms": 2000,
+        "retry_policy": {"delays_s": list(config.retry_delays_s)},
+        "max_in_flight": config.max_in_flight or None}
     deployment.compensator_settings = {
         "scan_interval_s": "0.5", "lease_s": str(config.lease_s),
         "sweep_after_s": str(config.sweep_after_s), "sweep_interval_s": "2"}
@@ -320,16 +344,23 @@ def _settle(deployment: Deployment, timeout_s: float = 30.0) -> None:
 
 
 def _recorded(deployment: Deployment, accounts: list[accounting.SubscriptionAccount],
-              expected: dict[str, set[str]], timeout_s: float = 30.0) -> None:
-    """How many expected messages MongoDB marks delivered (waits a little for the trace)."""
+              expected: dict[str, set[str]], timeout_s: float) -> None:
+    """How many expected messages MongoDB marks delivered (waits, bounded, for the trace:
+    outcomes reach MongoDB through the dispatcher's and compensators' local buffers)."""
     deadline = time.monotonic() + timeout_s
-    for acc in accounts:
-        while True:
+    next_note = time.monotonic() + PROGRESS_EVERY_S
+    while True:
+        for acc in accounts:
             acc.recorded_delivered = len(expected[acc.subscription]
                                          & deployment.delivered_ids(acc.subscription))
-            if acc.recorded_delivered >= acc.delivered or time.monotonic() > deadline:
-                break
-            time.sleep(1.0)
+        have = sum(a.recorded_delivered or 0 for a in accounts)
+        need = sum(a.delivered for a in accounts)
+        if have >= need or time.monotonic() > deadline:
+            return
+        if time.monotonic() >= next_note:
+            next_note += PROGRESS_EVERY_S
+            say(f"  {have} of {need} marked delivered; {deployment.backlogs()}")
+        time.sleep(1.0)
 
 
 def _result(deployment: Deployment, load: ClientLoad, config: ChaosConfig, plan: FaultPlan,
@@ -339,9 +370,10 @@ def _result(deployment: Deployment, load: ClientLoad, config: ChaosConfig, plan:
                 for sub in deployment.subscription_ids()}
     accounts = [accounting.account(sub, ids, deployment.subscriber_of[sub])
                 for sub, ids in expected.items()]
-    with phases.phase("MongoDB marks them delivered"):
-        _recorded(deployment, accounts, expected)
+    with phases.phase(f"MongoDB marks them delivered (at most {config.record_timeout_s:.0f} s)"):
+        _recorded(deployment, accounts, expected, config.record_timeout_s)
     total = accounting.totals(len(load.sent()), accounts)
+    after, timeline = _attribute_duplicates(runner, accounts)
     lost: set[str] = set().union(*(a.lost_ids for a in accounts))
     problems = [f"{run.planned.kind.name}: {run.error}" for run in runner.runs if run.error]
     if spooled:
@@ -352,4 +384,23 @@ def _result(deployment: Deployment, load: ClientLoad, config: ChaosConfig, plan:
         quiet_after_s=quiet_after, send_errors=dict(load.errors()), spooled_at_end=spooled,
         brokers={code: kind.value for code, kind in deployment.destinations.items()},
         phases=phases, lost_examples=deployment.describe(lost, limit=10) if lost else "",
-        problems=problems)
+        problems=problems, duplicates_after=after, duplicate_timeline=timeline)
+
+
+def _attribute_duplicates(runner: FaultRunner, accounts: list[accounting.SubscriptionAccount],
+                          ) -> tuple[dict[str, int], dict[int, int]]:
+    """Duplicates counted by the faults under way or over less than RECENT_S before each
+    arrived ("+" joins overlapping ones), and per TIMELINE_S bucket (seconds after the fault
+    window began)."""
+    windows = [(run.injected_at_s, (run.recovered_at_s or run.recovery_at_s or 1e9) + RECENT_S,
+                run.planned.kind.name) for run in runner.runs if run.injected_at_s is not None]
+    after: dict[str, int] = {}
+    timeline: dict[int, int] = {}
+    for acc in accounts:
+        for at in acc.duplicate_times:
+            t = at - runner.epoch
+            cause = "+".join(name for began, until, name in windows if began <= t <= until)
+            after[cause or "none"] = after.get(cause or "none", 0) + 1
+            bucket = int(t // TIMELINE_S) * TIMELINE_S
+            timeline[bucket] = timeline.get(bucket, 0) + 1
+    return after, timeline

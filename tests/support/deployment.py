@@ -200,6 +200,7 @@ class Deployment:
         self.receivers: list[BusProcess] = []
         self.api_key = ""
         self.subscription_options: dict[str, Any] = {}  # fields of every subscription
+        self.extra_env: dict[str, str] = {}  # more MSGBUS_* variables of every process
         # MSGBUS_COMPENSATOR_* of the compensator `start()` runs
         self.compensator_settings: dict[str, str] = {"scan_interval_s": "0.5"}
 
@@ -254,6 +255,7 @@ class Deployment:
             "MSGBUS_INTERNAL_TOKEN": self.token,
             "MSGBUS_STATE_DIR": str(state_dir),
             "MSGBUS_CONFIG_REFRESH_S": "0.5",
+            **self.extra_env,
         }
 
     def _process(self, service: str, name: str, state_dir: Path) -> BusProcess:

@@ -16,6 +16,7 @@ class Push:
     headers: dict[str, str]
     body: bytes
     status: int = 200  # what the subscriber answered
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
     @property
     def succeeded(self) -> bool:
