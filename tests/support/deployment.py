@@ -324,29 +324,6 @@ class Deployment:
 
         return self.run(fetch())
 
-    def backlogs(self) -> str:
-        """Where work waits: receiver buffers, the dispatcher's outcome buffer, delivery
-        states in MongoDB (for progress lines while the bus catches up)."""
-        parts = []
-        for receiver in self.receivers:
-            health = receiver.health(timeout_s=2.0)
-            parts.append(f"{receiver.name} buffer "
-                         f"{health.get('buffer') if health else 'down'}")
-        if self.dispatcher is not None:
-            health = self.dispatcher.health(timeout_s=2.0)
-            parts.append(f"dispatcher outcomes {health.get('trace_backlog') if health else 'down'}")
-
-        async def states() -> dict[str, int]:
-            pipeline = [{"$group": {"_id": "$status", "n": {"$sum": 1}}}]
-            return {str(d["_id"]): int(d["n"])
-                    async for d in await self.store.deliveries.aggregate(pipeline)}
-
-        try:
-            parts.append(f"deliveries in MongoDB {self.run(states(), timeout_s=10)}")
-        except Exception as exc:  # MongoDB slow or down: the line says so
-            parts.append(f"deliveries in MongoDB: {type(exc).__name__}")
-        return "; ".join(parts)
-
     def describe(self, message_ids: set[str], limit: int = 5) -> str:
         """Where some messages are: in MongoDB? their delivery states? pushed?"""
         lines = []
