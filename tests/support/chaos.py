@@ -227,7 +227,7 @@ def _wait_quiet(deployment: Deployment, load: ClientLoad, config: ChaosConfig,
         while (have := delivered()) < need or load.spooled():
             if time.monotonic() - began > config.quiet_timeout_s:
                 say(f"  gave up waiting: {have} of {need} deliveries, "
-                    f"{load.spooled()} in the spool")
+                    f"{load.spooled()} in the spool; {backlogs(deployment, states=True)}")
                 deployment.print_state()
                 break
             if time.monotonic() >= next_note:
@@ -241,9 +241,10 @@ def _wait_quiet(deployment: Deployment, load: ClientLoad, config: ChaosConfig,
     return quiet_after
 
 
-def backlogs(deployment: Deployment) -> str:
-    """Where work waits: receiver buffers, the dispatcher's outcome buffer, delivery
-    states in MongoDB (for progress lines while the bus catches up)."""
+def backlogs(deployment: Deployment, *, states: bool = False) -> str:
+    """Where work waits: receiver buffers, the dispatcher's outcome buffer and, with
+    `states`, the delivery states in MongoDB (a scan of every delivery: SecantusDB serves one
+    query at a time, so never in a progress line, whose polling would slow the bus)."""
     parts = []
     for receiver in deployment.receivers:
         health = receiver.health(timeout_s=2.0)
@@ -253,15 +254,16 @@ def backlogs(deployment: Deployment) -> str:
         health = deployment.dispatcher.health(timeout_s=2.0)
         parts.append(f"dispatcher outcomes {health.get('trace_backlog') if health else 'down'}")
 
-    async def states() -> dict[str, int]:
+    async def by_state() -> dict[str, int]:
         pipeline = [{"$group": {"_id": "$status", "n": {"$sum": 1}}}]
         return {str(d["_id"]): int(d["n"])
                 async for d in await deployment.store.deliveries.aggregate(pipeline)}
 
-    try:
-        parts.append(f"deliveries in MongoDB {deployment.run(states(), timeout_s=10)}")
-    except Exception as exc:  # MongoDB slow or down: the line says so
-        parts.append(f"deliveries in MongoDB: {type(exc).__name__}")
+    if states:
+        try:
+            parts.append(f"deliveries in MongoDB {deployment.run(by_state(), timeout_s=30)}")
+        except Exception as exc:  # MongoDB slow or down: the line says so
+            parts.append(f"deliveries in MongoDB: {type(exc).__name__}")
     return "; ".join(parts)
 
 
@@ -293,7 +295,7 @@ def _recorded(deployment: Deployment, accounts: list[accounting.SubscriptionAcco
         if time.monotonic() >= next_note:
             next_note += PROGRESS_EVERY_S
             say(f"  {have} of {need} marked delivered; {backlogs(deployment)}")
-        time.sleep(1.0)
+        time.sleep(PROGRESS_EVERY_S)  # each look reads every delivered id
 
 
 def _result(deployment: Deployment, load: ClientLoad, config: ChaosConfig, plan: FaultPlan,
