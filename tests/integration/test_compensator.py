@@ -230,7 +230,7 @@ def test_two_compensators_share_5000_due_retries_without_duplicates(cbus: Runnin
     cbus.query(second.start())
     try:
         cbus.admin.post(f"/v1/destinations/{code}/subscriptions/s/resume").raise_for_status()
-        wait_until(lambda: len(subscriber.successes()) == 5000, 120, "all 5000 delivered")
+        wait_until(lambda: len(subscriber.successes()) == 5000, 300, "all 5000 delivered")
         wait_until(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 5000, 60,
                    "all 5000 recorded delivered")
     finally:
