@@ -27,7 +27,9 @@ pytestmark = pytest.mark.integration
 
 LOAD_S = 55.0  # 10 s of lead (warm-up), a 37 s fault window, 8 s of tail
 RATE_PER_S = 150.0
-QUIET_TIMEOUT_S = 120.0
+# Every delivery arrived 5-65 s after the load in most runs, 120-160 s when a dispatcher was
+# restarted with a backlog (it then catches up slowly; see DUPLICATES_GOAL_IS_MET)
+QUIET_TIMEOUT_S = 180.0
 RECORD_TIMEOUT_S = 10.0
 MAX_DUPLICATE_RATE = 0.01
 # False while the product misses the duplicates goal under this fault density: a miss then
@@ -38,6 +40,7 @@ MAX_DUPLICATE_RATE = 0.01
 DUPLICATES_GOAL_IS_MET = False
 
 
+@pytest.mark.timeout(600)  # ~110 s when the bus recovers promptly, up to ~4 min when not
 def test_no_message_is_lost_while_parts_and_dependencies_fail(
         private_servers: Servers, tmp_path: Path) -> None:
     seed = int(os.environ.get("MSGBUS_CHAOS_SEED") or random.SystemRandom().randrange(1_000_000))
