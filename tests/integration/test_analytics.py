@@ -29,7 +29,7 @@ try:
 
     from analytics.archive import ArchiveResult, run_archive
     from analytics.mongo_source import read_collection
-    from analytics.retention import ARCHIVED_COLLECTIONS, retention_s_of
+    from analytics.retention import ARCHIVED_COLLECTIONS, ensure_retention, retention_s_of
     from analytics.session import build_spark, mongo_location
     from analytics.settings import AnalyticsSettings
     from analytics.stats_job import PARQUET_DIR, REPORT_FILE
@@ -255,6 +255,9 @@ def test_analytics_archive_round_trip_and_idempotent_rerun(
         assert marked == ids, table
         assert retention_s_of(db, table) == settings.retention_after_archive_s
     assert set(ARCHIVED_COLLECTIONS) == set(expected)
+    ensure_retention(db, 3600)  # a changed setting changes the TTL in place (collMod)
+    assert {retention_s_of(db, t) for t in expected} == {3600}
+    ensure_retention(db, settings.retention_after_archive_s)
 
     # every field survives: a message with its body and a delivery as MongoDB has them
     message = next(m for m in old if m["_id"] in expected["messages"])
