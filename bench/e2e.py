@@ -77,6 +77,10 @@ class E2EBench:
                              concurrency=self.args.push_concurrency, timeout_ms=5000,
                              broker=BrokerKind(broker))
         self.s.set_paused(subs, False)
+        # a RabbitMQ queue exists once its worker runs: sooner, a message is unroutable, takes
+        # the direct path, finds no worker either and waits for the compensator's sweep
+        wait_for(f"the dispatcher's worker for {subs}", lambda: set(subs) <=
+                 self.s.running_workers(), self.args.timeout, interval_s=0.2)
         return code
 
     def send(self, code: str, first: int, count: int, rate: float,
