@@ -35,7 +35,8 @@ def body(n: int, sent_at: float | None = None) -> dict[str, Any]:
     return {"sent_at": time.time() if sent_at is None else sent_at, "n": n, "pad": PAD}
 
 
-def _cpu_s() -> float:
+def own_cpu_s() -> float:
+    """User + system CPU seconds of this process so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
@@ -79,9 +80,9 @@ async def _raw_push(url: str, start: int, count: int, concurrency: int,
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        cpu0, started = _cpu_s(), time.time()
+        cpu0, started = own_cpu_s(), time.time()
         await asyncio.gather(*(pusher(session) for _ in range(concurrency)))
-        finished, cpu1 = time.time(), _cpu_s()
+        finished, cpu1 = time.time(), own_cpu_s()
     return {"ok": stats["ok"], "failed": stats["failed"], "not_sent": stats["not_sent"],
             "started": started, "finished": finished, "cpu_s": cpu1 - cpu0}
 

@@ -17,7 +17,6 @@ records by `n` with its arrival time.
 from __future__ import annotations
 
 import asyncio
-import resource
 import threading
 import time
 from collections import Counter
@@ -27,15 +26,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.dispatch_load import REQUEST_TIMEOUT_S, body, run_loop
+from bench.dispatch_load import REQUEST_TIMEOUT_S, body, own_cpu_s, run_loop
 
 GROUP_COMMIT_MS = 2.0
 DRAIN_POLL_S = 0.02
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def client_send(receiver_url: str, api_key: str, spool_dir: str, destination: str, first: int,
@@ -69,7 +63,7 @@ def client_send(receiver_url: str, api_key: str, spool_dir: str, destination: st
                 returned_at[n] = now
                 message_ids[n] = message_id
 
-    cpu0, started = _cpu_s(), time.time()
+    cpu0, started = own_cpu_s(), time.time()
     workers = [threading.Thread(target=sender, args=(i,), daemon=True) for i in range(threads)]
     for worker in workers:
         worker.start()
@@ -83,7 +77,7 @@ def client_send(receiver_url: str, api_key: str, spool_dir: str, destination: st
     left = client.close(timeout_s=5.0)
     return {"returned_at": returned_at, "message_ids": message_ids, "errors": dict(errors),
             "started": started, "sent_by": sent_by, "drained_at": drained_at, "left_in_spool": left,
-            "cpu_s": _cpu_s() - cpu0}
+            "cpu_s": own_cpu_s() - cpu0}
 
 
 def paced_direct(url: str, first: int, count: int, rate_per_s: float,
@@ -116,8 +110,8 @@ async def _paced_direct(url: str, first: int, count: int, rate_per_s: float,
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        cpu0, started = _cpu_s(), time.time()
+        cpu0, started = own_cpu_s(), time.time()
         await asyncio.gather(*(poster(session) for _ in range(concurrency)))
         finished = time.time()
     return {"stats": dict(stats), "started": started, "finished": finished,
-            "cpu_s": _cpu_s() - cpu0}
+            "cpu_s": own_cpu_s() - cpu0}

@@ -92,8 +92,9 @@ class E2ERun:
 
 
 def summarize(runs: list[E2ERun]) -> dict[str, dict[str, float]]:
-    names = list(runs[0].figures()) if runs else []
-    return {name: spread([r.figures().get(name, math.nan) for r in runs]) for name in names}
+    figures = [r.figures() for r in runs]  # each sorts the run's latency lists: once per run
+    names = list(figures[0]) if figures else []
+    return {name: spread([f.get(name, math.nan) for f in figures]) for name in names}
 
 
 def cpu_summary(runs: list[E2ERun]) -> dict[str, dict[str, dict[str, float]]]:

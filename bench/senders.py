@@ -37,7 +37,6 @@ import contextlib
 import itertools
 import json
 import multiprocessing
-import resource
 import signal
 import sys
 import time
@@ -50,6 +49,7 @@ from typing import Any
 import orjson
 
 from bench import subscriber
+from bench.dispatch_load import own_cpu_s
 from bench.pipeline import stop_process
 from bench.report import cell, out, percentile, rounded, say, spread
 from msgbus import services
@@ -76,11 +76,6 @@ def phase_worker(conn: Connection, target: str, url: str, concurrency: int, warm
     with asyncio.Runner(loop_factory=factory) as runner:
         conn.send(runner.run(_phase(target, url, concurrency, warmup_s, seconds)))
     conn.close()
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 async def _phase(target: str, url: str, concurrency: int, warmup_s: float,
@@ -110,9 +105,9 @@ async def _phase(target: str, url: str, concurrency: int, warmup_s: float,
 
     async def cpu_clock() -> None:
         await asyncio.sleep(window_start - loop.time())
-        cpu["start"] = _cpu_s()
+        cpu["start"] = own_cpu_s()
         await asyncio.sleep(window_end - loop.time())
-        cpu["end"] = _cpu_s()
+        cpu["end"] = own_cpu_s()
 
     try:
         await asyncio.gather(cpu_clock(), *(worker() for _ in range(concurrency)))
