@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import socket
 
 from dispatcher.backlog import BacklogMonitor
+from dispatcher.redelivery import DeliveredCheck
 from dispatcher.supervisor import WorkerSupervisor
 from msgbus.brokerhealth import BrokerHealthMonitor
 from msgbus.delivery.sender import make_sender
@@ -18,7 +21,12 @@ from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
 from msgbus.store import MongoStore
 
+log = logging.getLogger(__name__)
+
 TRACE_BUFFER_MAX_BYTES = 1024**3
+# At start, how long outcomes left on local disk by a killed run may take to reach MongoDB
+# before the workers start anyway
+LEFTOVER_TRACE_WAIT_S = 10.0
 
 
 class DispatcherService:
@@ -36,7 +44,9 @@ class DispatcherService:
         self.trace = TraceWriter(self.trace_buffer, self.store,
                                  batch_size=settings.trace_batch_size)
         self.sender = make_sender(settings.http_client, instance=self.instance)
-        self.supervisor = WorkerSupervisor(settings, self.registry, self.sender, self.trace)
+        self.delivered = DeliveredCheck(self.store, after_s=settings.check_delivered_after_s)
+        self.supervisor = WorkerSupervisor(settings, self.registry, self.sender, self.trace,
+                                           self.delivered)
         self.backlog = BacklogMonitor(self.store, self.supervisor.paused_partitions,
                                       interval_s=settings.backlog_interval_s)
         self.broker_health: BrokerHealthMonitor | None = None
@@ -57,12 +67,28 @@ class DispatcherService:
     async def start(self) -> None:
         await self.store.ensure_indexes()
         await self.sender.start()
+        await self._write_leftover_trace()
         self.trace.start()
         await self.registry.start()
         await self.supervisor.start()
         self.backlog.start()
         if self.broker_health is not None:
             self.broker_health.start()
+
+    async def _write_leftover_trace(self) -> None:
+        """A run killed with -9 leaves the outcomes it had not yet written to MongoDB on local
+        disk, and the brokers hand its unacked messages out again. Those outcomes go first
+        (bounded), so that `DeliveredCheck` finds the messages that run delivered."""
+        left = self.trace.backlog()
+        if not left:
+            return
+        log.info("writing %d outcomes left by the previous run before starting the workers",
+                 left)
+        try:
+            await asyncio.wait_for(self.trace.flush(), LEFTOVER_TRACE_WAIT_S)
+        except Exception as exc:  # MongoDB slow or down: the drainer goes on with the rest
+            log.warning("the previous run's outcomes are not all written (%s); starting the "
+                        "workers anyway", exc or type(exc).__name__)
 
     async def close(self) -> None:
         if self.broker_health is not None:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 
+from dispatcher.redelivery import DeliveredCheck
 from dispatcher.worker import SubscriptionWorker, is_for
 from msgbus.brokers.base import SubscriptionConsumer
 from msgbus.delivery.sender import Sender
@@ -51,11 +52,12 @@ def make_consumers(settings: DispatcherSettings, kinds: list[BrokerKind],
 
 class WorkerSupervisor:
     def __init__(self, settings: DispatcherSettings, registry: Registry, sender: Sender,
-                 trace: TraceWriter) -> None:
+                 trace: TraceWriter, delivered: DeliveredCheck) -> None:
         self._settings = settings
         self._registry = registry
         self._sender = sender
         self._trace = trace
+        self._delivered = delivered
         self._workers: dict[str, tuple[tuple[object, ...], SubscriptionWorker]] = {}
         self._lock = asyncio.Lock()
         self._resync: asyncio.Task[None] | None = None
@@ -97,7 +99,7 @@ class WorkerSupervisor:
 
     async def _start(self, sub: Subscription, kinds: list[BrokerKind]) -> None:
         consumers = make_consumers(self._settings, kinds, sub)
-        worker = SubscriptionWorker(sub, consumers, self._sender, self._trace,
+        worker = SubscriptionWorker(sub, consumers, self._sender, self._trace, self._delivered,
                                     direct_queue_size=self._settings.direct_queue_size)
         try:
             await worker.start()

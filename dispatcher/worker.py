@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from dispatcher.redelivery import DeliveredCheck
 from msgbus.brokers.base import SubscriptionConsumer
 from msgbus.delivery.attempt import outcome_of, push_through
 from msgbus.delivery.filters import matches
@@ -39,12 +40,14 @@ def is_for(subscription: Subscription, envelope: Envelope) -> bool:
 class SubscriptionWorker:
     def __init__(
         self, subscription: Subscription, consumers: list[SubscriptionConsumer],
-        sender: Sender, trace: TraceWriter, *, direct_queue_size: int,
+        sender: Sender, trace: TraceWriter, delivered: DeliveredCheck, *,
+        direct_queue_size: int,
     ) -> None:
         self.subscription = subscription
         self._consumers = consumers
         self._sender = sender
         self._trace = trace
+        self._delivered = delivered
         self._limiter = SubscriptionLimiter(subscription.id, subscription.max_concurrency,
                                             component="dispatcher")
         self._direct: asyncio.Queue[Envelope] = asyncio.Queue(maxsize=direct_queue_size)
@@ -143,8 +146,11 @@ class SubscriptionWorker:
                 log.exception("%s: receive failed; retrying", self.subscription.id)
                 await asyncio.sleep(1.0)
                 continue
+            done = await self._delivered.already_delivered(
+                self.subscription.id, [r.envelope for r in batch])
             for received in batch:
-                if not is_for(self.subscription, received.envelope):
+                if received.envelope.message_id in done or not is_for(self.subscription,
+                                                                       received.envelope):
                     consumer.ack(received)
                     continue
                 await self._admit(received.envelope, functools.partial(consumer.ack, received))

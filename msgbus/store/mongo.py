@@ -268,6 +268,16 @@ class MongoStore:
         cursor = self.messages.find(query).sort("created_at", DESCENDING).limit(limit)
         return [d async for d in cursor]
 
+    async def delivered_among(self, subscription: str, message_ids: Sequence[str]) -> set[str]:
+        """Which of these messages MongoDB marks delivered to `subscription` (one query on
+        _id)."""
+        if not message_ids:
+            return set()
+        ids = [delivery_id(m, subscription) for m in message_ids]
+        cursor = self.deliveries.find(
+            {"_id": {"$in": ids}, "status": DeliveryStatus.DELIVERED.value}, {"message_id": 1})
+        return {str(doc["message_id"]) async for doc in cursor}
+
     async def deliveries_of(self, message_id: str) -> list[dict[str, Any]]:
         cursor = self.deliveries.find({"message_id": message_id}).sort("subscription", ASCENDING)
         return [d async for d in cursor]

@@ -312,3 +312,57 @@ def test_a_rotated_secret_signs_beside_the_previous_one_until_that_is_dropped(
     verify_push(new_secret, push.headers, push.body)
     with pytest.raises(WebhookVerificationError):
         verify_push(old_secret, push.headers, push.body)
+
+
+@pytest.mark.parametrize("broker", ["kafka", "rabbitmq"])
+def test_a_message_the_broker_hands_out_again_after_delivery_is_not_pushed_again(
+        bus: RunningBus, api_key: str, unique: str, broker: str, kafka_bootstrap: str,
+        rabbitmq_url: str) -> None:
+    """What a broker hands out again (here: the same envelopes published once more, as a
+    receiver killed between publish and forgetting them does) reaches the dispatcher old; the
+    ones MongoDB marks delivered are acked without a push, new ones are pushed."""
+    from msgbus.brokers.kafka import KafkaPublisher
+    from msgbus.brokers.rabbitmq import RabbitPublisher
+    from msgbus.store.documents import envelope_from_doc
+
+    destination = f"again-{broker}-{unique}"
+    bus.create_destination(destination, broker)
+    subscriber = RecordingSubscriber()
+    bus.subscribe(destination, "rec", bus.serve_subscriber(subscriber), max_concurrency=4)
+    sub_id = f"{destination}/rec"
+    bus.wait_for_workers([sub_id])
+    first = send_batches(bus, api_key, [{"destination": destination, "body": {"n": n}}
+                                        for n in range(30)])
+    wait_until(lambda: list(statuses(bus, sub_id).values()).count("delivered") == 30, 30,
+               "the first 30 delivered")
+    skipped_before = _redeliveries_skipped(bus, sub_id)
+    after_s = bus.dispatcher_service.settings.check_delivered_after_s
+    time.sleep(after_s + 0.5)  # a redelivery is old; fresh messages are not looked up
+
+    docs = bus.query(bus.store.messages.find({"_id": {"$in": first}}).to_list(None))
+    again = [envelope_from_doc(doc) for doc in docs]
+    registered = bus.query(bus.store.get_destination(destination))
+    publisher = (KafkaPublisher(kafka_bootstrap) if broker == "kafka"
+                 else RabbitPublisher(rabbitmq_url))
+
+    async def publish_again() -> list[Any]:
+        await publisher.start()
+        try:
+            return await publisher.publish(registered, again)
+        finally:
+            await publisher.close()
+
+    assert all(outcome.error is None for outcome in bus.query(publish_again()))
+    later = send_batches(bus, api_key, [{"destination": destination, "body": {"n": n}}
+                                        for n in range(30, 40)])
+    wait_until(lambda: _redeliveries_skipped(bus, sub_id) - skipped_before >= 30, 30,
+               "the 30 handed out again to be recognised")
+    wait_until(lambda: len(subscriber.pushes) >= 40, 30, "the 10 new messages pushed")
+    time.sleep(0.5)  # nothing more may come
+    pushed = [push.message_id for push in subscriber.pushes]
+    assert sorted(pushed) == sorted(first + later), "a delivered message was pushed again"
+
+
+def _redeliveries_skipped(bus: RunningBus, sub_id: str) -> float:
+    text = httpx.get(f"{bus.dispatcher_url}/metrics", timeout=10).text
+    return sample_value(text, "msgbus_redeliveries_skipped_total", {"subscription": sub_id})
