@@ -224,7 +224,8 @@ class CompensatorBench:
         due_ids = [f"{e.message_id}|{sub.id}" for e in old]
         await store.deliveries.insert_many(
             [docs.pending_delivery_doc(e, sub.id, now) for e in old])
-        pending, timings = 0, {}
+        pending = 0
+        timings: dict[int, list[float]] = {}
         for size in self.args.sizes:
             while pending < size:
                 chunk = min(INSERT_CHUNK, size - pending)

@@ -131,16 +131,18 @@ class E2EBench:
         last = max(arrivals.values(), default=result["started"])
         cores = {role: (cpu1[role] - cpu0[role]) / wall for role in cpu0}
         cores["producer (client)"] = result["cpu_s"] / wall
+        self.s.wait_quiet(f"run {run} {broker} records", a.timeout)
+        recorded_at = time.time()
         fig.capacity[broker] = Capacity(
             messages=len(returned),
             send_per_s=len(returned) / max(result["sent_by"] - result["started"], 1e-9),
             accepted_per_s=len(returned) / max(result["drained_at"] - result["started"], 1e-9),
             delivered_per_s=len(arrivals) / max(last - result["started"], 1e-9),
+            recorded_per_s=len(returned) / max(recorded_at - result["started"], 1e-9),
             cpu_cores=cores,
             latencies_ms=[(arrivals[n] - t) * 1000 for n, t in returned.items()
                           if n in arrivals])
         self._check(fig, f"{broker} saturation", count, result, arrivals)
-        self.s.wait_quiet(f"run {run} {broker}", a.timeout)
 
     def latency(self, fig: E2ERun) -> None:
         a, run = self.args, fig.run

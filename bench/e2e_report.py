@@ -23,6 +23,8 @@ class Capacity:
     send_per_s: float  # send() returns per second (durable in the client's spool)
     accepted_per_s: float  # until the client's spool was empty: every message took a 202
     delivered_per_s: float  # (messages) ÷ (last arrival - first send)
+    # (messages) ÷ (time until MongoDB holds every message and delivery state - first send)
+    recorded_per_s: float
     cpu_cores: dict[str, float]  # CPU seconds per wall second of each process, by role
     latencies_ms: list[float] = field(repr=False)
 
@@ -54,6 +56,7 @@ class E2ERun:
             figures[f"{broker}_send_per_s"] = cap.send_per_s
             figures[f"{broker}_accepted_per_s"] = cap.accepted_per_s
             figures[f"{broker}_delivered_per_s"] = cap.delivered_per_s
+            figures[f"{broker}_recorded_per_s"] = cap.recorded_per_s
             figures[f"{broker}_saturated_p50_ms"] = percentile(cap.latencies_ms, 50)
         figures |= {
             "latency_rate_per_s": self.latency_rate_per_s,
@@ -74,8 +77,8 @@ class E2ERun:
     def lines(self) -> list[str]:
         f = self.figures()
         lines = [f"run {self.run}  {broker}: send() {cap.send_per_s:,.0f}/s, accepted "
-                 f"{cap.accepted_per_s:,.0f}/s, delivered {cap.delivered_per_s:,.0f}/s "
-                 f"({cap.messages} messages); CPU cores: "
+                 f"{cap.accepted_per_s:,.0f}/s, delivered {cap.delivered_per_s:,.0f}/s, "
+                 f"recorded {cap.recorded_per_s:,.0f}/s ({cap.messages} messages); CPU cores: "
                  + ", ".join(f"{role} {c:.2f}" for role, c in cap.cpu_cores.items())
                  for broker, cap in self.capacity.items()]
         lines.append(
