@@ -6,13 +6,13 @@ does not load MongoDB."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from msgbus.models import DeliveryStatus, utcnow
+from msgbus.percentiles import nearest_rank
 from msgbus.store import MongoStore
 
 HOURS = 24
@@ -40,12 +40,7 @@ class PushHealth:
             return cls()
         latencies = sorted(latency for _, latency in samples)
         return cls(attempts=len(samples), succeeded=sum(ok for ok, _ in samples),
-                   p50_ms=_percentile(latencies, 0.50), p99_ms=_percentile(latencies, 0.99))
-
-
-def _percentile(ordered: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending, non-empty list."""
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+                   p50_ms=nearest_rank(latencies, 0.50), p99_ms=nearest_rank(latencies, 0.99))
 
 
 @dataclass(slots=True)

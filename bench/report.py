@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from msgbus.percentiles import nearest_rank
+
 BASELINE = "direct-http"
 FIGURES = ("accepted_per_s", "delivered_per_s", "p50_ms", "p95_ms", "p99_ms")
 
@@ -25,10 +27,7 @@ def out(message: str = "") -> None:
 
 def percentile(values: list[float], p: float) -> float:
     """Nearest-rank percentile of `values` (nan when empty)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+    return nearest_rank(sorted(values), p / 100) if values else math.nan
 
 
 @dataclass
