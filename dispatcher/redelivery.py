@@ -8,7 +8,9 @@ message reaches the dispatcher within a second. So only messages older than `aft
 looked up in MongoDB, one query per received batch: normal running costs nothing, and a
 backlog costs one indexed read per batch.
 
-At-least-once stays: when MongoDB does not answer in time, the messages are pushed.
+At-least-once stays: when MongoDB does not answer in time, the messages are pushed, and for
+the next `pause_s` no lookup is tried, so that a MongoDB outage does not hold every batch of a
+backlog for the lookup timeout.
 """
 
 from __future__ import annotations
@@ -25,16 +27,18 @@ from msgbus.store import MongoStore
 log = logging.getLogger(__name__)
 
 LOOKUP_TIMEOUT_S = 2.0
-_WARN_EVERY_S = 30.0
+PAUSE_AFTER_FAILURE_S = 10.0
 
 
 class DeliveredCheck:
     def __init__(self, store: MongoStore, *, after_s: float,
-                 timeout_s: float = LOOKUP_TIMEOUT_S) -> None:
+                 timeout_s: float = LOOKUP_TIMEOUT_S,
+                 pause_s: float = PAUSE_AFTER_FAILURE_S) -> None:
         self._store = store
         self._after_s = after_s
         self._timeout_s = timeout_s
-        self._warned_at = 0.0
+        self._pause_s = pause_s
+        self._paused_until = 0.0  # monotonic; no lookups before, after a failed one
 
     async def already_delivered(self, subscription: str,
                                 envelopes: Sequence[Envelope]) -> set[str]:
@@ -43,16 +47,16 @@ class DeliveredCheck:
         now = utcnow()
         old = [e.message_id for e in envelopes
                if (now - (e.received_at or e.created_at)).total_seconds() >= self._after_s]
-        if not old:
+        if not old or time.monotonic() < self._paused_until:
             return set()
         try:
             found = await asyncio.wait_for(self._store.delivered_among(subscription, old),
                                            self._timeout_s)
         except Exception as exc:  # MongoDB down or slow: push them (at least once)
-            if time.monotonic() - self._warned_at >= _WARN_EVERY_S:
-                self._warned_at = time.monotonic()
-                log.warning("%s: cannot tell which redelivered messages were delivered "
-                            "already (%s); pushing them", subscription, exc or type(exc).__name__)
+            self._paused_until = time.monotonic() + self._pause_s
+            log.warning("%s: cannot tell which old messages were delivered already (%s); "
+                        "pushing them, and not looking up for %.0f s", subscription,
+                        exc or type(exc).__name__, self._pause_s)
             return set()
         if found:
             REDELIVERIES_SKIPPED.labels(subscription).inc(len(found))

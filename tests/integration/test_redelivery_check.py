@@ -1,0 +1,80 @@
+"""`DeliveredCheck` on a real MongoDB-protocol server: which old messages a subscriber already
+has, that fresh ones cost no lookup, and that a MongoDB outage costs one lookup timeout, not
+one per batch."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
+
+import pytest
+
+from dispatcher.redelivery import DeliveredCheck
+from msgbus import services
+from msgbus.ids import uuid7
+from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, utcnow
+from msgbus.store import MongoStore
+
+SUB = "orders/billing"
+
+
+class CountingStore(MongoStore):
+    """A real store that counts the lookups made through it."""
+
+    lookups = 0
+
+    async def delivered_among(self, subscription: str, message_ids: Sequence[str]) -> set[str]:
+        self.lookups += 1
+        return await super().delivered_among(subscription, message_ids)
+
+
+@pytest.fixture
+async def store(mongo_uri: str, mongo_db_name: str) -> AsyncIterator[CountingStore]:
+    s = CountingStore(mongo_uri, mongo_db_name)
+    await s.ensure_indexes()
+    yield s
+    await s.close()
+
+
+def envelope(age_s: float) -> Envelope:
+    received = utcnow() - timedelta(seconds=age_s)
+    return Envelope(message_id=uuid7(), destination="orders", body=b"{}",
+                    created_at=received, received_at=received)
+
+
+async def deliver(store: MongoStore, envelope: Envelope) -> None:
+    result = AttemptResult(message_id=envelope.message_id, subscription=SUB, attempt=1,
+                           started_at=utcnow(), latency_ms=2.0, status_code=200)
+    await store.record_outcomes([DeliveryOutcome(result=result, destination="orders",
+                                                 created_at=envelope.created_at)])
+
+
+async def test_old_messages_already_delivered_are_found_and_fresh_ones_are_not_looked_up(
+        store: CountingStore) -> None:
+    check = DeliveredCheck(store, after_s=2.0)
+    delivered_old, undelivered_old, delivered_fresh = envelope(30), envelope(30), envelope(0)
+    for e in (delivered_old, delivered_fresh):
+        await deliver(store, e)
+
+    found = await check.already_delivered(SUB, [delivered_old, undelivered_old,
+                                                 delivered_fresh])
+    assert found == {delivered_old.message_id}
+    assert await check.already_delivered("orders/other", [delivered_old]) == set()
+    lookups = store.lookups
+    assert await check.already_delivered(SUB, [delivered_fresh, envelope(0.5)]) == set()
+    assert store.lookups == lookups, "fresh messages were looked up"
+
+
+async def test_while_mongodb_is_down_old_messages_are_pushed_without_waiting_on_each_batch(
+) -> None:
+    down = CountingStore(f"mongodb://{services.HOST}:{services.free_port()}", "nowhere",
+                         timeout_ms=300)
+    check = DeliveredCheck(down, after_s=2.0, timeout_s=1.0, pause_s=60.0)
+    try:
+        assert await check.already_delivered(SUB, [envelope(30)]) == set()
+        assert down.lookups == 1
+        for _ in range(5):  # the batches of a backlog during the outage
+            assert await check.already_delivered(SUB, [envelope(30)]) == set()
+        assert down.lookups == 1, "looked up again during the pause after a failure"
+    finally:
+        await down.close()
