@@ -15,6 +15,8 @@ from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, utcnow
 from msgbus.store import MongoStore
 
+pytestmark = pytest.mark.integration
+
 SUB = "orders/billing"
 
 
