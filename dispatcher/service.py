@@ -8,6 +8,8 @@ import logging
 import os
 import socket
 
+from pymongo.errors import PyMongoError
+
 from dispatcher.backlog import BacklogMonitor
 from dispatcher.redelivery import DeliveredCheck
 from dispatcher.supervisor import WorkerSupervisor
@@ -37,7 +39,8 @@ class DispatcherService:
         self.settings = settings
         self.instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
         self.store = MongoStore(conn.mongo_uri, conn.mongo_db)
-        self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
+        self.registry = Registry(self.store, refresh_s=conn.config_refresh_s,
+                                 snapshot=conn.state_dir / "dispatcher-config.json")
         trace_dir = settings.trace_dir or conn.state_dir / "dispatcher-trace"
         self.trace_buffer = LocalQueue(trace_dir, (TRACE_QUEUE,),
                                        max_bytes=TRACE_BUFFER_MAX_BYTES)
@@ -50,6 +53,7 @@ class DispatcherService:
         self.backlog = BacklogMonitor(self.store, self.supervisor.paused_partitions,
                                       interval_s=settings.backlog_interval_s)
         self.broker_health: BrokerHealthMonitor | None = None
+        self._indexes: asyncio.Task[None] | None = None
         if settings.broker_health_interval_s > 0:
             self.broker_health = BrokerHealthMonitor(
                 conn, self.subscriptions_by_broker, interval_s=settings.broker_health_interval_s,
@@ -65,7 +69,9 @@ class DispatcherService:
         return found
 
     async def start(self) -> None:
-        await self.store.ensure_indexes()
+        """Starts also while MongoDB is down: from the configuration the last run saved, with
+        outcomes waiting on local disk, and the indexes made once MongoDB answers."""
+        self._indexes = asyncio.create_task(self._ensure_indexes(), name="ensure-indexes")
         await self.sender.start()
         await self._write_leftover_trace()
         self.trace.start()
@@ -75,13 +81,25 @@ class DispatcherService:
         if self.broker_health is not None:
             self.broker_health.start()
 
+    async def _ensure_indexes(self) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await self.store.ensure_indexes()
+                return
+            except PyMongoError as exc:
+                log.warning("MongoDB indexes not ensured (%s); retrying in %.0f s",
+                            type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
     async def _write_leftover_trace(self) -> None:
         """A run killed with -9 leaves the outcomes it had not yet written to MongoDB on local
         disk, and the brokers hand its unacked messages out again. Those outcomes go first
         (bounded), so that `DeliveredCheck` finds the messages that run delivered."""
         left = self.trace.backlog()
-        if not left:
-            return
+        if not left or not await self.store.ping():
+            return  # MongoDB down: the drainer writes them once it is back
         log.info("writing %d outcomes left by the previous run before starting the workers",
                  left)
         try:
@@ -91,6 +109,10 @@ class DispatcherService:
                         "workers anyway", exc or type(exc).__name__)
 
     async def close(self) -> None:
+        if self._indexes is not None:
+            self._indexes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._indexes
         if self.broker_health is not None:
             await self.broker_health.close()
         await self.backlog.close()

@@ -3,6 +3,10 @@ refreshed from MongoDB.
 
 Services read configuration from here on their hot paths; a change made through the admin API
 reaches them within `refresh_s` (or at once for a destination the registry has not seen yet).
+
+With a `snapshot` path, every configuration loaded is also saved there (owner-only: it holds
+the subscriptions' signing secrets), and a service that starts while MongoDB is down serves
+the saved one until MongoDB answers: a dispatcher restarted during an outage keeps pushing.
 """
 
 from __future__ import annotations
@@ -10,10 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
-from pymongo.errors import PyMongoError
+import orjson
+from pydantic import ValidationError
+from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 
 from msgbus.errors import NotFound
 from msgbus.models import Destination, RuntimeConfig, Subscription
@@ -28,9 +37,11 @@ ChangeListener = Callable[[], Awaitable[None]]
 
 
 class Registry:
-    def __init__(self, store: MongoStore, *, refresh_s: float) -> None:
+    def __init__(self, store: MongoStore, *, refresh_s: float,
+                 snapshot: Path | None = None) -> None:
         self._store = store
         self._refresh_s = refresh_s
+        self._snapshot = snapshot
         self._destinations: dict[str, Destination] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._runtime = RuntimeConfig()
@@ -49,10 +60,14 @@ class Registry:
     async def start(self) -> None:
         """Loads the configuration; when MongoDB is down, starts empty and keeps trying."""
         try:
+            if self._snapshot is not None and not await self._store.ping():
+                # a quick answer instead of the driver's server selection timeout
+                raise ServerSelectionTimeoutError("MongoDB does not answer a ping")
             await self.reload()
         except PyMongoError as exc:
             log.warning("registry: MongoDB is unreachable (%s); retrying every %.1fs",
                         type(exc).__name__, self._refresh_s)
+            await self._load_snapshot()
         self._task = asyncio.create_task(self._refresh_loop(), name="registry-refresh")
 
     async def close(self) -> None:
@@ -71,9 +86,51 @@ class Registry:
                    or runtime != self._runtime)
         self._destinations, self._subscriptions = destinations, subscriptions
         self._runtime = runtime
+        if changed or (self._snapshot is not None and not self._snapshot.exists()):
+            self._save_snapshot()
         if changed:
             for listener in list(self._listeners):  # one may remove itself meanwhile
                 await listener()
+
+    def _save_snapshot(self) -> None:
+        if self._snapshot is None:
+            return
+        state = {"destinations": [d.model_dump(mode="json") for d in self.destinations()],
+                 "subscriptions": [s.model_dump(mode="json") for s in self.subscriptions()],
+                 "runtime": self._runtime.model_dump(mode="json")}
+        try:
+            self._snapshot.parent.mkdir(parents=True, exist_ok=True)
+            partial = self._snapshot.with_name(self._snapshot.name + ".partial")
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as file:
+                file.write(orjson.dumps(state))
+            partial.replace(self._snapshot)
+        except OSError as exc:  # the live configuration still works
+            log.warning("registry: cannot save the configuration to %s: %s", self._snapshot, exc)
+
+    async def _load_snapshot(self) -> None:
+        """The configuration saved by an earlier run, served until MongoDB answers."""
+        if self._snapshot is None or not self._snapshot.exists():
+            return
+        try:
+            state: dict[str, Any] = orjson.loads(self._snapshot.read_bytes())
+            destinations = [Destination.model_validate(d) for d in state["destinations"]]
+            subscriptions = [Subscription.model_validate(s) for s in state["subscriptions"]]
+            runtime = RuntimeConfig.model_validate(state["runtime"])
+        except (OSError, ValueError, KeyError, ValidationError) as exc:
+            log.warning("registry: the saved configuration %s is unusable: %s",
+                        self._snapshot, exc)
+            return
+        self._destinations = {d.code: d for d in destinations}
+        self._subscriptions = {}
+        for sub in subscriptions:
+            self._subscriptions.setdefault(sub.destination, []).append(sub)
+        self._runtime = runtime
+        log.warning("registry: serving the configuration saved at %s (%d destinations, %d "
+                    "subscriptions) until MongoDB answers", time.ctime(
+                        self._snapshot.stat().st_mtime), len(destinations), len(subscriptions))
+        for listener in list(self._listeners):
+            await listener()
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -95,11 +95,13 @@ class MongoStore:
         for collection, indexes in INDEXES.items():
             await self.db[collection].create_indexes(indexes)
 
-    async def ping(self) -> bool:
+    async def ping(self, timeout_s: float = 1.0) -> bool:
+        """Whether MongoDB answers within `timeout_s` (health checks must answer fast even
+        while it is down: server selection alone would wait for `timeout_ms`)."""
         try:
-            await self._client.admin.command("ping")
+            await asyncio.wait_for(self._client.admin.command("ping"), timeout_s)
             return True
-        except PyMongoError:
+        except (PyMongoError, TimeoutError):
             return False
 
     async def close(self) -> None:

@@ -158,15 +158,22 @@ class Outage:
 def test_mongodb_outage_during_load_loses_nothing(deployment: Deployment,
                                                   servers: Servers) -> None:
     """While MongoDB is down the receiver keeps answering 202 from its local buffer and the
-    dispatcher keeps pushing (its outcomes wait on local disk); both catch up afterwards."""
+    dispatcher keeps pushing (its outcomes wait on local disk); both catch up afterwards. A
+    dispatcher killed with -9 during the outage starts again from the configuration it saved
+    and goes on pushing."""
     phases = Phases()
     with deployment.logs_on_failure():
         load = _start_under_load(deployment, phases)
         with phases.phase("stop MongoDB"):
             servers.mongo.stop()
         outage = Outage("MongoDB was down", began=time.monotonic())
-        with phases.phase(f"MongoDB down for {MONGO_OUTAGE_S} s under load"):
-            _hold(load, MONGO_OUTAGE_S, "MongoDB down")
+        with phases.phase(f"MongoDB down for {MONGO_OUTAGE_S} s under load, the dispatcher "
+                          "killed (-9) and started again meanwhile"):
+            _hold(load, MONGO_OUTAGE_S / 4, "MongoDB down")
+            assert deployment.dispatcher is not None
+            deployment.dispatcher.kill9()
+            deployment.dispatcher.start()
+            _hold(load, outage.began + MONGO_OUTAGE_S - time.monotonic(), "MongoDB down")
         outage.end(deployment)
         with phases.phase("restart MongoDB"):
             servers.mongo.start()
