@@ -1,12 +1,17 @@
 """`DeliveredCheck`: keeps a subscriber from getting again what it already has.
 
 A broker hands a message out again after a dispatcher restart or a consumer rebalance (from the
-last committed offset, or every unacked RabbitMQ message), and a message that waited in a
-backlog longer than the compensator's sweep threshold has meanwhile been pushed by the
-compensator. Both are old by the time the dispatcher sees them, while in normal running a
-message reaches the dispatcher within a second. So only messages older than `after_s` are
-looked up in MongoDB, one query per received batch: normal running costs nothing, and a
-backlog costs one indexed read per batch.
+last committed offset, or every unacked RabbitMQ message), a receiver re-publishes what it had
+not forgotten when it was killed, and a message that waited in a backlog longer than the
+compensator's sweep threshold has meanwhile been pushed by the compensator.
+
+Two sources answer "delivered already?":
+- this process's memory of what it delivered (the newest `remember` deliveries, and at start
+  the delivered outcomes a killed predecessor left on local disk): it answers at once, also
+  while MongoDB is down or lags behind the trace, which is when redeliveries come;
+- MongoDB, for what another process delivered. Only messages older than `after_s` are looked
+  up there, one query per received batch: in normal running a message reaches the dispatcher
+  within a second, so that costs nothing, and a backlog costs one indexed read per batch.
 
 At-least-once stays: when MongoDB does not answer in time, the messages are pushed, and for
 the next `pause_s` no lookup is tried, so that a MongoDB outage does not hold every batch of a
@@ -18,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 
 from msgbus.metrics import REDELIVERIES_SKIPPED
 from msgbus.models import Envelope, utcnow
@@ -28,38 +34,67 @@ log = logging.getLogger(__name__)
 
 LOOKUP_TIMEOUT_S = 2.0
 PAUSE_AFTER_FAILURE_S = 10.0
+REMEMBERED = 200_000  # (subscription, message id) pairs, ~100 bytes each
 
 
 class DeliveredCheck:
     def __init__(self, store: MongoStore, *, after_s: float,
                  timeout_s: float = LOOKUP_TIMEOUT_S,
-                 pause_s: float = PAUSE_AFTER_FAILURE_S) -> None:
+                 pause_s: float = PAUSE_AFTER_FAILURE_S, remember: int = REMEMBERED) -> None:
         self._store = store
         self._after_s = after_s
         self._timeout_s = timeout_s
         self._pause_s = pause_s
         self._paused_until = 0.0  # monotonic; no lookups before, after a failed one
+        self._capacity = remember
+        self._delivered: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # a lookup that outlived its timeout runs on (cancelling a MongoDB call mid-flight
+        # costs its connection); none other starts meanwhile
+        self._lookup: asyncio.Task[set[str]] | None = None
+
+    def remember(self, delivered: Iterable[tuple[str, str]]) -> None:
+        """(subscription, message id) pairs this process delivered; the oldest are forgotten
+        beyond the capacity."""
+        for pair in delivered:
+            self._delivered[pair] = None
+        while len(self._delivered) > self._capacity:
+            self._delivered.popitem(last=False)
 
     async def already_delivered(self, subscription: str,
                                 envelopes: Sequence[Envelope]) -> set[str]:
-        """The message ids among `envelopes` that MongoDB marks delivered to `subscription`;
-        only old messages are looked up, and none when MongoDB does not answer in time."""
+        """The message ids among `envelopes` delivered to `subscription` already: as this
+        process remembers, or (only old ones, and none when MongoDB does not answer in time)
+        as MongoDB records."""
         now = utcnow()
-        old = [e.message_id for e in envelopes
-               if (now - (e.received_at or e.created_at)).total_seconds() >= self._after_s]
-        if not old or time.monotonic() < self._paused_until:
-            return set()
+        known = {e.message_id for e in envelopes
+                 if (subscription, e.message_id) in self._delivered}
+        if known:
+            REDELIVERIES_SKIPPED.labels(subscription).inc(len(known))
+            log.info("%s: %d messages handed out again were delivered by this process; not "
+                     "pushed again", subscription, len(known))
+        old = [e.message_id for e in envelopes if e.message_id not in known
+               and (now - (e.received_at or e.created_at)).total_seconds() >= self._after_s]
+        if (not old or time.monotonic() < self._paused_until
+                or (self._lookup is not None and not self._lookup.done())):
+            return known
+        self._lookup = asyncio.create_task(self._store.delivered_among(subscription, old))
+        self._lookup.add_done_callback(_retrieve_exception)
         try:
-            found = await asyncio.wait_for(self._store.delivered_among(subscription, old),
-                                           self._timeout_s)
+            found = await asyncio.wait_for(asyncio.shield(self._lookup), self._timeout_s)
         except Exception as exc:  # MongoDB down or slow: push them (at least once)
             self._paused_until = time.monotonic() + self._pause_s
-            log.warning("%s: cannot tell which old messages were delivered already (%s); "
-                        "pushing them, and not looking up for %.0f s", subscription,
-                        exc or type(exc).__name__, self._pause_s)
-            return set()
+            log.warning("%s: cannot tell which old messages were delivered already (%r); "
+                        "pushing them, and not looking up for %.0f s", subscription, exc,
+                        self._pause_s)
+            return known
         if found:
             REDELIVERIES_SKIPPED.labels(subscription).inc(len(found))
             log.info("%s: %d of %d old messages were delivered already; not pushed again",
                      subscription, len(found), len(old))
-        return found
+        return known | found
+
+
+def _retrieve_exception(task: asyncio.Task[set[str]]) -> None:
+    """A lookup left running after its timeout may fail later; nobody awaits it then."""
+    if not task.cancelled():
+        task.exception()

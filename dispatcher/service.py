@@ -11,7 +11,7 @@ import socket
 from pymongo.errors import PyMongoError
 
 from dispatcher.backlog import BacklogMonitor
-from dispatcher.redelivery import DeliveredCheck
+from dispatcher.redelivery import REMEMBERED, DeliveredCheck
 from dispatcher.supervisor import WorkerSupervisor
 from msgbus.brokerhealth import BrokerHealthMonitor
 from msgbus.delivery.sender import make_sender
@@ -95,10 +95,15 @@ class DispatcherService:
 
     async def _write_leftover_trace(self) -> None:
         """A run killed with -9 leaves the outcomes it had not yet written to MongoDB on local
-        disk, and the brokers hand its unacked messages out again. Those outcomes go first
-        (bounded), so that `DeliveredCheck` finds the messages that run delivered."""
+        disk, and the brokers hand its unacked messages out again. `DeliveredCheck` learns
+        the delivered ones from there, and they are written first (bounded), so that MongoDB
+        shows them too."""
         left = self.trace.backlog()
-        if not left or not await self.store.ping():
+        if not left:
+            return
+        self.delivered.remember((o.result.subscription, o.result.message_id)
+                                for o in self.trace.waiting(REMEMBERED) if o.result.ok)
+        if not await self.store.ping():
             return  # MongoDB down: the drainer writes them once it is back
         log.info("writing %d outcomes left by the previous run before starting the workers",
                  left)

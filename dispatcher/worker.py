@@ -275,6 +275,8 @@ class SubscriptionWorker:
         while True:
             try:
                 await self._trace.record(outcomes)
+                self._delivered.remember((self.subscription.id, o.result.message_id)
+                                         for o in outcomes if o.result.ok)
                 return
             except Exception:
                 log.exception("%s: recording an outcome failed; retrying",

@@ -65,6 +65,10 @@ class TraceWriter:
     def backlog(self) -> int:
         return self._buffer.depth(QUEUE)
 
+    def waiting(self, limit: int) -> list[DeliveryOutcome]:
+        """Up to `limit` of the oldest outcomes not yet written to MongoDB."""
+        return [decode_outcome(value) for _, value in self._buffer.read(QUEUE, limit)]
+
     async def flush(self) -> None:
         while await self._drainer.drain_once():
             pass

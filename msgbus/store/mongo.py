@@ -64,6 +64,12 @@ INDEXES: dict[str, list[IndexModel]] = {
 }
 
 
+def _retrieve_exception(task: asyncio.Task[Any]) -> None:
+    """A call left running after its caller stopped waiting may fail later, unobserved."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _raise_unless_duplicates(exc: BulkWriteError) -> None:
     """Duplicate keys are expected (re-sends, races with upserts); anything else is an error."""
     others = [e for e in exc.details.get("writeErrors", []) if e.get("code") != _DUPLICATE_KEY]
@@ -90,6 +96,7 @@ class MongoStore:
         self.subscriptions = self.db["subscriptions"]
         self.apps = self.db["apps"]
         self.runtime = self.db["runtime"]
+        self._ping: asyncio.Task[Any] | None = None
 
     async def ensure_indexes(self) -> None:
         for collection, indexes in INDEXES.items():
@@ -97,14 +104,21 @@ class MongoStore:
 
     async def ping(self, timeout_s: float = 1.0) -> bool:
         """Whether MongoDB answers within `timeout_s` (health checks must answer fast even
-        while it is down: server selection alone would wait for `timeout_ms`)."""
+        while it is down: server selection alone would wait for `timeout_ms`). A ping that
+        takes longer is not cancelled (that would cost its connection): the next calls wait
+        for the same one."""
+        if self._ping is None or self._ping.done():
+            self._ping = asyncio.create_task(self._client.admin.command("ping"))
+            self._ping.add_done_callback(_retrieve_exception)
         try:
-            await asyncio.wait_for(self._client.admin.command("ping"), timeout_s)
+            await asyncio.wait_for(asyncio.shield(self._ping), timeout_s)
             return True
         except (PyMongoError, TimeoutError):
             return False
 
     async def close(self) -> None:
+        if self._ping is not None:
+            self._ping.cancel()
         await self._client.close()
 
     # --- configuration -------------------------------------------------------------------

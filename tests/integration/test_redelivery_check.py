@@ -80,3 +80,21 @@ async def test_while_mongodb_is_down_old_messages_are_pushed_without_waiting_on_
         assert down.lookups == 1, "looked up again during the pause after a failure"
     finally:
         await down.close()
+
+
+async def test_what_this_process_delivered_is_known_at_once_even_while_mongodb_is_down(
+) -> None:
+    down = CountingStore(f"mongodb://{services.HOST}:{services.free_port()}", "nowhere",
+                         timeout_ms=300)
+    check = DeliveredCheck(down, after_s=2.0, remember=2)
+    first, second, third = envelope(0.1), envelope(30), envelope(30)
+    try:
+        check.remember([(SUB, first.message_id), (SUB, second.message_id)])
+        assert await check.already_delivered(SUB, [first, second]) == {
+            first.message_id, second.message_id}
+        assert await check.already_delivered("orders/other", [first]) == set()
+        assert down.lookups == 0, "MongoDB was asked what this process knew"
+        check.remember([(SUB, third.message_id)])  # over the capacity: the oldest is forgotten
+        assert await check.already_delivered(SUB, [first, third]) == {third.message_id}
+    finally:
+        await down.close()
