@@ -34,10 +34,15 @@ RATE_PER_S = 150.0
 QUIET_TIMEOUT_S = 180.0
 RECORD_TIMEOUT_S = 10.0
 MAX_DUPLICATE_RATE = 0.01
-# Met since the dispatcher skips what a broker hands out again that MongoDB marks delivered
-# (dispatcher/redelivery.py): 0.004-0.04 % in 90 s runs, where 2-30 % had been seen before. A
-# miss fails the test; set this to False to report a miss as xfail with the figures instead.
-DUPLICATES_GOAL_IS_MET = True
+# Met in most runs since the dispatcher skips what a broker hands out again that it delivered
+# itself or that MongoDB marks delivered (dispatcher/redelivery.py): 0.004-0.04 % in 90 s runs
+# and 0-0.21 % in 55 s ones, where 2-47 % had been seen before. Not yet in every one: seed
+# 398691 (MongoDB, RabbitMQ and tansu down together, then the receiver and the dispatcher
+# killed) gave 4.9 %, then 0.99 % once the dispatcher remembered its own deliveries (what
+# remains is not analysed yet; likely redeliveries of what the killed run had already written
+# to MongoDB, while lookups time out against a SecantusDB catching up). So a miss marks the
+# test xfail, with the figures; a loss always fails it. True turns a miss into a failure.
+DUPLICATES_GOAL_IS_MET = False
 
 
 @pytest.mark.timeout(600)  # ~110 s when the bus recovers promptly, up to ~4 min when not
