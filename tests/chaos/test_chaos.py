@@ -34,14 +34,13 @@ RATE_PER_S = 150.0
 QUIET_TIMEOUT_S = 180.0
 RECORD_TIMEOUT_S = 10.0
 MAX_DUPLICATE_RATE = 0.01
-# Met in most runs since the dispatcher skips what a broker hands out again that it delivered
-# itself or that MongoDB marks delivered (dispatcher/redelivery.py): 0.004-0.04 % in 90 s runs
-# and 0-0.21 % in 55 s ones, where 2-47 % had been seen before. Not yet in every one: seed
-# 398691 (MongoDB, RabbitMQ and tansu down together, then the receiver and the dispatcher
-# killed) gave 4.9 %, then 0.99 % once the dispatcher remembered its own deliveries (what
-# remains is not analysed yet; likely redeliveries of what the killed run had already written
-# to MongoDB, while lookups time out against a SecantusDB catching up). So a miss marks the
-# test xfail, with the figures; a loss always fails it. True turns a miss into a failure.
+# Met in every run of the final code so far: the dispatcher skips what a broker hands out again
+# that it delivered itself or that MongoDB marks delivered (dispatcher/redelivery.py). 90 s
+# runs gave 0.07-0.12 %, 55 s ones 0-0.4 %, where 2-47 % had been seen before. The margin is
+# thin where MongoDB, RabbitMQ and tansu go down together and the receiver and the dispatcher
+# are killed after (seed 398691: 4.9 % before the dispatcher remembered its own deliveries,
+# 0.99 % and 0.40 % after). So a miss marks the test xfail, with the figures; a loss always
+# fails it. True turns a miss into a failure.
 DUPLICATES_GOAL_IS_MET = False
 
 
