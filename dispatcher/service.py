@@ -110,8 +110,8 @@ class DispatcherService:
         try:
             await asyncio.wait_for(self.trace.flush(), LEFTOVER_TRACE_WAIT_S)
         except Exception as exc:  # MongoDB slow or down: the drainer goes on with the rest
-            log.warning("the previous run's outcomes are not all written (%s); starting the "
-                        "workers anyway", exc or type(exc).__name__)
+            log.warning("the previous run's outcomes are not all written (%r); starting the "
+                        "workers anyway", exc)
 
     async def close(self) -> None:
         if self._indexes is not None:
