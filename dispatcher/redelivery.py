@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from msgbus.metrics import REDELIVERIES_SKIPPED
 from msgbus.models import Envelope, utcnow
 from msgbus.store import MongoStore
+from msgbus.tasks import run_on
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,7 @@ class DeliveredCheck:
         if (not old or time.monotonic() < self._paused_until
                 or (self._lookup is not None and not self._lookup.done())):
             return known
-        self._lookup = asyncio.create_task(self._store.delivered_among(subscription, old))
-        self._lookup.add_done_callback(_retrieve_exception)
+        self._lookup = run_on(self._store.delivered_among(subscription, old))
         try:
             found = await asyncio.wait_for(asyncio.shield(self._lookup), self._timeout_s)
         except Exception as exc:  # MongoDB down or slow: push them (at least once)
@@ -93,8 +93,3 @@ class DeliveredCheck:
                      subscription, len(found), len(old))
         return known | found
 
-
-def _retrieve_exception(task: asyncio.Task[set[str]]) -> None:
-    """A lookup left running after its timeout may fail later; nobody awaits it then."""
-    if not task.cancelled():
-        task.exception()

@@ -70,8 +70,9 @@ SKIPPED = Counter(
     ["subscription"])
 REDELIVERIES_SKIPPED = Counter(
     "msgbus_redeliveries_skipped_total",
-    "Messages a broker handed out again (or the compensator pushed meanwhile) that MongoDB "
-    "already marks delivered to the subscription: not pushed again", ["subscription"])
+    "Messages a broker handed out again (or the compensator pushed meanwhile) that the "
+    "dispatcher delivered itself or that MongoDB marks delivered: not pushed again",
+    ["subscription"])
 SLOT_WAIT = Histogram(
     "msgbus_push_slot_wait_seconds",
     "Time a message waited for one of its subscription's concurrency slots (semaphore)",

@@ -77,20 +77,30 @@ class Registry:
                 await self._task
 
     async def reload(self) -> None:
-        destinations = {d.code: d for d in await self._store.list_destinations()}
-        subscriptions: dict[str, list[Subscription]] = {}
-        for sub in await self._store.list_subscriptions():
-            subscriptions.setdefault(sub.destination, []).append(sub)
-        runtime = await self._store.get_runtime()
-        changed = (destinations != self._destinations or subscriptions != self._subscriptions
-                   or runtime != self._runtime)
-        self._destinations, self._subscriptions = destinations, subscriptions
-        self._runtime = runtime
+        destinations = await self._store.list_destinations()
+        subscriptions = await self._store.list_subscriptions()
+        changed = self._apply(destinations, subscriptions, await self._store.get_runtime())
         if changed or (self._snapshot is not None and not self._snapshot.exists()):
             self._save_snapshot()
         if changed:
-            for listener in list(self._listeners):  # one may remove itself meanwhile
-                await listener()
+            await self._notify()
+
+    def _apply(self, destinations: list[Destination], subscriptions: list[Subscription],
+               runtime: RuntimeConfig) -> bool:
+        """Serve this configuration from now on; returns whether it differs."""
+        by_code = {d.code: d for d in destinations}
+        by_destination: dict[str, list[Subscription]] = {}
+        for sub in subscriptions:
+            by_destination.setdefault(sub.destination, []).append(sub)
+        changed = (by_code != self._destinations or by_destination != self._subscriptions
+                   or runtime != self._runtime)
+        self._destinations, self._subscriptions = by_code, by_destination
+        self._runtime = runtime
+        return changed
+
+    async def _notify(self) -> None:
+        for listener in list(self._listeners):  # one may remove itself meanwhile
+            await listener()
 
     def _save_snapshot(self) -> None:
         if self._snapshot is None:
@@ -121,16 +131,11 @@ class Registry:
             log.warning("registry: the saved configuration %s is unusable: %s",
                         self._snapshot, exc)
             return
-        self._destinations = {d.code: d for d in destinations}
-        self._subscriptions = {}
-        for sub in subscriptions:
-            self._subscriptions.setdefault(sub.destination, []).append(sub)
-        self._runtime = runtime
         log.warning("registry: serving the configuration saved at %s (%d destinations, %d "
                     "subscriptions) until MongoDB answers", time.ctime(
                         self._snapshot.stat().st_mtime), len(destinations), len(subscriptions))
-        for listener in list(self._listeners):
-            await listener()
+        if self._apply(destinations, subscriptions, runtime):
+            await self._notify()
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -30,6 +30,7 @@ from msgbus.models import (
     utcnow,
 )
 from msgbus.store import documents as docs
+from msgbus.tasks import run_on
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,6 @@ INDEXES: dict[str, list[IndexModel]] = {
     "subscriptions": [IndexModel([("destination", ASCENDING)])],
     "apps": [IndexModel([("key_hashes", ASCENDING)])],
 }
-
-
-def _retrieve_exception(task: asyncio.Task[Any]) -> None:
-    """A call left running after its caller stopped waiting may fail later, unobserved."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _raise_unless_duplicates(exc: BulkWriteError) -> None:
@@ -108,8 +103,7 @@ class MongoStore:
         takes longer is not cancelled (that would cost its connection): the next calls wait
         for the same one."""
         if self._ping is None or self._ping.done():
-            self._ping = asyncio.create_task(self._client.admin.command("ping"))
-            self._ping.add_done_callback(_retrieve_exception)
+            self._ping = run_on(self._client.admin.command("ping"))
         try:
             await asyncio.wait_for(asyncio.shield(self._ping), timeout_s)
             return True
