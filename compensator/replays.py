@@ -19,6 +19,7 @@ from typing import Any
 from msgbus.delivery.attempt import outcome_of, push_through
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.sender import Sender
+from msgbus.errors import NotFound
 from msgbus.metrics import REPLAY_DONE, REPLAY_PLANNED
 from msgbus.models import DeliveryOutcome, Envelope, ReplaySpec, ReplayState, Subscription
 from msgbus.ratelimit import TokenBucket
@@ -103,8 +104,7 @@ class ReplayJobRun:
     async def run(self) -> None:
         log.info("replay %s: running from %s", self.job_id, self.position or "the start")
         while not self._closing.is_set():
-            subs = {sid: self._registry.subscription(sid) for sid in self.sub_ids}
-            live = {sid: s for sid, s in subs.items() if s is not None}
+            live = await self._live_subscriptions()
             page = await self._jobs.message_page(self.spec, self.position,
                                                    self._page_size(list(live.values())))
             if not page:
@@ -134,6 +134,20 @@ class ReplayJobRun:
                 if state is not None:
                     await self._jobs.release(self.job_id, self._owner)
                 return
+
+    async def _live_subscriptions(self) -> dict[str, Subscription]:
+        """The job's subscriptions that still exist. One this compensator's registry does not
+        know yet (created within a refresh) is read from MongoDB: only one MongoDB does not
+        have either is gone, else its pushes would be counted done without being made."""
+        live: dict[str, Subscription] = {}
+        for sid in self.sub_ids:
+            sub = self._registry.subscription(sid)
+            if sub is None:
+                with contextlib.suppress(NotFound):
+                    sub = await self._store.get_subscription(sid)
+            if sub is not None:
+                live[sid] = sub
+        return live
 
     def _page_size(self, subs: list[Subscription]) -> int:
         """About a second of pushes at the job's rate, and no more than four rounds of the
