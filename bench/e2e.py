@@ -201,11 +201,19 @@ class E2EBench:
                                                             f"{self.s.run_id}-{fig.run}")
         self.s.wait_quiet(f"run {fig.run} isolation pre-load", self.args.timeout * 2)
         for neighbours in (False, True) if fig.run % 2 else (True, False):
+            cpu0 = self.s.stack_cpu_s()
             self.dispatch.isolation(figures, mixed if neighbours else alone,
                                     neighbours=neighbours)
+            cpu1 = self.s.stack_cpu_s()
+            fig.isolation_cpu["with neighbours" if neighbours else "alone"] = {
+                role: (cpu1[role] - cpu0[role]) * 1000 / self.args.iso_messages
+                for role in cpu0}
             self.s.wait_quiet(f"run {fig.run} isolation", self.args.timeout)
         fig.alone_per_s = figures.alone_pushes_per_s
         fig.with_neighbours_per_s = figures.with_neighbours_pushes_per_s
+        fig.neighbour_pushes_per_s = {"B (timeouts)": figures.neighbour_b_per_s,
+                                      "C (500s)": figures.neighbour_c_per_s,
+                                      "D (300 ms)": figures.neighbour_d_per_s}
         fig.problems += figures.problems
 
     @staticmethod
@@ -232,6 +240,13 @@ class E2EBench:
         return fig
 
 
+def _setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.startswith("MSGBUS_"):
+        raise argparse.ArgumentTypeError(f"expected MSGBUS_NAME=VALUE, got {text!r}")
+    return name, value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -252,6 +267,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the dispatcher's MSGBUS_DISPATCHER_KAFKA_FETCH_WAIT_MS (product "
                              "default 500): tansu, unlike Apache Kafka, answers a fetch only "
                              "when this much time has passed, so it sets the latency here")
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        metavar="MSGBUS_NAME=VALUE", type=_setting,
+                        help="a setting for every bus process (repeatable), e.g. "
+                             "MSGBUS_RECEIVER_DRAIN_NICE=0")
     parser.add_argument("--plot", type=Path, default=DEFAULT_PLOT,
                         help=f"PNG of latency over time (default {DEFAULT_PLOT})")
     parser.add_argument("--quick", action="store_true",
@@ -281,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(tempfile.mkdtemp(prefix="msgbus-e2e-bench-"))
             exits.callback(shutil.rmtree, workdir, ignore_errors=True)
             stack = DispatchStack(workdir, exits, full=True, settings={
-                "MSGBUS_DISPATCHER_KAFKA_FETCH_WAIT_MS": str(args.kafka_fetch_wait_ms)})
+                "MSGBUS_DISPATCHER_KAFKA_FETCH_WAIT_MS": str(args.kafka_fetch_wait_ms),
+                **dict(args.settings)})
             stack.start()
             bench = E2EBench(args, stack)
             for run in range(1, args.runs + 1):

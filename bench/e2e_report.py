@@ -43,6 +43,9 @@ class E2ERun:
     stages_p50_ms: dict[str, float] = field(default_factory=dict)
     alone_per_s: float = math.nan
     with_neighbours_per_s: float = math.nan
+    # CPU ms per message of A of each process in the isolation phases, by phase
+    isolation_cpu: dict[str, dict[str, float]] = field(default_factory=dict)
+    neighbour_pushes_per_s: dict[str, float] = field(default_factory=dict)  # B, C, D meanwhile
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -90,7 +93,12 @@ class E2ERun:
             + ", ".join(f"{name} {ms:.1f} ms" for name, ms in self.stages_p50_ms.items()))
         lines.append(f"run {self.run}  isolation: A alone {self.alone_per_s:,.0f}/s, with "
                      f"broken and slow neighbours {self.with_neighbours_per_s:,.0f}/s, ratio "
-                     f"{self.isolation_ratio:.3f}")
+                     f"{self.isolation_ratio:.3f} (meanwhile pushes/s: "
+                     + ", ".join(f"{k} {v:,.1f}" for k, v in self.neighbour_pushes_per_s.items())
+                     + ")")
+        lines += [f"run {self.run}  isolation, A {phase}: CPU ms per message of A: "
+                  + ", ".join(f"{role} {ms:.2f}" for role, ms in cores.items())
+                  for phase, cores in self.isolation_cpu.items()]
         return lines + [f"run {self.run}  PROBLEM: {p}" for p in self.problems]
 
 

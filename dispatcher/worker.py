@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dispatcher.redelivery import DeliveredCheck
-from msgbus.brokers.base import SubscriptionConsumer
+from msgbus.brokers.base import Received, SubscriptionConsumer
 from msgbus.delivery.attempt import outcome_of, push_through
 from msgbus.delivery.filters import matches
 from msgbus.delivery.limiter import SubscriptionLimiter
@@ -136,24 +136,50 @@ class SubscriptionWorker:
                 await asyncio.sleep(delay)
 
     async def _consume_loop(self, consumer: SubscriptionConsumer) -> None:
+        """Takes batches from the broker and asks which were delivered already, one batch
+        ahead of `_admit_checked`: a slow lookup (MongoDB busy writing traces) then overlaps
+        the pushes of the batch before it instead of stopping them."""
         await self._start_consumer(consumer)
-        while True:
-            try:
-                batch = await consumer.receive(RECEIVE_BATCH, RECEIVE_WAIT_S)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("%s: receive failed; retrying", self.subscription.id)
-                await asyncio.sleep(1.0)
-                continue
-            done = await self._delivered.already_delivered(
-                self.subscription.id, [r.envelope for r in batch])
-            for received in batch:
-                if received.envelope.message_id in done or not is_for(self.subscription,
-                                                                       received.envelope):
-                    consumer.ack(received)
+        checked: asyncio.Queue[tuple[list[Received], set[str]]] = asyncio.Queue(maxsize=1)
+        admitter = asyncio.create_task(self._admit_checked(consumer, checked),
+                                       name=f"admit-{self.subscription.id}")
+        try:
+            while True:
+                try:
+                    batch = await consumer.receive(RECEIVE_BATCH, RECEIVE_WAIT_S)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("%s: receive failed; retrying", self.subscription.id)
+                    await asyncio.sleep(1.0)
                     continue
-                await self._admit(received.envelope, functools.partial(consumer.ack, received))
+                if batch:
+                    done = await self._delivered.already_delivered(
+                        self.subscription.id, [r.envelope for r in batch])
+                    await checked.put((batch, done))
+        finally:
+            # batches not admitted yet stay unacked: the broker hands them out again
+            admitter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await admitter
+
+    async def _admit_checked(
+        self, consumer: SubscriptionConsumer,
+        checked: asyncio.Queue[tuple[list[Received], set[str]]],
+    ) -> None:
+        while True:
+            batch, done = await checked.get()
+            try:
+                for received in batch:
+                    if received.envelope.message_id in done or not is_for(
+                            self.subscription, received.envelope):
+                        consumer.ack(received)
+                        continue
+                    await self._admit(received.envelope,
+                                      functools.partial(consumer.ack, received))
+            except Exception:  # never die silently: the consume loop would wait forever
+                log.exception("%s: admitting a batch failed; its rest stays unacked",
+                              self.subscription.id)
 
     async def _direct_loop(self) -> None:
         while True:
