@@ -9,7 +9,8 @@ Everything runs on 127.0.0.1: SecantusDB, one recording subscriber process and
 `--compensators` `msgbus compensator` processes, all stopped by PID at the end (also on Ctrl-C,
 SIGTERM or an error).
 
-1. claims (per run): `--retries` messages with a failed delivery due now, spread over
+1. claims (per run): `--retries` messages with a failed delivery due (their retries fell due
+   over the last retries/1000 seconds, as after an outage at 1,000 failures/s), spread over
    `--subscriptions` paused subscriptions (max_concurrency 64) of one destination, are written
    straight into MongoDB; then the subscriptions are resumed. claims_per_s = retries ÷ the
    time from the resume until every delivery is recorded delivered (so it includes each
@@ -61,6 +62,9 @@ from msgbus.store.claims import DeliveryClaims
 
 HOST = "127.0.0.1"
 INSERT_CHUNK = 5000
+# the backlog's failures happened at this rate, so their retries fell due spread over time
+# (a subscriber that was down while messages kept coming), the oldest first
+FAILED_PER_S = 1000
 SWEEP_TIMINGS = 3
 
 
@@ -151,10 +155,12 @@ class CompensatorBench:
             sub_of = [subs[n % len(subs)].id for n in range(lo, hi)]
             await store.messages.insert_many(
                 [docs.message_doc(e, [s]) for e, s in zip(envelopes, sub_of, strict=True)])
+            due_at = [now - timedelta(seconds=(self.args.retries - n) / FAILED_PER_S)
+                      for n in range(lo, hi)]
             await store.deliveries.insert_many([
                 docs.pending_delivery_doc(e, s, now) | {
-                    "status": "failed", "next_attempt_at": now, "attempts": 1}
-                for e, s in zip(envelopes, sub_of, strict=True)])
+                    "status": "failed", "next_attempt_at": at, "attempts": 1}
+                for e, s, at in zip(envelopes, sub_of, due_at, strict=True)])
             say(f"run {run}: {hi:,}/{self.args.retries:,} due retries written")
         return subs
 

@@ -4,8 +4,8 @@ leases, sweeping deliveries left pending, parking and re-driving.
 A claim is a lease: `next_attempt_at` moves to the lease's end and `lease` holds a token of the
 claim. Nobody else claims the delivery until then; if the claimer dies, the delivery simply
 becomes due again when the lease ends. Claiming is three indexed, batched round trips (find the
-due ids, update those still due, read back the ones this claim won), never one
-`find_one_and_update` per delivery: the MongoDB-compatible test server scans the whole
+due ids in time windows (`DueScan`), update those still due, read back the ones this claim won),
+never one `find_one_and_update` per delivery: the MongoDB-compatible test server scans the whole
 collection for each of those.
 """
 
@@ -20,6 +20,7 @@ from pymongo import ASCENDING, UpdateOne
 
 from msgbus.models import DeliveryStatus, Envelope, utcnow
 from msgbus.store import documents as docs
+from msgbus.store.duescan import DueScan
 from msgbus.store.mongo import MongoStore
 
 _CLAIM_FIELDS = {"message_id": 1, "subscription": 1, "attempts": 1, "attempt_base": 1,
@@ -54,6 +55,7 @@ class DeliveryClaims:
     def __init__(self, store: MongoStore, owner: str) -> None:
         self._deliveries = store.deliveries
         self._messages = store.messages
+        self._due = DueScan(store.deliveries)
         self.owner = owner
 
     async def claim_due(self, subscription: str, limit: int,
@@ -61,10 +63,7 @@ class DeliveryClaims:
         """Up to `limit` failed deliveries of `subscription` whose next attempt is due, oldest
         due first, leased to this owner for `lease_s`."""
         now = utcnow()
-        due = {"subscription": subscription, "status": DeliveryStatus.FAILED.value,
-               "next_attempt_at": {"$lte": now}}
-        cursor = self._deliveries.find(due, {"_id": 1}).sort("next_attempt_at", ASCENDING)
-        ids = [d["_id"] async for d in cursor.limit(limit)]
+        ids = await self._due.due_ids(subscription, now, limit)
         if not ids:
             return []
         token = f"{self.owner}:{secrets.token_hex(8)}"

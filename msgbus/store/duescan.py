@@ -1,0 +1,109 @@
+"""`DueScan`: the failed deliveries of a subscription whose next attempt is due, oldest due
+first, read in time windows instead of one query over everything due.
+
+Why: on the MongoDB-compatible test server an index range scan does not stop at the query's
+limit (IXSCAN -> FETCH, the limit applied last), so `due now, oldest first, limit 256` reads
+every due entry: ~30 µs of server CPU each, 0.13 s per claim with 5,000 due and 0.5 s with
+20,000 (`python -m bench.compensator`). A window `floor <= next_attempt_at < floor + width`
+reads only what lies in it, so a claim costs what it takes.
+
+The floor is the time below which nothing is due. A full scan finds it (the oldest due entry)
+once per `rescan_s`; in between, the floor moves up over windows found empty. Every writer sets
+`next_attempt_at` to its own "now" or later (a failure's backoff, a lease, a release, a sweep,
+a re-drive), so nothing lands below a floor that stays `margin_s` behind the clock, with two
+exceptions that the periodic full scan catches: clocks further apart than the margin, and a
+failure recorded later than the margin after it happened (a dispatcher's trace held back while
+MongoDB was down). Such a retry is then at most `rescan_s` late; none is lost.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pymongo import ASCENDING
+from pymongo.asynchronous.collection import AsyncCollection
+
+from msgbus.models import DeliveryStatus
+
+FIRST_WINDOW_S = 1.0
+MIN_WINDOW_S = 0.001
+MARGIN_S = 60.0
+RESCAN_S = 60.0
+
+
+@dataclass(slots=True)
+class _Floor:
+    at: datetime  # nothing of the subscription is due before this
+    scanned_at: float  # monotonic time of the full scan it descends from
+    window_s: float  # the width of the first window of the next scan
+
+
+class DueScan:
+    def __init__(self, deliveries: AsyncCollection[dict[str, Any]], *,
+                 margin_s: float = MARGIN_S, rescan_s: float = RESCAN_S) -> None:
+        self._deliveries = deliveries
+        self._margin = timedelta(seconds=margin_s)
+        self._rescan_s = rescan_s
+        self._floors: dict[str, _Floor] = {}
+
+    def forget(self, subscription: str) -> None:
+        """The next scan starts with a full one (e.g. after a re-drive made old entries due)."""
+        self._floors.pop(subscription, None)
+
+    async def due_ids(self, subscription: str, now: datetime, limit: int) -> list[str]:
+        """Up to `limit` ids of due failed deliveries of `subscription`, oldest due first."""
+        floor = await self._floor(subscription, now)
+        if floor is None:
+            return []
+        ids: list[str] = []
+        lo, width_s = floor.at, floor.window_s
+        verified = floor.at  # nothing is due below this: the windows up to here were empty
+        while len(ids) < limit:
+            hi = min(lo + timedelta(seconds=width_s), now)
+            wanted = limit - len(ids)
+            found = await self._window(subscription, lo, hi, last=hi >= now, limit=wanted)
+            if not found and verified == lo:
+                verified = hi
+            ids += found
+            if len(found) == wanted:  # dense: the next scan starts narrower
+                floor.window_s = max(MIN_WINDOW_S, width_s / 4)
+            if hi >= now:
+                break
+            if not found:
+                width_s *= 4  # sparse: widen, so a long quiet stretch costs a few queries
+            lo = hi
+        floor.at = max(floor.at, min(verified, now - self._margin))
+        if not ids:  # idle: next time one query from the floor to the clock
+            floor.window_s = (now - floor.at).total_seconds() + self._margin.total_seconds()
+        return ids
+
+    async def _window(self, subscription: str, lo: datetime, hi: datetime, *, last: bool,
+                      limit: int) -> list[str]:
+        upper = "$lte" if last else "$lt"  # windows are half-open; the last one ends at now
+        query = {"subscription": subscription, "status": DeliveryStatus.FAILED.value,
+                 "next_attempt_at": {"$gte": lo, upper: hi}}
+        cursor = self._deliveries.find(query, {"_id": 1}).sort("next_attempt_at", ASCENDING)
+        return [d["_id"] async for d in cursor.limit(limit)]
+
+    async def _floor(self, subscription: str, now: datetime) -> _Floor | None:
+        """The subscription's floor, from a full scan when the last is `rescan_s` old; None
+        when that scan found nothing due."""
+        known = self._floors.get(subscription)
+        if known is not None and time.monotonic() - known.scanned_at < self._rescan_s:
+            return known
+        oldest = await self._deliveries.find_one(
+            {"subscription": subscription, "status": DeliveryStatus.FAILED.value,
+             "next_attempt_at": {"$lte": now}},
+            {"next_attempt_at": 1}, sort=[("next_attempt_at", ASCENDING)])
+        at = now - self._margin
+        if oldest is not None:
+            at = min(at, oldest["next_attempt_at"])
+        # nothing due: the next scans are one query each, from the floor to the clock
+        window_s = (known.window_s if known else FIRST_WINDOW_S) if oldest is not None else (
+            2 * self._margin.total_seconds())
+        floor = _Floor(at, time.monotonic(), window_s)
+        self._floors[subscription] = floor
+        return None if oldest is None else floor

@@ -1,0 +1,114 @@
+"""`DueScan` on a real MongoDB-protocol server: due retries come oldest first and each exactly
+once over many claims, what is not due (or not failed, or another subscription's) never comes,
+and a retry written below the floor (a failure recorded late) is found by the next full scan."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from msgbus.ids import uuid7
+from msgbus.models import DeliveryStatus, utcnow
+from msgbus.store import MongoStore
+from msgbus.store.duescan import DueScan
+
+pytestmark = pytest.mark.integration
+
+SUB = "orders/billing"
+
+
+@pytest.fixture
+async def store(mongo_uri: str, mongo_db_name: str) -> AsyncIterator[MongoStore]:
+    s = MongoStore(mongo_uri, mongo_db_name)
+    await s.ensure_indexes()
+    yield s
+    await s.close()
+
+
+def delivery(next_attempt_at: datetime, *, sub: str = SUB,
+             status: DeliveryStatus = DeliveryStatus.FAILED) -> dict[str, Any]:
+    message_id = uuid7()
+    return {"_id": f"{message_id}|{sub}", "message_id": message_id, "subscription": sub,
+            "status": status.value, "next_attempt_at": next_attempt_at, "created_at": utcnow()}
+
+
+async def lease(store: MongoStore, ids: list[str]) -> None:
+    await store.deliveries.update_many(
+        {"_id": {"$in": ids}}, {"$set": {"next_attempt_at": utcnow() + timedelta(hours=1)}})
+
+
+async def claim_all(store: MongoStore, scan: DueScan, batch: int) -> list[str]:
+    """Claims like the compensator: take a batch, lease it (out of the due range), again."""
+    taken: list[str] = []
+    while ids := await scan.due_ids(SUB, utcnow(), batch):
+        taken += ids
+        await lease(store, ids)
+    return taken
+
+
+async def test_due_retries_come_oldest_first_each_once(store: MongoStore) -> None:
+    now = utcnow()
+    # dense and sparse stretches over the last two hours, plus what must never come
+    ages_s = ([random.uniform(0, 7200) for _ in range(150)]
+              + [3000 + random.uniform(0, 0.05) for _ in range(120)])
+    due = [delivery(now - timedelta(seconds=age)) for age in ages_s]
+    others = [delivery(now + timedelta(minutes=5)),
+              delivery(now - timedelta(seconds=5), sub="orders/other"),
+              delivery(now - timedelta(seconds=5), status=DeliveryStatus.PARKED),
+              delivery(now - timedelta(seconds=5), status=DeliveryStatus.DELIVERED)]
+    await store.deliveries.insert_many(due + others)
+
+    scan = DueScan(store.deliveries)
+    first = await scan.due_ids(SUB, utcnow(), 40)
+    oldest = sorted(due, key=lambda d: d["next_attempt_at"])
+    assert first == [d["_id"] for d in oldest[:40]], "the oldest due come first, in order"
+    await lease(store, first)
+
+    taken = first + await claim_all(store, scan, 40)
+    assert len(taken) == len(set(taken)), "a due retry was handed out twice"
+    assert set(taken) == {d["_id"] for d in due}, "every due retry, and nothing else"
+
+
+async def test_a_retry_recorded_below_the_floor_is_found_by_the_next_full_scan(
+        store: MongoStore) -> None:
+    scan = DueScan(store.deliveries, margin_s=1.0, rescan_s=0.5)
+    recent = delivery(utcnow() - timedelta(seconds=2))
+    await store.deliveries.insert_one(recent)
+    assert await claim_all(store, scan, 10) == [recent["_id"]]
+
+    # a dispatcher's trace held back while MongoDB was down: due an hour ago, written now
+    late = delivery(utcnow() - timedelta(hours=1))
+    await store.deliveries.insert_one(late)
+    deadline = time.monotonic() + 5
+    found: list[str] = []
+    while not found and time.monotonic() < deadline:
+        found = await scan.due_ids(SUB, utcnow(), 10)
+        await asyncio.sleep(0.1)
+    assert found == [late["_id"]]
+
+
+class CountingScan(DueScan):
+    windows = 0
+
+    async def _window(self, *args: Any, **kwargs: Any) -> list[str]:
+        self.windows += 1
+        return await super()._window(*args, **kwargs)
+
+
+async def test_an_idle_subscription_costs_one_query_per_scan(store: MongoStore) -> None:
+    await store.deliveries.insert_one(delivery(utcnow() + timedelta(minutes=10)))
+    scan = CountingScan(store.deliveries)
+    assert await scan.due_ids(SUB, utcnow(), 10) == []  # the full scan
+    for _ in range(3):
+        before = scan.windows
+        assert await scan.due_ids(SUB, utcnow(), 10) == []
+        assert scan.windows - before == 1
+    soon = delivery(utcnow() - timedelta(milliseconds=1))
+    await store.deliveries.insert_one(soon)
+    assert await scan.due_ids(SUB, utcnow(), 10) == [soon["_id"]]
