@@ -21,6 +21,7 @@ from pymongo import ASCENDING, UpdateOne
 from msgbus.models import DeliveryStatus, Envelope, utcnow
 from msgbus.store import documents as docs
 from msgbus.store.duescan import DueScan
+from msgbus.store.idsets import find_by_ids, update_by_ids
 from msgbus.store.mongo import MongoStore
 
 _CLAIM_FIELDS = {"message_id": 1, "subscription": 1, "attempts": 1, "attempt_base": 1,
@@ -70,32 +71,31 @@ class DeliveryClaims:
         lease_until = now + timedelta(seconds=lease_s)
         # by _id only (and the due condition again, against a race): given the subscription
         # too, the test server plans this update on the subscription's index and scans it
-        claimed = await self._deliveries.update_many(
-            {"_id": {"$in": ids}, "status": DeliveryStatus.FAILED.value,
-             "next_attempt_at": {"$lte": now}},
+        claimed = await update_by_ids(
+            self._deliveries, ids,
+            {"status": DeliveryStatus.FAILED.value, "next_attempt_at": {"$lte": now}},
             {"$set": {"next_attempt_at": lease_until, "lease": token}})
         # all modified: this claim won them all, and the ids' documents are what it needs
         # (when another claim won some, only the ones holding this token are ours)
-        query = {"_id": {"$in": ids}} if claimed.modified_count == len(ids) else {
-            "_id": {"$in": ids}, "lease": token}
-        won = self._deliveries.find(query, _CLAIM_FIELDS)
+        won = await find_by_ids(self._deliveries, ids,
+                                {} if claimed == len(ids) else {"lease": token}, _CLAIM_FIELDS)
         return [ClaimedDelivery(
             delivery_id=d["_id"], message_id=d["message_id"], subscription=d["subscription"],
             attempts=d.get("attempts", 0), attempt_base=d.get("attempt_base", 0),
-            age_from=d.get("redriven_at"), lease_until=lease_until) async for d in won]
+            age_from=d.get("redriven_at"), lease_until=lease_until) for d in won]
 
     async def release(self, claimed: list[ClaimedDelivery], delay_s: float) -> None:
         """Give claimed deliveries back unattempted: due again after `delay_s`."""
         if not claimed:
             return
-        await self._deliveries.update_many(
-            {"_id": {"$in": [c.delivery_id for c in claimed]},
-             "status": DeliveryStatus.FAILED.value},
+        await update_by_ids(
+            self._deliveries, [c.delivery_id for c in claimed],
+            {"status": DeliveryStatus.FAILED.value},
             {"$set": {"next_attempt_at": utcnow() + timedelta(seconds=delay_s)}})
 
     async def envelopes(self, message_ids: list[str]) -> dict[str, Envelope]:
-        found = self._messages.find({"_id": {"$in": message_ids}})
-        return {d["_id"]: docs.envelope_from_doc(d) async for d in found}
+        found = await find_by_ids(self._messages, message_ids)
+        return {d["_id"]: docs.envelope_from_doc(d) for d in found}
 
     async def sweep_pending(self, subscription: str, older_than: datetime,
                             limit: int) -> int:
@@ -109,12 +109,11 @@ class DeliveryClaims:
         if not ids:
             return 0
         now = utcnow()
-        result = await self._deliveries.update_many(
-            {"_id": {"$in": ids}, "status": DeliveryStatus.PENDING.value},
+        return await update_by_ids(
+            self._deliveries, ids, {"status": DeliveryStatus.PENDING.value},
             {"$set": {"status": DeliveryStatus.FAILED.value, "next_attempt_at": now,
                       "swept_at": now, "updated_at": now,
                       "last_error": "swept: no outcome was recorded in time"}})
-        return int(result.modified_count)
 
     async def stats(self, subscription: str, cap: int) -> SubscriptionRetryStats:
         failed = {"subscription": subscription, "status": DeliveryStatus.FAILED.value}

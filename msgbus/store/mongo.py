@@ -30,6 +30,7 @@ from msgbus.models import (
     utcnow,
 )
 from msgbus.store import documents as docs
+from msgbus.store.idsets import find_by_ids
 from msgbus.tasks import run_on
 
 log = logging.getLogger(__name__)
@@ -279,14 +280,14 @@ class MongoStore:
         return [d async for d in cursor]
 
     async def delivered_among(self, subscription: str, message_ids: Sequence[str]) -> set[str]:
-        """Which of these messages MongoDB marks delivered to `subscription` (one query on
+        """Which of these messages MongoDB marks delivered to `subscription` (queries on
         _id)."""
         if not message_ids:
             return set()
         ids = [delivery_id(m, subscription) for m in message_ids]
-        cursor = self.deliveries.find(
-            {"_id": {"$in": ids}, "status": DeliveryStatus.DELIVERED.value}, {"message_id": 1})
-        return {str(doc["message_id"]) async for doc in cursor}
+        found = await find_by_ids(self.deliveries, ids,
+                                  {"status": DeliveryStatus.DELIVERED.value}, {"message_id": 1})
+        return {str(doc["message_id"]) for doc in found}
 
     async def deliveries_of(self, message_id: str) -> list[dict[str, Any]]:
         cursor = self.deliveries.find({"message_id": message_id}).sort("subscription", ASCENDING)

@@ -17,6 +17,7 @@ from pymongo import ASCENDING, DESCENDING
 from msgbus.errors import Conflict, NotFound
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus, ReplaySpec, ReplayState, delivery_id, utcnow
+from msgbus.store.idsets import find_by_ids
 from msgbus.store.mongo import MongoStore
 
 
@@ -156,5 +157,5 @@ class ReplayStore:
     async def delivery_states(self, message_ids: Sequence[str],
                               sub_ids: Sequence[str]) -> dict[str, DeliveryStatus]:
         ids = [delivery_id(m, s) for m in message_ids for s in sub_ids]
-        found = self._deliveries.find({"_id": {"$in": ids}}, {"status": 1})
-        return {d["_id"]: DeliveryStatus(d["status"]) async for d in found}
+        found = await find_by_ids(self._deliveries, ids, projection={"status": 1})
+        return {d["_id"]: DeliveryStatus(d["status"]) for d in found}
