@@ -7,12 +7,13 @@ server; tests isolate themselves with destinations and subscriptions of their ow
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from msgbus.store import MongoStore
 from tests.support.bus import RunningBus, running_bus
 
 
@@ -27,6 +28,15 @@ def bus(mongo_uri: str, kafka_bootstrap: str, rabbitmq_url: str,
 @pytest.fixture(scope="session")
 def api_key(bus: RunningBus) -> str:
     return bus.create_app("tests")
+
+
+@pytest.fixture
+async def store(mongo_uri: str, mongo_db_name: str) -> AsyncIterator[MongoStore]:
+    """A `MongoStore` on a database of this test's own, with the bus's indexes."""
+    s = MongoStore(mongo_uri, mongo_db_name)
+    await s.ensure_indexes()
+    yield s
+    await s.close()
 
 
 @pytest.fixture

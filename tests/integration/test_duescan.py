@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,14 +20,6 @@ from msgbus.store.duescan import DueScan
 pytestmark = pytest.mark.integration
 
 SUB = "orders/billing"
-
-
-@pytest.fixture
-async def store(mongo_uri: str, mongo_db_name: str) -> AsyncIterator[MongoStore]:
-    s = MongoStore(mongo_uri, mongo_db_name)
-    await s.ensure_indexes()
-    yield s
-    await s.close()
 
 
 def delivery(next_attempt_at: datetime, *, sub: str = SUB,

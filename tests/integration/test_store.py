@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-
-import pytest
 
 from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, DeliveryOutcome, DeliveryStatus, Envelope
@@ -13,14 +10,6 @@ from msgbus.store import MongoStore
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 SUB = "orders/billing"
-
-
-@pytest.fixture
-async def store(mongo_uri: str, mongo_db_name: str) -> AsyncIterator[MongoStore]:
-    s = MongoStore(mongo_uri, mongo_db_name)
-    await s.ensure_indexes()
-    yield s
-    await s.close()
 
 
 def _outcome(message_id: str, status: int, at_s: int = 0) -> DeliveryOutcome:
