@@ -73,6 +73,16 @@ def rate_of(records: list[tuple[int, float, float]]) -> float:
     return (len(records) - 1) / (last - first) if len(records) > 1 and last > first else 0.0
 
 
+def steady_rate_of(records: list[tuple[int, float, float]], trim: float = 0.1) -> float:
+    """The rate between the arrivals at the `trim` and 1 - `trim` quantiles: without the
+    start (consumer group joins) and the end (stragglers), which in a backlog of a few
+    thousand messages can weigh as much as the steady part."""
+    arrivals = sorted(a for _, _, a in records)
+    lo, hi = int(len(arrivals) * trim), len(arrivals) - 1 - int(len(arrivals) * trim)
+    span = arrivals[hi] - arrivals[lo] if hi > lo else 0.0
+    return (hi - lo) / span if span > 0 else 0.0
+
+
 class DispatchBench:
     def __init__(self, args: argparse.Namespace, stack: DispatchStack) -> None:
         self.args = args
@@ -148,11 +158,12 @@ class DispatchBench:
         hits = {k: self.s.hits(self.s.neighbours_url, f"{k}-{fig.run}") for k in "bcd"}
         self.s.set_paused(sub_ids, True)
         records = self.s.records(self.s.sub_url, label, 0, n)
-        rate = rate_of(records)
+        rate, steady = rate_of(records), steady_rate_of(records)
         if not neighbours:
-            fig.alone_pushes_per_s = rate
+            fig.alone_pushes_per_s, fig.alone_steady_per_s = rate, steady
         else:
             fig.with_neighbours_pushes_per_s = rate
+            fig.with_neighbours_steady_per_s = steady
             first, last = window(records)
             span = max(last - first, 1e-9)
             fig.neighbour_b_per_s = hits["b"] / span

@@ -28,6 +28,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "alone_pushes_per_s": ("A alone, pushes/s", ",.0f"),
     "with_neighbours_pushes_per_s": ("A with B, C, D, pushes/s", ",.0f"),
     "isolation_ratio": ("isolation ratio (with ÷ alone)", ".3f"),
+    "isolation_ratio_steady": ("  over the middle 80% of arrivals", ".3f"),
     "neighbour_c_per_s": ("  C (500s) pushes/s meanwhile", ",.0f"),
     "neighbour_d_per_s": ("  D (300 ms) pushes/s meanwhile", ",.1f"),
     "neighbour_b_per_s": ("  B (timeouts) pushes/s meanwhile", ",.1f"),
@@ -51,6 +52,9 @@ class RunFigures:
     dispatcher_cpu_busy: float = math.nan
     alone_pushes_per_s: float = math.nan
     with_neighbours_pushes_per_s: float = math.nan
+    # the same over the middle 80% of arrivals (steady_rate_of)
+    alone_steady_per_s: float = math.nan
+    with_neighbours_steady_per_s: float = math.nan
     neighbour_b_per_s: float = math.nan
     neighbour_c_per_s: float = math.nan
     neighbour_d_per_s: float = math.nan
@@ -94,6 +98,10 @@ class RunFigures:
         return self.with_neighbours_pushes_per_s / self.alone_pushes_per_s
 
     @property
+    def isolation_ratio_steady(self) -> float:
+        return self.with_neighbours_steady_per_s / self.alone_steady_per_s
+
+    @property
     def p50_ms(self) -> float:
         return percentile(self.latencies_ms, 50)
 
@@ -131,7 +139,8 @@ class RunFigures:
             f"run {r.run}  isolation: A alone {r.alone_pushes_per_s:,.0f}/s, with neighbours "
             f"{r.with_neighbours_pushes_per_s:,.0f}/s, ratio {r.isolation_ratio:.3f} "
             f"(meanwhile B {r.neighbour_b_per_s:,.1f}/s, C {r.neighbour_c_per_s:,.0f}/s, "
-            f"D {r.neighbour_d_per_s:,.1f}/s)",
+            f"D {r.neighbour_d_per_s:,.1f}/s); middle 80% of arrivals: ratio "
+            f"{r.isolation_ratio_steady:.3f}",
             f"run {r.run}  latency at {r.latency_offered_per_s:,.0f} msg/s offered "
             f"({r.latency_achieved_per_s:,.0f} accepted), {len(r.latencies_ms)} messages: "
             f"accepted → subscriber p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, max "

@@ -211,6 +211,8 @@ class E2EBench:
             self.s.wait_quiet(f"run {fig.run} isolation", self.args.timeout)
         fig.alone_per_s = figures.alone_pushes_per_s
         fig.with_neighbours_per_s = figures.with_neighbours_pushes_per_s
+        fig.alone_steady_per_s = figures.alone_steady_per_s
+        fig.with_neighbours_steady_per_s = figures.with_neighbours_steady_per_s
         fig.neighbour_pushes_per_s = {"B (timeouts)": figures.neighbour_b_per_s,
                                       "C (500s)": figures.neighbour_c_per_s,
                                       "D (300 ms)": figures.neighbour_d_per_s}

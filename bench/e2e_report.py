@@ -43,6 +43,8 @@ class E2ERun:
     stages_p50_ms: dict[str, float] = field(default_factory=dict)
     alone_per_s: float = math.nan
     with_neighbours_per_s: float = math.nan
+    alone_steady_per_s: float = math.nan  # over the middle 80% of arrivals
+    with_neighbours_steady_per_s: float = math.nan
     # CPU ms per message of A of each process in the isolation phases, by phase
     isolation_cpu: dict[str, dict[str, float]] = field(default_factory=dict)
     neighbour_pushes_per_s: dict[str, float] = field(default_factory=dict)  # B, C, D meanwhile
@@ -51,6 +53,10 @@ class E2ERun:
     @property
     def isolation_ratio(self) -> float:
         return self.with_neighbours_per_s / self.alone_per_s
+
+    @property
+    def isolation_ratio_steady(self) -> float:
+        return self.with_neighbours_steady_per_s / self.alone_steady_per_s
 
     def figures(self) -> dict[str, float]:
         bus_p50, base_p50 = percentile(self.bus_ms, 50), percentile(self.base_ms, 50)
@@ -74,6 +80,7 @@ class E2ERun:
             "alone_per_s": self.alone_per_s,
             "with_neighbours_per_s": self.with_neighbours_per_s,
             "isolation_ratio": self.isolation_ratio,
+            "isolation_ratio_steady": self.isolation_ratio_steady,
         }
         return figures
 
@@ -95,7 +102,9 @@ class E2ERun:
                      f"broken and slow neighbours {self.with_neighbours_per_s:,.0f}/s, ratio "
                      f"{self.isolation_ratio:.3f} (meanwhile pushes/s: "
                      + ", ".join(f"{k} {v:,.1f}" for k, v in self.neighbour_pushes_per_s.items())
-                     + ")")
+                     + f"); middle 80% of arrivals: {self.alone_steady_per_s:,.0f}/s and "
+                     f"{self.with_neighbours_steady_per_s:,.0f}/s, ratio "
+                     f"{self.isolation_ratio_steady:.3f}")
         lines += [f"run {self.run}  isolation, A {phase}: CPU ms per message of A: "
                   + ", ".join(f"{role} {ms:.2f}" for role, ms in cores.items())
                   for phase, cores in self.isolation_cpu.items()]
