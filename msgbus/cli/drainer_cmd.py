@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from msgbus.cli.stack import connection_settings, serve_until_signal, server
+from msgbus.cli.stack import connection_settings, serve_until_signal, server, stop_on_signals
 from msgbus.settings import ReceiverSettings, SpoolDrainerSettings
 
 if TYPE_CHECKING:
@@ -80,8 +80,9 @@ async def _serve(drainer: NodeDrainer) -> None:
                 "last_scan": {kind: vars(r) for kind, r in drainer.last.items()}}
 
     settings = drainer.settings
+    stop = stop_on_signals()
     group = ServerGroup()
     await group.start(server(app, settings.host, settings.port), "spool-drainer")
     click.echo(f"msgbus spool-drainer on http://{settings.host}:{settings.port} over "
                f"{settings.root}", err=True)
-    await serve_until_signal(group)
+    await serve_until_signal(group, stop)

@@ -19,7 +19,13 @@ from msgbus.cli.drainer_cmd import spool_drainer
 from msgbus.cli.ops_cmd import parked, replay
 from msgbus.cli.services_cmd import services
 from msgbus.cli.spool_cmd import spool
-from msgbus.cli.stack import ServiceApps, connection_settings, serve_until_signal, server
+from msgbus.cli.stack import (
+    ServiceApps,
+    connection_settings,
+    serve_until_signal,
+    server,
+    stop_on_signals,
+)
 from msgbus.cli.users_cmd import users
 from msgbus.services import pid_alive
 from msgbus.serving import ServerGroup, reuse_port_socket
@@ -105,11 +111,12 @@ def _serve(name: str, state_dir: Path, *, reuse_port: bool = False) -> None:
     app, settings = getattr(apps, name)()
 
     async def serve() -> None:
+        stop = stop_on_signals()
         group = ServerGroup()
         sockets = [reuse_port_socket(settings.host, settings.port)] if reuse_port else None
         await group.start(server(app, settings.host, settings.port), name, sockets=sockets)
         click.echo(f"msgbus {name} on http://{settings.host}:{settings.port}", err=True)
-        await serve_until_signal(group)
+        await serve_until_signal(group, stop)
 
     asyncio.run(serve())
 

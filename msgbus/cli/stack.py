@@ -91,12 +91,20 @@ class ServiceApps:
         return create_app(AdminService(settings)), settings
 
 
-async def serve_until_signal(group: ServerGroup) -> None:
-    """Wait for Ctrl-C / SIGTERM (or a server exiting by itself), then stop the group."""
+def stop_on_signals() -> asyncio.Event:
+    """An event that Ctrl-C / SIGTERM sets. Call it before starting any server: a server
+    answers (e.g. a readiness probe) a moment before `ServerGroup.start` returns, and a
+    SIGTERM in that moment would otherwise kill the process with the default action."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def serve_until_signal(group: ServerGroup, stop: asyncio.Event) -> None:
+    """Wait for `stop` (see `stop_on_signals`) or a server exiting by itself, then stop the
+    group."""
     stop_wait = asyncio.create_task(stop.wait())
     exit_wait = asyncio.create_task(group.wait_any_exit())
     await asyncio.wait([stop_wait, exit_wait], return_when=asyncio.FIRST_COMPLETED)

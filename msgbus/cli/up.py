@@ -16,7 +16,13 @@ from msgbus import services
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.cli import secrets as stored
 from msgbus.cli.demo import DEMO_DESTINATION, PrintingSubscriber, register_demo
-from msgbus.cli.stack import ServiceApps, connection_settings, serve_until_signal, server
+from msgbus.cli.stack import (
+    ServiceApps,
+    connection_settings,
+    serve_until_signal,
+    server,
+    stop_on_signals,
+)
 from msgbus.cli.users_cmd import ensure_first_admin
 from msgbus.serving import ServerGroup
 from msgbus.settings import ConnectionSettings
@@ -43,6 +49,7 @@ async def _ensure_cli_key(store: MongoStore, state_dir: Path) -> None:
 
 
 async def _run(conn: ConnectionSettings, demo: bool, demo_port: int) -> None:
+    stop = stop_on_signals()
     apps = ServiceApps(conn)
     group = ServerGroup()
     store = MongoStore(conn.mongo_uri, conn.mongo_db)
@@ -67,7 +74,7 @@ async def _run(conn: ConnectionSettings, demo: bool, demo_port: int) -> None:
             urls[name] = f"http://{settings.host}:{settings.port}"
         stored.write(conn.state_dir / ADMIN_URL_FILE, urls["admin"])
         _print_banner(conn, urls, demo, first_admin_password)
-        await serve_until_signal(group)
+        await serve_until_signal(group, stop)
     finally:
         await group.stop()
         await store.close()
