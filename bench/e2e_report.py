@@ -142,7 +142,7 @@ def table(summary: dict[str, dict[str, float]],
     head = f"{'figure':<44} {'min / median / max':>30}"
     lines = [head, "-" * len(head)]
     for name, s in summary.items():
-        fmt = ".3f" if name.endswith("ratio") else ".1f" if name.endswith("_ms") else ",.0f"
+        fmt = ".3f" if "ratio" in name else ".1f" if name.endswith("_ms") else ",.0f"
         lines.append(f"{name:<44} {cell(s, fmt):>30}")
     for broker, roles in cpu.items():
         lines.append(f"\nCPU cores while saturated through {broker} (min / median / max):")
