@@ -39,6 +39,7 @@ from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, utcnow
 from msgbus.store import MongoStore
 from msgbus.store.documents import attempt_doc
+from msgbus.store.idsets import chunked
 
 RECORD_BATCH = 500  # the receiver's record batch
 TRACE_BATCH = 1000  # the dispatcher's trace batch (MSGBUS_DISPATCHER_TRACE_BATCH_SIZE)
@@ -77,9 +78,6 @@ class MongoWritesBench:
         cpu, wall = process_cpu_s(self.pid) - cpu0, time.perf_counter() - t0
         return cpu * 1000 / self.messages, self.messages / wall
 
-    def chunks(self, items: list[Envelope], size: int) -> list[list[Envelope]]:
-        return [items[i:i + size] for i in range(0, len(items), size)]
-
     async def run(self) -> dict[str, tuple[float, float]]:
         store, n = self.store, self.messages
         baseline = store.db[f"bench_baseline_{uuid7()}"]
@@ -87,23 +85,23 @@ class MongoWritesBench:
         figures = {"baseline_insert": await self.measure([
             partial(baseline.insert_many, [{"_id": e.message_id, "at": e.created_at, "n": 1}
                                            for e in chunk])
-            for chunk in self.chunks(envelopes, RECORD_BATCH)])}
+            for chunk in chunked(envelopes, RECORD_BATCH)])}
         now = utcnow()
         figures["baseline_update"] = await self.measure([
             partial(baseline.bulk_write, [UpdateOne(
                 {"_id": e.message_id}, {"$set": {"status": "delivered", "at": now},
                                         "$inc": {"n": 1}}) for e in chunk], ordered=False)
-            for chunk in self.chunks(envelopes, TRACE_BATCH)])
+            for chunk in chunked(envelopes, TRACE_BATCH)])
         figures["receiver_record"] = await self.measure([
             partial(store.record_messages, [(e, [SUBSCRIPTION]) for e in chunk])
-            for chunk in self.chunks(envelopes, RECORD_BATCH)])
+            for chunk in chunked(envelopes, RECORD_BATCH)])
         figures["dispatcher_trace"] = await self.measure([
             partial(store.record_outcomes, [delivered(e) for e in chunk])
-            for chunk in self.chunks(envelopes, TRACE_BATCH)])
+            for chunk in chunked(envelopes, TRACE_BATCH)])
         figures["attempt_insert"] = await self.measure([
             partial(store.attempts.insert_many, [attempt_doc(delivered(e).result)
                                                  for e in chunk])
-            for chunk in self.chunks(others, TRACE_BATCH)])
+            for chunk in chunked(others, TRACE_BATCH)])
         await baseline.drop()
         return figures
 

@@ -49,10 +49,6 @@ class DueScan:
         self._rescan_s = rescan_s
         self._floors: dict[str, _Floor] = {}
 
-    def forget(self, subscription: str) -> None:
-        """The next scan starts with a full one (e.g. after a re-drive made old entries due)."""
-        self._floors.pop(subscription, None)
-
     async def due_ids(self, subscription: str, now: datetime, limit: int) -> list[str]:
         """Up to `limit` ids of due failed deliveries of `subscription`, oldest due first."""
         floor = await self._floor(subscription, now)
@@ -76,9 +72,14 @@ class DueScan:
                 width_s *= 4  # sparse: widen, so a long quiet stretch costs a few queries
             lo = hi
         floor.at = max(floor.at, min(verified, now - self._margin))
-        if not ids:  # idle: next time one query from the floor to the clock
-            floor.window_s = (now - floor.at).total_seconds() + self._margin.total_seconds()
+        if not ids:
+            floor.window_s = self._idle_window_s(floor.at, now)
         return ids
+
+    def _idle_window_s(self, floor_at: datetime, now: datetime) -> float:
+        """Nothing due: the next scan is one query, from the floor to the clock (and the
+        margin beyond, for the time passed until then)."""
+        return (now - floor_at).total_seconds() + self._margin.total_seconds()
 
     async def _window(self, subscription: str, lo: datetime, hi: datetime, *, last: bool,
                       limit: int) -> list[str]:
@@ -101,9 +102,10 @@ class DueScan:
         at = now - self._margin
         if oldest is not None:
             at = min(at, oldest["next_attempt_at"])
-        # nothing due: the next scans are one query each, from the floor to the clock
-        window_s = (known.window_s if known else FIRST_WINDOW_S) if oldest is not None else (
-            2 * self._margin.total_seconds())
+        if oldest is None:
+            window_s = self._idle_window_s(at, now)
+        else:
+            window_s = known.window_s if known else FIRST_WINDOW_S
         floor = _Floor(at, time.monotonic(), window_s)
         self._floors[subscription] = floor
         return None if oldest is None else floor
