@@ -1,17 +1,19 @@
 """`DeliveredCheck`: keeps a subscriber from getting again what it already has.
 
 A broker hands a message out again after a dispatcher restart or a consumer rebalance (from the
-last committed offset, or every unacked RabbitMQ message), a receiver re-publishes what it had
-not forgotten when it was killed, and a message that waited in a backlog longer than the
+last committed offset, or every unacked RabbitMQ message), a receiver re-publishes what a
+predecessor left in its buffer, and a message that waited in a backlog longer than the
 compensator's sweep threshold has meanwhile been pushed by the compensator.
 
 Two sources answer "delivered already?":
 - this process's memory of what it delivered (the newest `remember` deliveries, and at start
   the delivered outcomes a killed predecessor left on local disk): it answers at once, also
   while MongoDB is down or lags behind the trace, which is when redeliveries come;
-- MongoDB, for what another process delivered. Only messages older than `after_s` are looked
-  up there, one query per received batch: in normal running a message reaches the dispatcher
-  within a second, so that costs nothing, and a backlog costs one indexed read per batch.
+- MongoDB, for what another process delivered, one query per received batch. Only messages
+  that may have been pushed before are looked up there: those flagged `redelivered` (by the
+  broker adapter or a re-publishing receiver) and those older than `after_s` (which must stay
+  below the compensator's sweep threshold). A first hand-out, the bulk of the traffic also
+  when a backlog builds, costs MongoDB nothing.
 
 At-least-once stays: when MongoDB does not answer in time, the messages are pushed, and for
 the next `pause_s` no lookup is tried, so that a MongoDB outage does not hold every batch of a
@@ -49,9 +51,10 @@ class DeliveredCheck:
         self._paused_until = 0.0  # monotonic; no lookups before, after a failed one
         self._capacity = remember
         self._delivered: OrderedDict[tuple[str, str], None] = OrderedDict()
-        # a lookup that outlived its timeout runs on (cancelling a MongoDB call mid-flight
-        # costs its connection); none other starts meanwhile
-        self._lookup: asyncio.Task[set[str]] | None = None
+        # per subscription: a lookup that outlived its timeout runs on (cancelling a MongoDB
+        # call mid-flight costs its connection); none other of that subscription starts
+        # meanwhile, while other subscriptions' lookups (e.g. all redelivered at a restart) do
+        self._lookups: dict[str, asyncio.Task[set[str]]] = {}
 
     def remember(self, delivered: Iterable[tuple[str, str]]) -> None:
         """(subscription, message id) pairs this process delivered; the oldest are forgotten
@@ -64,8 +67,8 @@ class DeliveredCheck:
     async def already_delivered(self, subscription: str,
                                 envelopes: Sequence[Envelope]) -> set[str]:
         """The message ids among `envelopes` delivered to `subscription` already: as this
-        process remembers, or (only old ones, and none when MongoDB does not answer in time)
-        as MongoDB records."""
+        process remembers, or (only redelivered or old ones, and none when MongoDB does not
+        answer in time) as MongoDB records."""
         now = utcnow()
         known = {e.message_id for e in envelopes
                  if (subscription, e.message_id) in self._delivered}
@@ -73,23 +76,25 @@ class DeliveredCheck:
             REDELIVERIES_SKIPPED.labels(subscription).inc(len(known))
             log.info("%s: %d messages handed out again were delivered by this process; not "
                      "pushed again", subscription, len(known))
-        old = [e.message_id for e in envelopes if e.message_id not in known
-               and (now - (e.received_at or e.created_at)).total_seconds() >= self._after_s]
-        if (not old or time.monotonic() < self._paused_until
-                or (self._lookup is not None and not self._lookup.done())):
+        suspects = [e.message_id for e in envelopes if e.message_id not in known and (
+            e.redelivered
+            or (now - (e.received_at or e.created_at)).total_seconds() >= self._after_s)]
+        running = self._lookups.get(subscription)
+        if (not suspects or time.monotonic() < self._paused_until
+                or (running is not None and not running.done())):
             return known
-        self._lookup = run_on(self._store.delivered_among(subscription, old))
+        lookup = self._lookups[subscription] = run_on(
+            self._store.delivered_among(subscription, suspects))
         try:
-            found = await asyncio.wait_for(asyncio.shield(self._lookup), self._timeout_s)
+            found = await asyncio.wait_for(asyncio.shield(lookup), self._timeout_s)
         except Exception as exc:  # MongoDB down or slow: push them (at least once)
             self._paused_until = time.monotonic() + self._pause_s
-            log.warning("%s: cannot tell which old messages were delivered already (%r); "
-                        "pushing them, and not looking up for %.0f s", subscription, exc,
-                        self._pause_s)
+            log.warning("%s: cannot tell which messages were delivered already (%r); pushing "
+                        "them, and not looking up for %.0f s", subscription, exc, self._pause_s)
             return known
         if found:
             REDELIVERIES_SKIPPED.labels(subscription).inc(len(found))
-            log.info("%s: %d of %d old messages were delivered already; not pushed again",
-                     subscription, len(found), len(old))
+            log.info("%s: %d of %d messages handed out again were delivered already; not "
+                     "pushed again", subscription, len(found), len(suspects))
         return known | found
 

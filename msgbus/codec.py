@@ -44,6 +44,8 @@ def encode(envelope: Envelope) -> bytes:
         meta["r"] = _ms(envelope.received_at)
     if envelope.headers:
         meta["h"] = envelope.headers
+    if envelope.redelivered:
+        meta["rd"] = 1
     head = orjson.dumps(meta)
     return b"".join((_MAGIC, _LEN.pack(len(head)), head, envelope.body))
 
@@ -65,6 +67,7 @@ def decode(data: bytes) -> Envelope:
         created_at=created,
         received_at=_dt(meta.get("r")),
         headers=meta.get("h") or {},
+        redelivered=bool(meta.get("rd")),
     )
 
 

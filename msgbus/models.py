@@ -64,6 +64,11 @@ class Envelope:
     created_at: datetime = field(default_factory=utcnow)
     received_at: datetime | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # A copy may have reached a dispatcher before: the broker hands it out again (RabbitMQ's
+    # redelivered flag, a Kafka record older than its partition's assignment), or a receiver
+    # re-publishes what a predecessor left in its buffer. The dispatcher looks these up in
+    # MongoDB before pushing (dispatcher/redelivery.py); for the others it need not.
+    redelivered: bool = False
 
 
 class RetryPolicy(BaseModel):

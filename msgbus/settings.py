@@ -98,10 +98,11 @@ class DispatcherSettings(BaseSettings):
     trace_batch_size: int = 1000
     trace_flush_interval_ms: int = 100
     direct_queue_size: int = 10_000
-    # Messages older than this when the dispatcher takes them from a broker are looked up in
-    # MongoDB first and not pushed when already delivered (redeliveries after a restart or a
-    # rebalance, backlogs the compensator swept): dispatcher/redelivery.py.
-    check_delivered_after_s: float = Field(default=2.0, ge=0)
+    # Messages the broker hands out again (after a restart or a rebalance) are looked up in
+    # MongoDB first and not pushed when already delivered, and so are those older than this
+    # (a backlog the compensator may have swept): keep it below the compensator's
+    # sweep_after_s. dispatcher/redelivery.py.
+    check_delivered_after_s: float = Field(default=60.0, ge=0)
     # After a destination switches brokers, how long its subscriptions keep consuming the
     # previous one (messages already there are still delivered).
     old_broker_drain_s: float = 3600.0

@@ -23,7 +23,7 @@ from msgbus.drain import PartitionedDrainer
 from msgbus.errors import NotFound
 from msgbus.localqueue import LocalQueue
 from msgbus.metrics import DIRECT_FALLBACKS, PUBLISH_LATENCY, PUBLISHED, RECORD_RATE_LIMIT
-from msgbus.models import BrokerKind, Destination, Envelope, Subscription
+from msgbus.models import BrokerKind, Destination, Envelope, Subscription, utcnow
 from msgbus.registry import Registry
 from msgbus.store import MongoStore
 from receiver.intake import PUBLISH_QUEUE, RECORD_QUEUE, queue_depths
@@ -44,6 +44,8 @@ class IngestPipeline:
         self._registry = registry
         self._publishers = publishers
         self._default_record_rate = default_record_rate_per_s
+        # what the buffer held before this pipeline existed a predecessor may have published
+        self._opened_at = utcnow()
         self._topology_done: set[tuple[str, BrokerKind, str, tuple[str, ...]]] = set()
         self._drainers = [
             PartitionedDrainer(buffer, PUBLISH_QUEUE, self._publish,
@@ -113,6 +115,8 @@ class IngestPipeline:
     async def _publish(self, entries: list[bytes]) -> None:
         by_destination: dict[str, list[Envelope]] = defaultdict(list)
         for envelope in await decode_cooperatively(entries):
+            if envelope.received_at is None or envelope.received_at < self._opened_at:
+                envelope.redelivered = True
             by_destination[envelope.destination].append(envelope)
         for code, envelopes in by_destination.items():
             try:

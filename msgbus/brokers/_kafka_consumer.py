@@ -9,6 +9,10 @@ Offsets are committed asynchronously, every `commit_interval_s` when the low-wat
 and only up to the lowest offset still in flight per partition (see `_offsets`). On a revoke
 the done part is committed synchronously, and buffered records of revoked partitions are
 dropped: the partition's next owner reads them again from the committed offset.
+
+A record appended before its partition was assigned to this consumer may have been handed out
+before (to the previous owner, or to this one before a restart): it comes flagged
+`redelivered`. One appended later cannot have been, so the dispatcher need not look it up.
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from msgbus import codec
 from msgbus.brokers._buffer import ReceiveBuffer
@@ -33,6 +44,9 @@ log = logging.getLogger(__name__)
 _FETCH_BATCH = 500
 _ERROR_LOG_INTERVAL_S = 10.0
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+# How far the clocks of the receivers (which stamp a record's timestamp) and this dispatcher
+# may disagree before records appended before an assignment look newer than it.
+CLOCK_MARGIN_S = 5.0
 
 
 def _offsets(moved: dict[Partition, int]) -> list[TopicPartition]:
@@ -51,6 +65,7 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
         commit_interval_s: float = 0.5,
         poll_timeout_s: float = 0.1,
         pause_after_s: float = 0.5,
+        clock_margin_s: float = CLOCK_MARGIN_S,
         extra_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(subscription, max_buffered=max(1, max_buffered))
@@ -59,6 +74,7 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
         self._commit_interval_s = commit_interval_s
         self._poll_timeout_s = poll_timeout_s
         self._pause_after_s = pause_after_s
+        self._clock_margin_s = clock_margin_s
         self._resume_at = self.max_buffered // 2
         self._config: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
@@ -85,6 +101,7 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
         self._reapply_flow = False  # the assignment changed: re-apply pause/resume
         self._last_commit = 0.0
         self._error_logged: dict[int, float] = {}
+        self._assigned_at: dict[Partition, float] = {}  # poll thread only; wall clock
         self.assignments = 0  # on_assign calls: one per rebalance this member took part in
         self.pauses = 0  # times the partitions were paused because the subscriber lagged
 
@@ -244,6 +261,8 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
                 log.warning("kafka consumer %s: skipping undecodable record %s[%d]@%d: %r",
                             self.group, topic, partition, offset, exc)
                 envelope = None
+            if envelope is not None and self._appended_before_assignment(message):
+                envelope.redelivered = True
             decoded.append((topic, partition, offset, envelope))
         items: list[Received] = []
         with self._lock:
@@ -256,6 +275,13 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
                 else:
                     items.append(Received(envelope, token))
         self._buffer.put(items)
+
+    def _appended_before_assignment(self, message: Message) -> bool:
+        kind, stamp_ms = message.timestamp()
+        assigned_at = self._assigned_at.get((message.topic() or "", message.partition() or 0))
+        if kind == TIMESTAMP_NOT_AVAILABLE or assigned_at is None:
+            return True
+        return bool(stamp_ms / 1000 < assigned_at + self._clock_margin_s)
 
     def _commit(self, consumer: Consumer, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -288,6 +314,7 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
             log.exception("kafka consumer %s: close failed", self.group)
         with self._lock:
             self._tracker.reset()
+        self._assigned_at.clear()
         self._consumer = None
 
     def _log_error(self, error: KafkaError) -> None:
@@ -315,6 +342,8 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
         parts = [(tp.topic, tp.partition) for tp in partitions]
         with self._lock:
             self._tracker.assign(parts)
+        now = time.time()
+        self._assigned_at.update((part, now) for part in parts)
         self.assignments += 1
         self._reapply_flow = True
         log.info("kafka consumer %s assigned %s", self.group, parts)
@@ -335,6 +364,8 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
 
     def _forget(self, parts: list[Partition], why: str) -> None:
         gone = set(parts)
+        for part in gone:
+            self._assigned_at.pop(part, None)
         with self._lock:
             self._tracker.revoke(parts)
         dropped = self._buffer.drop(

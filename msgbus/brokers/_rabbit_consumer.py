@@ -188,6 +188,7 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
                         self.queue, tag, exc)
             channel.basic_ack(tag)
             return
+        envelope.redelivered = envelope.redelivered or bool(method.redelivered)
         self._incoming.append(Received(envelope, AmqpToken(tag, epoch)))
 
     def _flush_incoming(self) -> None:

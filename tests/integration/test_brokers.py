@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import Producer
 from pika.adapters.blocking_connection import BlockingChannel
 
+from msgbus.brokers._kafka_consumer import CLOCK_MARGIN_S
 from msgbus.brokers._offsets import OffsetTracker
 from msgbus.brokers.base import (
     Received,
@@ -141,9 +142,11 @@ def kafka_consumer(
     subscription: Subscription,
     max_buffered: int = 1000,
     extra_config: dict[str, object] | None = None,
+    clock_margin_s: float = CLOCK_MARGIN_S,
 ) -> KafkaSubscriptionConsumer:
     return KafkaSubscriptionConsumer(
-        subscription, bootstrap=bootstrap, max_buffered=max_buffered, extra_config=extra_config
+        subscription, bootstrap=bootstrap, max_buffered=max_buffered, extra_config=extra_config,
+        clock_margin_s=clock_margin_s,
     )
 
 
@@ -203,9 +206,36 @@ async def test_kafka_commit_window_restarts_at_lowest_unacked(
     try:
         again = await take(second, 15)
         assert [r.envelope.message_id for r in again] == ids[5:]
+        assert all(r.envelope.redelivered for r in again), "handed out again, not flagged"
         assert await second.receive(10, 0.5) == []
     finally:
         await second.close()
+
+
+async def test_kafka_records_appended_before_the_assignment_come_flagged_redelivered(
+    kafka_bootstrap: str, kafka_publisher: KafkaPublisher
+) -> None:
+    """Only what the log held when the partition was assigned may have gone to a previous
+    owner: the dispatcher looks up those, and not the records appended later."""
+    dest = new_destination(BrokerKind.KAFKA, partitions=1)
+    sub = new_subscription(dest, "flags")
+    await kafka_publisher.ensure_topology(dest, [sub])
+    before = make_envelopes(dest, 5)
+    assert all(o.ok for o in await kafka_publisher.publish(dest, before))
+
+    consumer = kafka_consumer(kafka_bootstrap, sub, clock_margin_s=0.2)
+    await consumer.start()
+    try:
+        received = await take(consumer, 5)
+        assert all(r.envelope.redelivered for r in received)
+        await asyncio.sleep(0.5)  # past the assignment plus the clock margin
+        after = make_envelopes(dest, 5)
+        assert all(o.ok for o in await kafka_publisher.publish(dest, after))
+        fresh = await take(consumer, 5)
+        assert [r.envelope.message_id for r in fresh] == [e.message_id for e in after]
+        assert not any(r.envelope.redelivered for r in fresh)
+    finally:
+        await consumer.close()
 
 
 async def test_kafka_slow_subscriber_pauses_instead_of_rebalancing(
@@ -381,12 +411,14 @@ async def test_rabbit_consumer_reconnects_and_gets_unacked_redelivered(
     try:
         first = await take(consumer, 10, ack=False)
         assert len(first) == 10
+        assert not any(r.envelope.redelivered for r in first)
         await drop_connection(consumer)
         await eventually(lambda: consumer.connections == 2)
         for r in first:
             consumer.ack(r)  # tokens of the dead connection: ignored, not an error
         again = await take(consumer, 10)
         assert_same_messages(sent, again)
+        assert all(r.envelope.redelivered for r in again), "handed out again, not flagged"
     finally:
         await consumer.close()
     await eventually(lambda: amqp.depth(queue) == 0)

@@ -136,6 +136,10 @@ def deployed(servers: Servers, work_dir: Path, config: ChaosConfig) -> Iterator[
     deployment.compensator_settings = {
         "scan_interval_s": "0.5", "lease_s": str(config.lease_s),
         "sweep_after_s": str(config.sweep_after_s), "sweep_interval_s": "2"}
+    # below the sweep threshold, as the product's defaults are: a backlog older than this may
+    # have been swept, so the dispatcher looks it up before pushing
+    deployment.extra_env["MSGBUS_DISPATCHER_CHECK_DELIVERED_AFTER_S"] = str(
+        config.sweep_after_s / 2)
     try:
         yield deployment
     finally:
