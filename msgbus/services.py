@@ -422,7 +422,9 @@ def start_secantus(
     require_free_port("SecantusDB", port)
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     flags = as_flags(host=HOST, port=port, storage_path=data_dir, log_level="WARNING")
-    command = [str(secantusd_binary()), *flags]
+    # a standalone server, as one mongod without a replica set: no oplog (nothing here reads
+    # change streams), which is ~18% of its CPU per record write (python -m bench.mongo_writes)
+    command = [str(secantusd_binary()), *flags, "--standalone"]
     log_path = Path(log_dir) / f"secantus-{port}.log"
     process = spawn("SecantusDB", command, log_path, die_with_parent)
     uri = f"mongodb://{HOST}:{port}"
