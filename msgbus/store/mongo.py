@@ -98,13 +98,14 @@ class MongoStore:
         self._ping: asyncio.Task[Any] | None = None
 
     async def ensure_indexes(self) -> None:
-        for collection, indexes in INDEXES.items():
-            await self.db[collection].create_indexes(indexes)
+        # obsolete ones first: MongoDB refuses a second index on the same keys
         for collection, names in OBSOLETE_INDEXES.items():
             existing = await self.db[collection].index_information()
             for name in names:
                 if name in existing:
                     await self.db[collection].drop_index(name)
+        for collection, indexes in INDEXES.items():
+            await self.db[collection].create_indexes(indexes)
 
     async def ping(self, timeout_s: float = 1.0) -> bool:
         """Whether MongoDB answers within `timeout_s` (health checks must answer fast even

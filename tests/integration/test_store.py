@@ -64,3 +64,17 @@ async def test_failed_delivery_keeps_its_retry_time(store: MongoStore) -> None:
     assert state["next_attempt_at"] == NOW and state["last_error"] == "HTTP 500"
     found = await store.deliveries_by_status(SUB, DeliveryStatus.FAILED)
     assert mid in {d["message_id"] for d in found}
+
+
+
+async def test_indexes_of_earlier_versions_that_nothing_reads_are_dropped(
+        store: MongoStore) -> None:
+    """Each index costs every write of its collection: `ensure_indexes` removes the ones an
+    earlier version created and no query uses any more, and keeps the others."""
+    await store.deliveries.create_index([("status", 1), ("next_attempt_at", 1)])
+    await store.ensure_indexes()
+    await store.ensure_indexes()  # idempotent
+    names = set(await store.deliveries.index_information())
+    assert "status_1_next_attempt_at_1" not in names
+    assert {"subscription_1_status_1_next_attempt_at_1",
+            "subscription_1_status_1_created_at_1"} <= names
