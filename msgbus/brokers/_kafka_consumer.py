@@ -12,7 +12,10 @@ dropped: the partition's next owner reads them again from the committed offset.
 
 A record appended before its partition was assigned to this consumer may have been handed out
 before (to the previous owner, or to this one before a restart): it comes flagged
-`redelivered`. One appended later cannot have been, so the dispatcher need not look it up.
+`redelivered`. One appended later cannot have been, so the dispatcher need not look it up; nor
+can any record of a partition the group never committed an offset for (a new subscription's
+backlog). The exception: a first member killed before its first commit (every
+`commit_interval_s`); its successor then pushes again what it had pushed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 from typing import Any
 
 from confluent_kafka import (
+    OFFSET_INVALID,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
@@ -47,6 +51,7 @@ _BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 # How far the clocks of the receivers (which stamp a record's timestamp) and this dispatcher
 # may disagree before records appended before an assignment look newer than it.
 CLOCK_MARGIN_S = 5.0
+_COMMITTED_TIMEOUT_S = 5.0
 
 
 def _offsets(moved: dict[Partition, int]) -> list[TopicPartition]:
@@ -102,6 +107,7 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
         self._last_commit = 0.0
         self._error_logged: dict[int, float] = {}
         self._assigned_at: dict[Partition, float] = {}  # poll thread only; wall clock
+        self._never_committed: set[Partition] = set()  # poll thread only
         self.assignments = 0  # on_assign calls: one per rebalance this member took part in
         self.pauses = 0  # times the partitions were paused because the subscriber lagged
 
@@ -277,8 +283,11 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
         self._buffer.put(items)
 
     def _appended_before_assignment(self, message: Message) -> bool:
+        part = (message.topic() or "", message.partition() or 0)
+        if part in self._never_committed:
+            return False
         kind, stamp_ms = message.timestamp()
-        assigned_at = self._assigned_at.get((message.topic() or "", message.partition() or 0))
+        assigned_at = self._assigned_at.get(part)
         if kind == TIMESTAMP_NOT_AVAILABLE or assigned_at is None:
             return True
         return bool(stamp_ms / 1000 < assigned_at + self._clock_margin_s)
@@ -315,6 +324,7 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
         with self._lock:
             self._tracker.reset()
         self._assigned_at.clear()
+        self._never_committed.clear()
         self._consumer = None
 
     def _log_error(self, error: KafkaError) -> None:
@@ -338,15 +348,29 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
             for tp in failed:
                 self._tracker.commit_failed((tp.topic, tp.partition), tp.offset)
 
-    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in partitions]
         with self._lock:
             self._tracker.assign(parts)
         now = time.time()
         self._assigned_at.update((part, now) for part in parts)
+        self._never_committed = self._without_commits(consumer, partitions)
         self.assignments += 1
         self._reapply_flow = True
         log.info("kafka consumer %s assigned %s", self.group, parts)
+
+    def _without_commits(self, consumer: Consumer,
+                         partitions: list[TopicPartition]) -> set[Partition]:
+        """The partitions the group never committed an offset for; none when the broker does
+        not say (every record then counts as possibly handed out before)."""
+        try:
+            committed = consumer.committed(partitions, timeout=_COMMITTED_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning("kafka consumer %s: cannot read committed offsets (%s); every record "
+                        "read before the assignment is looked up", self.group, exc)
+            return set()
+        return {(tp.topic, tp.partition) for tp in committed
+                if tp.error is None and tp.offset == OFFSET_INVALID}
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in partitions]

@@ -216,26 +216,41 @@ async def test_kafka_records_appended_before_the_assignment_come_flagged_redeliv
     kafka_bootstrap: str, kafka_publisher: KafkaPublisher
 ) -> None:
     """Only what the log held when the partition was assigned may have gone to a previous
-    owner: the dispatcher looks up those, and not the records appended later."""
+    owner: the dispatcher looks up those, and neither the records appended later nor the
+    backlog of a group that never committed (a new subscription)."""
     dest = new_destination(BrokerKind.KAFKA, partitions=1)
     sub = new_subscription(dest, "flags")
     await kafka_publisher.ensure_topology(dest, [sub])
-    before = make_envelopes(dest, 5)
-    assert all(o.ok for o in await kafka_publisher.publish(dest, before))
 
-    consumer = kafka_consumer(kafka_bootstrap, sub, clock_margin_s=0.2)
-    await consumer.start()
+    async def publish(count: int) -> list[Envelope]:
+        envelopes = make_envelopes(dest, count)
+        assert all(o.ok for o in await kafka_publisher.publish(dest, envelopes))
+        return envelopes
+
+    first_backlog = await publish(5)
+    first = kafka_consumer(kafka_bootstrap, sub)
+    await first.start()
     try:
-        received = await take(consumer, 5)
+        received = await take(first, 5)
+        assert not any(r.envelope.redelivered for r in received), "a new group's backlog"
+    finally:
+        await first.close()  # commits
+    assert [r.envelope.message_id for r in received] == [e.message_id for e in first_backlog]
+
+    waiting = await publish(5)  # while nobody consumes
+    second = kafka_consumer(kafka_bootstrap, sub, clock_margin_s=0.2)
+    await second.start()
+    try:
+        received = await take(second, 5)
+        assert [r.envelope.message_id for r in received] == [e.message_id for e in waiting]
         assert all(r.envelope.redelivered for r in received)
         await asyncio.sleep(0.5)  # past the assignment plus the clock margin
-        after = make_envelopes(dest, 5)
-        assert all(o.ok for o in await kafka_publisher.publish(dest, after))
-        fresh = await take(consumer, 5)
+        after = await publish(5)
+        fresh = await take(second, 5)
         assert [r.envelope.message_id for r in fresh] == [e.message_id for e in after]
         assert not any(r.envelope.redelivered for r in fresh)
     finally:
-        await consumer.close()
+        await second.close()
 
 
 async def test_kafka_slow_subscriber_pauses_instead_of_rebalancing(
