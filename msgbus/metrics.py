@@ -90,7 +90,7 @@ CIRCUIT_OPEN = Gauge(
 BACKLOG = Gauge(
     "msgbus_subscription_backlog",
     "Deliveries not yet done (pending, failed, retrying) per subscription, from the bus's "
-    "records; capped at 1,000,000", ["subscription"], multiprocess_mode="livemax")
+    "records; capped at 10,000", ["subscription"], multiprocess_mode="livemax")
 OLDEST_UNDELIVERED_AGE = Gauge(
     "msgbus_subscription_oldest_undelivered_age_seconds",
     "Age of the oldest message not yet delivered to the subscription (0: none)",
