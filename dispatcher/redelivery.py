@@ -27,6 +27,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 
 from msgbus.metrics import REDELIVERIES_SKIPPED
 from msgbus.models import Envelope, utcnow
@@ -77,8 +78,7 @@ class DeliveredCheck:
             log.info("%s: %d messages handed out again were delivered by this process; not "
                      "pushed again", subscription, len(known))
         suspects = [e.message_id for e in envelopes if e.message_id not in known and (
-            e.redelivered
-            or (now - (e.received_at or e.created_at)).total_seconds() >= self._after_s)]
+            e.redelivered or (now - _first_seen(e)).total_seconds() >= self._after_s)]
         running = self._lookups.get(subscription)
         if (not suspects or time.monotonic() < self._paused_until
                 or (running is not None and not running.done())):
@@ -98,3 +98,11 @@ class DeliveredCheck:
                      "pushed again", subscription, len(found), len(suspects))
         return known | found
 
+
+
+def _first_seen(envelope: Envelope) -> datetime:
+    """The older of its creation (the sweep's clock: a client may have spooled it for a while)
+    and its acceptance."""
+    if envelope.received_at is None:
+        return envelope.created_at
+    return min(envelope.created_at, envelope.received_at)

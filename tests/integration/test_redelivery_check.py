@@ -57,12 +57,17 @@ async def test_redelivered_and_old_messages_already_delivered_are_found(
     delivered_again, undelivered_again = envelope(0, redelivered=True), envelope(
         0, redelivered=True)
     delivered_old, undelivered_old = envelope(30), envelope(30)
-    for e in (delivered_again, delivered_old):
+
+    # created long ago, accepted just now (a client spooled it): the sweep counts its age
+    # from its creation, and so does the check
+    spooled = envelope(0)
+    spooled.created_at -= timedelta(seconds=30)
+    for e in (delivered_again, delivered_old, spooled):
         await deliver(store, e)
 
     found = await check.already_delivered(SUB, [delivered_again, undelivered_again,
-                                                 delivered_old, undelivered_old])
-    assert found == {delivered_again.message_id, delivered_old.message_id}
+                                                 delivered_old, undelivered_old, spooled])
+    assert found == {delivered_again.message_id, delivered_old.message_id, spooled.message_id}
     assert await check.already_delivered("orders/other", [delivered_again]) == set()
 
 
