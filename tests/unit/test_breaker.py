@@ -15,6 +15,7 @@ def _result(status: int | None, error: str | None = None) -> AttemptResult:
 
 
 async def _admitted_within(breaker: CircuitBreaker, seconds: float) -> bool:
+    # an upper bound with room: a loaded CI machine delays the event loop by 100s of ms
     try:
         await asyncio.wait_for(breaker.admit(), seconds)
         return True
@@ -40,7 +41,7 @@ async def test_opens_after_threshold_failures_then_one_probe_closes_it() -> None
     breaker.record(_result(500))
     assert breaker.is_open
     assert not await _admitted_within(breaker, 0.1), "pushed while open"
-    assert await _admitted_within(breaker, 0.3), "no probe after the cooldown"
+    assert await _admitted_within(breaker, 2.0), "no probe after the cooldown"
     # while the probe is out, nobody else is let through
     assert not await _admitted_within(breaker, 0.2)
     breaker.record(_result(200))
@@ -51,11 +52,11 @@ async def test_opens_after_threshold_failures_then_one_probe_closes_it() -> None
 async def test_a_failed_probe_reopens_for_a_longer_cooldown() -> None:
     breaker = CircuitBreaker("d/s", threshold=1, cooldowns_s=(0.1, 0.4))
     breaker.record(_result(None, "connection refused"))
-    assert await _admitted_within(breaker, 0.3)  # the probe
+    assert await _admitted_within(breaker, 2.0)  # the probe
     breaker.record(_result(503))
     assert breaker.is_open
     assert not await _admitted_within(breaker, 0.25), "the second cooldown is the longer one"
-    assert await _admitted_within(breaker, 0.3)
+    assert await _admitted_within(breaker, 2.0)
 
 
 async def test_a_success_of_a_push_already_in_flight_closes_it() -> None:
@@ -74,6 +75,6 @@ async def test_a_probe_that_was_not_made_lets_the_next_push_probe() -> None:
     circuit must not wait forever for that probe's outcome."""
     breaker = CircuitBreaker("d/s", threshold=1, cooldowns_s=(0.1,))
     breaker.record(_result(500))
-    assert await _admitted_within(breaker, 0.3)  # the probe ...
+    assert await _admitted_within(breaker, 2.0)  # the probe ...
     breaker.forgo()  # ... was not pushed
-    assert await _admitted_within(breaker, 0.1), "no new probe after a forgone one"
+    assert await _admitted_within(breaker, 1.0), "no new probe after a forgone one"
