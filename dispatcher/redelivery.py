@@ -99,7 +99,6 @@ class DeliveredCheck:
         return known | found
 
 
-
 def _first_seen(envelope: Envelope) -> datetime:
     """The older of its creation (the sweep's clock: a client may have spooled it for a while)
     and its acceptance."""
