@@ -107,7 +107,7 @@ def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore) -> N
                             body=orjson.dumps({"msgbus_test": True, "by": who.name}),
                             biz_id="msgbus-test", source_app="msgbus-admin",
                             headers={"test": "true"})
-        sender = make_sender("aiohttp", instance="admin-test")
+        sender = make_sender("h1", instance="admin-test")
         await sender.start()
         try:
             result = await sender.push(envelope, sub, attempt=1)

@@ -15,12 +15,13 @@ aiohttp push loop (the baseline: what aiohttp itself does with no sender around 
   the window, so pushes per CPU-second is the per-core figure even when the process is not
   saturated (with 2 cores shared by sender and subscriber, it is the one to compare).
 - `--uvloop` runs the phases on uvloop instead (the subscriber always uses it).
-- Targets: `raw` posts the same bodies with `session.post` and only a content-type header;
-  `aiohttp` and `httpx` call `Sender.push` with an `Envelope` and `Subscription` as the
-  dispatcher does (signed CloudEvents headers, per-subscription timeout, an AttemptResult).
-- Runs are interleaved and the order rotates per run (raw, aiohttp, httpx; then aiohttp, httpx,
-  raw; ...), so machine noise and position effects hit every target alike. Ratios against raw
-  are paired with the raw phase of the same run.
+- Targets (`--targets`): `raw` posts the same bodies with `session.post` and only a
+  content-type header; `aiohttp`, `httpx` and `h1` call `Sender.push` with an `Envelope` and
+  `Subscription` as the dispatcher does (signed CloudEvents headers, per-subscription timeout,
+  an AttemptResult).
+- Runs are interleaved and the order rotates per run (raw, aiohttp, httpx, h1; then aiohttp,
+  httpx, h1, raw; ...), so machine noise and position effects hit every target alike. Ratios
+  against raw are paired with the raw phase of the same run.
 - After each phase the subscriber is asked how many distinct messages it got; fewer than the
   phase's successful pushes is reported as lost (and the exit code is 1).
 
@@ -55,7 +56,7 @@ from bench.report import cell, out, percentile, rounded, say, spread
 from msgbus import services
 
 HOST = "127.0.0.1"
-TARGETS = ("raw", "aiohttp", "httpx")
+TARGETS = ("raw", "aiohttp", "httpx", "h1")
 BASELINE = "raw"
 PHASE_GRACE_S = 30.0
 PAD = "a benchmark message of typical size " * 4  # bodies of ~200 bytes, as bench.dispatch_load
@@ -205,7 +206,7 @@ def summarize(phases: list[dict[str, Any]]) -> dict[str, Any]:
     figures = ("pushes_per_s", "p50_ms", "p99_ms", "pushes_per_cpu_s", "cpu_util")
     summary: dict[str, Any] = {}
     raw = {p["run"]: p for p in phases if p["target"] == BASELINE}
-    for target in TARGETS:
+    for target in dict.fromkeys(p["target"] for p in phases):
         rows = [p for p in phases if p["target"] == target]
         summary[target] = {f: spread([p[f] for p in rows]) for f in figures}
         summary[target]["failed"] = sum(p["failed_in_window"] for p in rows)
@@ -237,9 +238,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured, per phase")
     parser.add_argument("--warmup-s", type=float, default=1.0, help="per phase, not counted")
     parser.add_argument("--concurrency", type=int, default=64, help="pushes in flight")
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help=f"comma-separated, from {','.join(TARGETS)}; raw is always run")
     parser.add_argument("--uvloop", action="store_true",
                         help="run the phases on uvloop (the dispatcher uses asyncio's own loop)")
     args = parser.parse_args(argv)
+    args.targets = tuple(dict.fromkeys([BASELINE, *args.targets.split(",")]))
+    if unknown := set(args.targets) - set(TARGETS):
+        parser.error(f"unknown targets {sorted(unknown)}; choose from {', '.join(TARGETS)}")
     if args.runs < 1 or args.seconds <= 0 or args.warmup_s < 0 or args.concurrency < 1:
         parser.error("--runs and --concurrency must be >= 1, --seconds > 0, --warmup-s >= 0")
     return args
@@ -249,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
     began = time.monotonic()
-    out(f"sender benchmark: {args.runs} run(s) x {len(TARGETS)} targets, {args.seconds:g} s"
+    targets = args.targets
+    out(f"sender benchmark: {args.runs} run(s) x {len(targets)} targets, {args.seconds:g} s"
         f" measured after {args.warmup_s:g} s warm-up, {args.concurrency} pushes in flight,"
         f" {'uvloop' if args.uvloop else 'asyncio'} loop, baseline {BASELINE}")
     phases: list[dict[str, Any]] = []
@@ -264,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             services.wait_for_port(HOST, port, 30)
             sub_url = f"http://{HOST}:{port}"
             for run in range(1, args.runs + 1):
-                shift = (run - 1) % len(TARGETS)
-                for target in TARGETS[shift:] + TARGETS[:shift]:
+                shift = (run - 1) % len(targets)
+                for target in targets[shift:] + targets[:shift]:
                     phases.append(run_phase(ctx, stack, args, sub_url, target, run))
             say("done; stopping what the benchmark started")
     except KeyboardInterrupt:
@@ -276,20 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     for line in table(summary):
         out(line)
     out(f"\nwall time {time.monotonic() - began:.0f} s")
-    medians = {f"{t}_pushes_per_s": summary[t]["pushes_per_s"]["median"] for t in TARGETS}
     result = {
         "bench": "senders", "runs": args.runs, "seconds": args.seconds,
         "concurrency": args.concurrency, "loop": "uvloop" if args.uvloop else "asyncio",
-        "aiohttp_pushes_per_s": medians["aiohttp_pushes_per_s"],
-        "httpx_pushes_per_s": medians["httpx_pushes_per_s"],
-        "raw_pushes_per_s": medians["raw_pushes_per_s"],
-        "aiohttp_vs_raw": summary["aiohttp"]["vs_raw"]["median"],
-        "httpx_vs_raw": summary["httpx"]["vs_raw"]["median"],
-        "p50_ms": {t: summary[t]["p50_ms"]["median"] for t in TARGETS},
-        "p99_ms": {t: summary[t]["p99_ms"]["median"] for t in TARGETS},
-        "pushes_per_cpu_s": {t: summary[t]["pushes_per_cpu_s"]["median"] for t in TARGETS},
-        "failed": {t: summary[t]["failed"] for t in TARGETS},
-        "lost": {t: summary[t]["lost"] for t in TARGETS},
+        **{f"{t}_pushes_per_s": summary[t]["pushes_per_s"]["median"] for t in targets},
+        **{f"{t}_vs_raw": summary[t]["vs_raw"]["median"] for t in targets if t != BASELINE},
+        "p50_ms": {t: summary[t]["p50_ms"]["median"] for t in targets},
+        "p99_ms": {t: summary[t]["p99_ms"]["median"] for t in targets},
+        "pushes_per_cpu_s": {t: summary[t]["pushes_per_cpu_s"]["median"] for t in targets},
+        "failed": {t: summary[t]["failed"] for t in targets},
+        "lost": {t: summary[t]["lost"] for t in targets},
     }
     out(json.dumps(rounded(result), separators=(",", ":")))
     return 1 if any(result["lost"].values()) else 0

@@ -114,8 +114,8 @@ class DispatcherSettings(BaseSettings):
     kafka_fetch_wait_ms: int = Field(default=500, ge=1, le=10_000)
     # How often the backlog and oldest-undelivered-age gauges are read from MongoDB.
     backlog_interval_s: float = Field(default=15.0, gt=0)
-    # Push HTTP client; aiohttp by the `python -m bench.senders` figures in delivery/sender.py.
-    http_client: Literal["aiohttp", "httpx"] = "aiohttp"
+    # Push HTTP client; h1 by the `python -m bench.senders` figures in delivery/sender.py.
+    http_client: Literal["h1", "aiohttp", "httpx"] = "h1"
     # How often the brokers' own health (msgbus/brokerhealth.py) is read; 0: never.
     broker_health_interval_s: float = Field(default=30.0, ge=0)
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
@@ -127,7 +127,7 @@ class CompensatorSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8082
     instance: str = ""  # names this compensator in attempts and leases; default host-pid
-    http_client: str = "aiohttp"
+    http_client: Literal["h1", "aiohttp", "httpx"] = "h1"
     # an idle subscription looks for due retries this often
     scan_interval_s: float = 1.0
     # most deliveries one claim takes (also at most 4 x the subscription's max_concurrency)

@@ -5,38 +5,28 @@ raises: every failure (status, timeout, connection error) is data for the retry 
 - `BaseSender`: what every implementation shares — the timing, the total timeout
   (`subscription.timeout_ms`), the mapping of failures to error text, Retry-After parsing and the
   AttemptResult. An implementation only supplies `_post()` and its exception types.
-- `AiohttpSender` (here, the default) and `HttpxSender`
-  (`msgbus/delivery/httpx_sender.py`); `make_sender(kind, instance=...)` picks one, from
-  `DispatcherSettings.http_client` (`MSGBUS_DISPATCHER_HTTP_CLIENT`).
+- `H1Sender` (`msgbus/delivery/h1_sender.py`, the default), `AiohttpSender` (here) and
+  `HttpxSender` (`msgbus/delivery/httpx_sender.py`); `make_sender(kind, instance=...)` picks one,
+  from `DispatcherSettings.http_client` (`MSGBUS_DISPATCHER_HTTP_CLIENT`).
 
-Decision (issue 5): **aiohttp is the default**; httpx stays available behind the same interface
-but is not fit for the dispatcher's load. `python -m bench.senders --runs 3` (each phase in a
-fresh process beside one recording subscriber on 127.0.0.1; 5 s measured after 1 s warm-up;
-asyncio's own loop as `msgbus dispatcher`; aiohttp 3.14.5, httpx 0.28.1 / httpcore 1.0.9,
-anyio 4.16, sniffio 1.3.1; 2 cores, shared with another benchmark running at the same time, so
-pushes/s is noisy and pushes per CPU-second of the sender process is the figure to compare).
-min / median / max over 3 runs:
+Decision (issue 10, replacing issue 5's aiohttp): **h1 is the default**. At saturation aiohttp's
+client was two thirds of the dispatcher's event loop. `python -m bench.senders --runs 3 --targets
+raw,aiohttp,h1` (each phase in a fresh process beside one recording subscriber on 127.0.0.1, 5 s
+after 1 s warm-up, 64 in flight, asyncio's own loop; 2026-11-25, a quiet machine), min / median /
+max over 3 runs:
 
-    64 in flight   pushes/s            p50 ms             p99 ms               pushes/cpu-s
-    raw aiohttp    2106 / 3148 / 3213  18.7 / 19.0 / 28.5  34.5 / 41.0 / 83.8   4710 / 5052 / 5328
-    AiohttpSender  2215 / 2841 / 3393  18.9 / 18.9 / 28.1  33.0 / 47.4 / 50.2   3202 / 3533 / 3747
-    HttpxSender      63 /  118 /  125   309 /  335 /  761  2668 / 2688 / 3373    107 /  136 /  137
+    64 in flight   pushes/s               p50 ms            pushes/cpu-s
+    raw aiohttp    14837 / 15195 / 15456  4.1 / 4.1 / 4.2   14893 / 15393 / 15505
+    AiohttpSender  11527 / 11680 / 12126  5.2 / 5.4 / 5.5   11545 / 11763 / 12221
+    H1Sender       34000 / 34776 / 35322  1.8 / 1.8 / 1.8   34881 / 35692 / 36364
 
-    16 in flight   pushes/s            p50 ms             p99 ms               pushes/cpu-s
-    raw aiohttp     878 / 2128 / 3178   4.4 /  6.5 / 13.7  13.0 / 21.6 / 83.8   3542 / 4068 / 5060
-    AiohttpSender  1479 / 2248 / 2374   5.6 /  6.1 /  8.3  19.0 / 20.9 / 53.6   2891 / 3678 / 3761
-    HttpxSender     205 /  276 /  357  28.2 / 29.1 / 37.7   187 /  320 /  625    311 /  370 /  440
+H1Sender pushes 2.29x raw aiohttp (paired per run, 2.20-2.38) and ~3x AiohttpSender per
+CPU-second, with the same signed headers, timeout and AttemptResult. aiohttp stays available.
 
-Medians, paired with the raw loop of the same run: AiohttpSender 1.06x raw at 64 and at 16 in
-flight (within the noise; per push it costs ~10-45% more CPU than raw: the signed headers, the
-timeout, the AttemptResult); HttpxSender 0.037x at 64 and 0.11x at 16, and one of its pushes
-timed out (5 s) at 64. httpx's cost grows with the pushes in flight (pushes per CPU-second: ~140
-at 64, ~370 at 16, ~700 at 4 in a single 1 s run): httpcore's pool re-scans every connection for
-every queued request (`_assign_requests_to_connections`, `is_idle`, a socket-readability check
-per idle connection through anyio), so its CPU goes to bookkeeping, not to HTTP. The issue's
-httpx figure (0.7-1.3k pushes/s per core) is in line with the low-concurrency end; its aiohttp
-figure (~12k) was not reproduced here (3.5-5k pushes per CPU-second with asyncio's loop on this
-loaded machine), but the ratio, an order of magnitude or more, and so the verdict, hold.
+Issue 5's figures (a loaded machine, 64 in flight, medians): AiohttpSender 2,841 pushes/s and
+3,533 per CPU-second; HttpxSender 118 and 136: httpcore's pool re-scans every connection for
+every queued request, so its CPU goes to bookkeeping, not to HTTP. httpx stays available but is
+not fit for the dispatcher's load.
 """
 
 from __future__ import annotations
@@ -52,7 +42,7 @@ from msgbus.delivery.headers import push_headers
 from msgbus.models import AttemptResult, Envelope, Subscription, utcnow
 
 ERROR_TEXT_MAX = 500
-SENDER_KINDS = ("aiohttp", "httpx")
+SENDER_KINDS = ("h1", "aiohttp", "httpx")
 
 
 class Sender(Protocol):
@@ -172,11 +162,15 @@ class AiohttpSender(BaseSender):
 
 
 def make_sender(kind: str, *, instance: str, max_connections: int = 1000) -> Sender:
-    """The sender named by `kind` ("aiohttp", the default, or "httpx"), not started yet."""
+    """The sender named by `kind` ("h1", the default, "aiohttp" or "httpx"), not started yet."""
     if kind == "aiohttp":
         return AiohttpSender(instance=instance, max_connections=max_connections)
     if kind == "httpx":
         from msgbus.delivery.httpx_sender import HttpxSender  # imports httpx only when chosen
 
         return HttpxSender(instance=instance, max_connections=max_connections)
+    if kind == "h1":
+        from msgbus.delivery.h1_sender import H1Sender
+
+        return H1Sender(instance=instance, max_connections=max_connections)
     raise ValueError(f"unknown HTTP client {kind!r}; choose from {', '.join(SENDER_KINDS)}")

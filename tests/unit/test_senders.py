@@ -20,7 +20,8 @@ from msgbus.services import free_port
 HOST = "127.0.0.1"
 SLOW_ANSWER_S = 1.0
 # What a refused connect raises, per sender: the error text starts with it.
-CONNECT_ERRORS = {"aiohttp": "ClientConnectorError", "httpx": "ConnectError"}
+CONNECT_ERRORS = {"aiohttp": "ClientConnectorError", "httpx": "ConnectError",
+                  "h1": "ConnectionRefusedError"}
 
 
 @dataclass
@@ -68,7 +69,7 @@ async def server() -> AsyncIterator[Server]:
     await runner.cleanup()
 
 
-@pytest.fixture(params=["aiohttp", "httpx"])
+@pytest.fixture(params=["aiohttp", "httpx", "h1"])
 async def sender(request: pytest.FixtureRequest) -> AsyncIterator[Sender]:
     sender = make_sender(request.param, instance="test-1")
     await sender.start()
@@ -87,7 +88,7 @@ def envelope() -> Envelope:
 
 
 def kind(sender: Sender) -> str:
-    return "httpx" if type(sender).__name__ == "HttpxSender" else "aiohttp"
+    return {"HttpxSender": "httpx", "H1Sender": "h1"}.get(type(sender).__name__, "aiohttp")
 
 
 async def test_2xx_is_ok_and_the_request_is_signed_with_the_exact_body(

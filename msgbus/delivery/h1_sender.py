@@ -1,0 +1,223 @@
+"""`H1Sender`: the `Sender` on a lean HTTP/1.1 client of its own — asyncio protocols, kept-alive
+connections per origin and httptools' response parser (llhttp, the parser uvicorn uses).
+
+Why: at saturation aiohttp's client was two thirds of the dispatcher's event loop (py-spy), most
+of it in per-request objects this job never uses (cookies, redirects, tracing, multidicts). A
+push is one POST with a small body whose answer is read for its status and `Retry-After` only,
+so this client writes one buffer per request and parses the answer in C. Figures:
+`python -m bench.senders` (pushes per CPU-second against raw aiohttp in the same run).
+
+Behaviour matches `AiohttpSender`: no proxy from the environment, no redirects followed, TLS
+verified by the default context, idle connections closed after `KEEPALIVE_S` (before common
+servers close theirs: uvicorn 5 s), a POST never retried by the client (the retry policy
+decides), `max_connections` requests in flight at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httptools
+
+from msgbus.delivery.sender import BaseSender
+
+KEEPALIVE_S = 4.0
+USER_AGENT = "msgbus"
+
+
+class ProtocolError(Exception):
+    """The subscriber's server answered something that is not HTTP/1.1, or closed the
+    connection in the middle of its answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    scheme: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    origin: Origin
+    path: str  # request target: path and query
+    host_header: str
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_target(url: str) -> Target:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    default_port = 443 if parts.scheme == "https" else 80
+    port = parts.port or default_port
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host = parts.hostname
+    host_header = f"[{host}]" if ":" in host else host
+    if port != default_port:
+        host_header = f"{host_header}:{port}"
+    return Target(Origin(parts.scheme, host, port), path, host_header)
+
+
+def encode_request(target: Target, body: bytes, headers: dict[str, str]) -> bytes:
+    lines = [f"POST {target.path} HTTP/1.1\r\nhost: {target.host_header}\r\n"
+             f"user-agent: {USER_AGENT}\r\ncontent-length: {len(body)}\r\n"]
+    for name, value in headers.items():
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+            raise ValueError(f"header {name!r} holds a line break")
+        lines.append(f"{name}: {value}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode() + body
+
+
+class Connection(asyncio.Protocol):
+    """One kept-alive connection; one request at a time (no pipelining)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._parser = httptools.HttpResponseParser(self)
+        self._answer: asyncio.Future[tuple[int, str | None]] | None = None
+        self._status: int | None = None
+        self._retry_after: str | None = None
+        self._body_framed = False  # content-length or chunked: else the body ends at EOF
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ProtocolError(f"invalid HTTP answer: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._status is not None and not self._body_framed:
+            self._finish(self._status)  # an answer whose body runs until the server closes
+        elif self._status is not None:
+            self._fail(ProtocolError("the server closed the connection in the middle of its "
+                                     "answer"))
+        else:
+            self._fail(exc or ConnectionResetError("the server closed the connection without "
+                                                   "answering"))
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self._status, self._retry_after, self._body_framed = None, None, False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"retry-after":
+            self._retry_after = value.decode("latin-1").strip()
+        elif name in (b"content-length", b"transfer-encoding"):
+            self._body_framed = True
+
+    def on_headers_complete(self) -> None:
+        self._status = self._parser.get_status_code()
+
+    def on_message_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer (100 Continue): the final one follows
+            self._status = None
+            return
+        if not self._parser.should_keep_alive():
+            self.close()
+        self._finish(status)
+
+    # the client's side
+    async def request(self, data: bytes) -> tuple[int, str | None]:
+        assert self.transport is not None and self._answer is None
+        self._answer = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return await self._answer
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def _finish(self, status: int) -> None:
+        answer, self._answer, self._status = self._answer, None, None
+        if answer is None:
+            self.close()  # an answer nobody asked for: the connection is out of step
+        elif not answer.done():
+            answer.set_result((status, self._retry_after))
+
+    def _fail(self, exc: BaseException) -> None:
+        answer, self._answer = self._answer, None
+        if answer is not None and not answer.done():
+            answer.set_exception(exc)
+
+
+class H1Sender(BaseSender):
+    transport_errors = (ProtocolError, ValueError, OSError)
+
+    def __init__(self, *, instance: str, max_connections: int = 1000) -> None:
+        super().__init__(instance=instance, max_connections=max_connections)
+        self._idle: dict[Origin, list[Connection]] = {}  # most recently used last
+        self._slots = asyncio.Semaphore(max_connections)
+        self._ssl: ssl.SSLContext | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+        for connections in self._idle.values():
+            for connection in connections:
+                connection.close()
+        self._idle.clear()
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str],
+                    timeout_s: float) -> tuple[int, str | None]:
+        target = parse_target(url)
+        data = encode_request(target, body, headers)
+        async with asyncio.timeout(timeout_s), self._slots:
+            connection = await self._connection(target.origin)
+            try:
+                answer = await connection.request(data)
+            except BaseException:
+                connection.close()  # a timeout or a cancel leaves an answer due on it
+                raise
+            if not connection.closed and not self._closed:
+                connection.idle_since = time.monotonic()
+                self._idle.setdefault(target.origin, []).append(connection)
+            return answer
+
+    async def _connection(self, origin: Origin) -> Connection:
+        idle = self._idle.get(origin)
+        if idle:
+            expired_before = time.monotonic() - KEEPALIVE_S
+            while idle:
+                connection = idle.pop()
+                if connection.closed:
+                    continue
+                if connection.idle_since < expired_before:
+                    # the rest of the list is older still
+                    for old in (connection, *idle):
+                        old.close()
+                    idle.clear()
+                    break
+                return connection
+        loop = asyncio.get_running_loop()
+        tls = self._tls_context() if origin.scheme == "https" else None
+        _, connection = await loop.create_connection(
+            Connection, origin.host, origin.port, ssl=tls,
+            server_hostname=origin.host if tls is not None else None)
+        return connection
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
