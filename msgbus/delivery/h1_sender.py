@@ -168,6 +168,7 @@ class H1Sender(BaseSender):
         self._slots = asyncio.Semaphore(max_connections)
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
+        self._pruned_at = time.monotonic()
 
     async def start(self) -> None:
         self._closed = False
@@ -191,9 +192,24 @@ class H1Sender(BaseSender):
                 connection.close()  # a timeout or a cancel leaves an answer due on it
                 raise
             if not connection.closed and not self._closed:
-                connection.idle_since = time.monotonic()
+                connection.idle_since = now = time.monotonic()
                 self._idle.setdefault(target.origin, []).append(connection)
+                if now - self._pruned_at > KEEPALIVE_S:
+                    self._prune(now)
             return answer
+
+    def _prune(self, now: float) -> None:
+        """Close what expired at origins no longer pushed to (a deleted subscription's)."""
+        self._pruned_at = now
+        for origin, connections in list(self._idle.items()):
+            alive = [c for c in connections if not c.closed and now - c.idle_since <= KEEPALIVE_S]
+            for connection in connections:
+                if connection not in alive:
+                    connection.close()
+            if alive:
+                self._idle[origin] = alive
+            else:
+                del self._idle[origin]
 
     async def _connection(self, origin: Origin) -> Connection:
         idle = self._idle.get(origin)

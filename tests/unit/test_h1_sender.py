@@ -175,3 +175,17 @@ def test_targets_are_parsed_with_default_ports_and_ipv6_hosts() -> None:
     assert (v6.origin.host, v6.path, v6.host_header) == ("::1", "/", "[::1]:8080")
     with pytest.raises(ValueError, match="not an http"):
         parse_target("ftp://example.com/x")
+
+
+async def test_connections_to_an_origin_no_longer_pushed_to_are_closed_and_forgotten(
+        server: tuple[Script, str], sender: H1Sender, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, url = server
+    other = Script()
+    srv = await asyncio.start_server(lambda r, w: _serve(other, r, w), HOST, 0)
+    other_url = f"http://{HOST}:{srv.sockets[0].getsockname()[1]}/gone"
+    monkeypatch.setattr(h1_sender, "KEEPALIVE_S", 0.05)
+    assert (await sender.push(envelope(), subscription(other_url), attempt=1)).ok
+    await asyncio.sleep(0.1)
+    assert (await sender.push(envelope(), subscription(url), attempt=1)).ok
+    assert [origin.port for origin in sender._idle] == [parse_target(url).origin.port]
+    srv.close()
