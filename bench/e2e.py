@@ -2,7 +2,7 @@
 RabbitMQ → dispatcher → subscriber, with MongoDB records and a compensator running, every
 service in a process of its own, against a direct HTTP call measured in the same run.
 
-    python -m bench.e2e [--runs 3] [--rate 3000] [--duration-s 15] [--latency-s 10]
+    python -m bench.e2e [--runs 3] [--rate 5000] [--duration-s 15] [--latency-s 10]
                         [--brokers kafka,rabbitmq] [--quick] [--plot PATH]
 
 Starts (bench/dispatch_stack.py, `full=True`) tansu and SecantusDB on free ports, uses the
@@ -253,8 +253,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--rate", type=float, default=3000.0,
-                        help="send()s per second offered in the saturation phases")
+    parser.add_argument("--rate", type=float, default=5000.0,
+                        help="send()s per second offered in the saturation phases (above what "
+                             "the bus delivers here, so that delivered/s is its capacity)")
     parser.add_argument("--duration-s", type=float, default=15.0,
                         help="seconds of load in each saturation phase")
     parser.add_argument("--latency-s", type=float, default=10.0,
@@ -265,7 +266,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="every subscription's max_concurrency (the product default)")
     parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds any one wait may take before the run gives up")
-    parser.add_argument("--kafka-fetch-wait-ms", type=int, default=20,
+    parser.add_argument("--kafka-fetch-wait-ms", type=int, default=5,
                         help="the dispatcher's MSGBUS_DISPATCHER_KAFKA_FETCH_WAIT_MS (product "
                              "default 500): tansu, unlike Apache Kafka, answers a fetch only "
                              "when this much time has passed, so it sets the latency here")
