@@ -5,8 +5,11 @@ or misbehave. The behaviour every sender shares is in test_senders.py."""
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -189,3 +192,27 @@ async def test_connections_to_an_origin_no_longer_pushed_to_are_closed_and_forgo
     assert (await sender.push(envelope(), subscription(url), attempt=1)).ok
     assert [origin.port for origin in sender._idle] == [parse_target(url).origin.port]
     srv.close()
+
+
+@pytest.fixture
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+async def test_https_subscribers_get_tls_and_an_untrusted_certificate_is_refused(
+        sender: H1Sender, self_signed: tuple[Path, Path]) -> None:
+    cert, key = self_signed
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    script = Script()
+    srv = await asyncio.start_server(lambda r, w: _serve(script, r, w), HOST, 0, ssl=tls)
+    url = f"https://{HOST}:{srv.sockets[0].getsockname()[1]}/hook"
+    result = await sender.push(envelope(), subscription(url), attempt=1)
+    srv.close()
+    assert not result.ok and result.error is not None
+    assert result.error.startswith("SSLCertVerificationError"), result.error
+    assert script.bodies == []
