@@ -15,6 +15,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from msgbus.models import DEFAULT_CLUSTER, BrokerKind
 
+# the push HTTP clients (msgbus/delivery/sender.py `make_sender`); h1 by the figures there
+HttpClient = Literal["h1", "aiohttp", "httpx"]
+
 
 class ConnectionSettings(BaseSettings):
     """Where the shared dependencies live. Empty broker URLs mean that broker is not configured."""
@@ -115,7 +118,7 @@ class DispatcherSettings(BaseSettings):
     # How often the backlog and oldest-undelivered-age gauges are read from MongoDB.
     backlog_interval_s: float = Field(default=15.0, gt=0)
     # Push HTTP client; h1 by the `python -m bench.senders` figures in delivery/sender.py.
-    http_client: Literal["h1", "aiohttp", "httpx"] = "h1"
+    http_client: HttpClient = "h1"
     # How often the brokers' own health (msgbus/brokerhealth.py) is read; 0: never.
     broker_health_interval_s: float = Field(default=30.0, ge=0)
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
@@ -127,7 +130,7 @@ class CompensatorSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8082
     instance: str = ""  # names this compensator in attempts and leases; default host-pid
-    http_client: Literal["h1", "aiohttp", "httpx"] = "h1"
+    http_client: HttpClient = "h1"
     # an idle subscription looks for due retries this often
     scan_interval_s: float = 1.0
     # most deliveries one claim takes (also at most 4 x the subscription's max_concurrency)

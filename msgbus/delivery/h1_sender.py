@@ -141,6 +141,9 @@ class Connection(asyncio.Protocol):
         self.transport.write(data)
         return await self._answer
 
+    def reusable(self, now: float) -> bool:
+        return not self.closed and now - self.idle_since <= KEEPALIVE_S
+
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
@@ -202,9 +205,11 @@ class H1Sender(BaseSender):
         """Close what expired at origins no longer pushed to (a deleted subscription's)."""
         self._pruned_at = now
         for origin, connections in list(self._idle.items()):
-            alive = [c for c in connections if not c.closed and now - c.idle_since <= KEEPALIVE_S]
+            alive = []
             for connection in connections:
-                if connection not in alive:
+                if connection.reusable(now):
+                    alive.append(connection)
+                else:
                     connection.close()
             if alive:
                 self._idle[origin] = alive
@@ -213,19 +218,12 @@ class H1Sender(BaseSender):
 
     async def _connection(self, origin: Origin) -> Connection:
         idle = self._idle.get(origin)
-        if idle:
-            expired_before = time.monotonic() - KEEPALIVE_S
-            while idle:
-                connection = idle.pop()
-                if connection.closed:
-                    continue
-                if connection.idle_since < expired_before:
-                    # the rest of the list is older still
-                    for old in (connection, *idle):
-                        old.close()
-                    idle.clear()
-                    break
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            if connection.reusable(now):
                 return connection
+            connection.close()
         loop = asyncio.get_running_loop()
         tls = self._tls_context() if origin.scheme == "https" else None
         _, connection = await loop.create_connection(

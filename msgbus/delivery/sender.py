@@ -34,15 +34,16 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from typing import Protocol
+from typing import Protocol, get_args
 
 import aiohttp
 
 from msgbus.delivery.headers import push_headers
 from msgbus.models import AttemptResult, Envelope, Subscription, utcnow
+from msgbus.settings import HttpClient
 
 ERROR_TEXT_MAX = 500
-SENDER_KINDS = ("h1", "aiohttp", "httpx")
+SENDER_KINDS: tuple[str, ...] = get_args(HttpClient)
 
 
 class Sender(Protocol):
