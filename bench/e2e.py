@@ -165,7 +165,7 @@ class E2EBench:
         fig.bus_ms = [ms for _, ms in fig.bus_series]
         self._check(fig, "latency", count, result, arrivals)
         self.s.wait_quiet(f"run {run} latency", a.timeout)  # every trace is in MongoDB now
-        fig.stages_p50_ms = self.stages(result, arrivals)
+        fig.stages_p50_ms = self.stages(fig, result, arrivals)
 
         say(f"run {run}: baseline, {count} direct POSTs at {rate:,.0f}/s to the subscriber")
         base_label = f"direct-{run}"
@@ -180,9 +180,12 @@ class E2EBench:
         if stats["stats"].get("ok", 0) != count:
             fig.problems.append(f"direct baseline: {stats['stats']}")
 
-    def stages(self, result: dict[str, Any], arrivals: dict[int, float]) -> dict[str, float]:
+    def stages(self, fig: E2ERun, result: dict[str, Any],
+               arrivals: dict[int, float]) -> dict[str, float]:
         """p50 of each stage of the way: send() returned → the receiver accepted (its
-        received_at) → the dispatcher began the push (attempt 1's started_at) → arrival."""
+        received_at) → the dispatcher began the push (attempt 1's started_at) → arrival; and
+        the receiver→push series of the plot, where a stall of the broker or the dispatcher
+        shows apart from the client's part."""
         ids: dict[int, str] = result["message_ids"]
         stages = self.s.stages(list(ids.values()))
         parts: dict[str, list[float]] = {"client→receiver": [], "receiver→push": [],
@@ -193,6 +196,7 @@ class E2EBench:
                 parts["client→receiver"].append((received - returned) * 1000)
                 parts["receiver→push"].append((pushed - received) * 1000)
                 parts["push→subscriber"].append((arrivals[n] - pushed) * 1000)
+                fig.inside_series.append((returned - result["started"], (pushed - received) * 1000))
         return {name: percentile(values, 50) for name, values in parts.items()}
 
     def isolation(self, fig: E2ERun) -> None:

@@ -39,6 +39,8 @@ class E2ERun:
     # (seconds since the phase began, latency ms) for the plot
     bus_series: list[tuple[float, float]] = field(default_factory=list, repr=False)
     base_series: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    # (seconds since the phase began, receiver accepted → push began ms), from the bus records
+    inside_series: list[tuple[float, float]] = field(default_factory=list, repr=False)
     # the bus's p50 split at the receiver's acceptance and the push's start (bus records), ms
     stages_p50_ms: dict[str, float] = field(default_factory=dict)
     alone_per_s: float = math.nan
@@ -156,8 +158,8 @@ def table(summary: dict[str, dict[str, float]],
 
 
 def plot(runs: list[E2ERun], path: Path) -> Path | None:
-    """Latency over time of each run's half-load phase, bus and direct POST; None without
-    matplotlib (the `analytics` extra brings it)."""
+    """Latency over time of each run's half-load phase: bus, its receiver → push part, and
+    direct POST; None without matplotlib (the `analytics` extra brings it)."""
     try:
         import matplotlib
 
@@ -168,6 +170,8 @@ def plot(runs: list[E2ERun], path: Path) -> Path | None:
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3 * len(runs)), squeeze=False)
     for ax, run in zip(axes[:, 0], runs, strict=True):
         for series, label, colour in ((run.bus_series, "send() → subscriber (bus)", "tab:blue"),
+                                      (run.inside_series, "of which receiver → push",
+                                       "tab:green"),
                                       (run.base_series, "direct POST", "tab:orange")):
             if series:
                 xs, ys = zip(*series, strict=True)
