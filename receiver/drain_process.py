@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 from msgbus.bufferslots import ClaimedSlot
+from msgbus.gcfreeze import freeze_startup_objects
 from msgbus.metrics import forget_process
 from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
@@ -165,6 +166,7 @@ async def _drain(settings: ReceiverSettings, slot: ClaimedSlot, doorbell_fd: int
     try:
         await registry.start()
         await service.start()
+        freeze_startup_objects()
         await stop.wait()
     finally:
         await service.close()

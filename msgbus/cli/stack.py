@@ -14,6 +14,7 @@ import click
 from pydantic import SecretStr
 
 from msgbus.cli import secrets as stored
+from msgbus.gcfreeze import freeze_startup_objects
 from msgbus.serving import EmbeddedServer, ServerGroup, make_server
 from msgbus.settings import (
     AdminSettings,
@@ -105,6 +106,7 @@ def stop_on_signals() -> asyncio.Event:
 async def serve_until_signal(group: ServerGroup, stop: asyncio.Event) -> None:
     """Wait for `stop` (see `stop_on_signals`) or a server exiting by itself, then stop the
     group."""
+    freeze_startup_objects()  # every server of the group has started
     stop_wait = asyncio.create_task(stop.wait())
     exit_wait = asyncio.create_task(group.wait_any_exit())
     await asyncio.wait([stop_wait, exit_wait], return_when=asyncio.FIRST_COMPLETED)
