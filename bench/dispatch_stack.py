@@ -98,11 +98,12 @@ def wait_for(what: str, condition: Callable[[], bool], timeout_s: float,
 
 class DispatchStack:
     def __init__(self, workdir: Path, stack: contextlib.ExitStack, *, full: bool = False,
-                 settings: dict[str, str] | None = None) -> None:
+                 settings: dict[str, str] | None = None, mongo_nice: int = 0) -> None:
         self.workdir = workdir
         self.stack = stack
         self.full = full  # a compensator and RabbitMQ too: the whole bus
         self.settings = settings or {}  # MSGBUS_* variables of every bus process
+        self.mongo_nice = mongo_nice  # SecantusDB's nice value (services.start_secantus)
         self.logs = workdir / "logs"
         self.run_id = secrets.token_hex(3)
         self.mongo_db = f"bench_dispatch_{self.run_id}"
@@ -116,7 +117,8 @@ class DispatchStack:
     def start(self) -> None:
         tansu = services.start_tansu(services.free_port(), self.logs)
         self.stack.callback(tansu.stop)
-        secantus = services.start_secantus(services.free_port(), self.workdir / "mongo", self.logs)
+        secantus = services.start_secantus(services.free_port(), self.workdir / "mongo", self.logs,
+                                           nice=self.mongo_nice)
         self.stack.callback(secantus.stop)
         # every process whose CPU the capacity phase accounts for, by role
         self.cpu_pids: dict[str, int] = {"tansu": tansu.pid, "mongo": secantus.pid}

@@ -274,6 +274,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the dispatcher's MSGBUS_DISPATCHER_KAFKA_FETCH_WAIT_MS (product "
                              "default 500): tansu, unlike Apache Kafka, answers a fetch only "
                              "when this much time has passed, so it sets the latency here")
+    parser.add_argument("--mongo-nice", type=int, default=19, choices=range(20),
+                        metavar="0-19",
+                        help="SecantusDB's nice value (default 19): on this one shared machine "
+                             "its record writes, which may lag, yield the CPU to deliveries; "
+                             "0 to compare")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="MSGBUS_NAME=VALUE", type=_setting,
                         help="a setting for every bus process (repeatable), e.g. "
@@ -300,13 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     out(f"end-to-end benchmark: {args.runs} run(s); saturation {args.rate:,.0f} msg/s offered "
         f"for {args.duration_s:g} s per broker ({', '.join(args.brokers)}), {args.latency_s:g} s "
         f"at half load, {args.iso_messages} messages per isolation phase; Kafka fetch wait "
-        f"{args.kafka_fetch_wait_ms} ms")
+        f"{args.kafka_fetch_wait_ms} ms; SecantusDB at nice {args.mongo_nice}")
     runs: list[E2ERun] = []
     try:
         with contextlib.ExitStack() as exits:
             workdir = Path(tempfile.mkdtemp(prefix="msgbus-e2e-bench-"))
             exits.callback(shutil.rmtree, workdir, ignore_errors=True)
-            stack = DispatchStack(workdir, exits, full=True, settings={
+            stack = DispatchStack(workdir, exits, full=True, mongo_nice=args.mongo_nice, settings={
                 "MSGBUS_DISPATCHER_KAFKA_FETCH_WAIT_MS": str(args.kafka_fetch_wait_ms),
                 **dict(args.settings)})
             stack.start()

@@ -417,19 +417,26 @@ def start_secantus(
     log_dir: Path,
     die_with_parent: bool = True,
     timeout_s: float = 60.0,
+    nice: int = 0,
 ) -> Running:
-    """Start SecantusDB storing in `data_dir`; ready once a pymongo ping succeeds."""
+    """Start SecantusDB storing in `data_dir`; ready once a pymongo ping succeeds. `nice` > 0
+    runs it (every thread) at that lower CPU priority: on a machine it shares with the bus,
+    the bus's records (which may lag: they wait durably in local buffers) then yield the CPU to
+    deliveries."""
     require_free_port("SecantusDB", port)
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     flags = as_flags(host=HOST, port=port, storage_path=data_dir, log_level="WARNING")
     # a standalone server, as one mongod without a replica set: no oplog (nothing here reads
     # change streams), which is ~18% of its CPU per record write (python -m bench.mongo_writes)
     command = [str(secantusd_binary()), *flags, "--standalone"]
+    if nice > 0:
+        command = ["nice", "-n", str(nice), *command]  # nice execs it: the pid stays the same
     log_path = Path(log_dir) / f"secantus-{port}.log"
     process = spawn("SecantusDB", command, log_path, die_with_parent)
     uri = f"mongodb://{HOST}:{port}"
     running = Running("secantus", process.pid, port, uri, log_path, process,
-                      lambda: start_secantus(port, data_dir, log_dir, die_with_parent, timeout_s))
+                      lambda: start_secantus(port, data_dir, log_dir, die_with_parent, timeout_s,
+                                             nice))
     _wait_or_stop(running, f"SecantusDB on {HOST}:{port}", lambda: mongo_ping(uri), timeout_s)
     return running
 

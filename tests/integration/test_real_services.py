@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -101,3 +102,19 @@ def test_dev_stack_up_status_down(tmp_path: Path, rabbitmq_url: str) -> None:
     after = {state.name: state.up for state in devstack.status(tmp_path)}
     assert after == {"tansu": False, "secantus": False, "rabbitmq": True}
     assert not (tmp_path / devstack.STATE_FILE).exists()
+
+
+def test_a_niced_secantus_serves_at_the_lower_cpu_priority(tmp_path: Path) -> None:
+    """Its threads too: the handler threads it starts later inherit the priority."""
+    server = services.start_secantus(services.free_port(), tmp_path / "data", tmp_path,
+                                     nice=19)
+    try:
+        assert services.mongo_ping(server.url)  # the pid is SecantusDB's own, not nice's
+        assert "secantusd" in Path(f"/proc/{server.pid}/cmdline").read_text()
+        threads = list(Path(f"/proc/{server.pid}/task").iterdir())
+        assert threads
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        for thread in threads:
+            assert os.getpriority(os.PRIO_PROCESS, int(thread.name)) == min(own + 19, 19)
+    finally:
+        server.stop()
