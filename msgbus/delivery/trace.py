@@ -12,7 +12,6 @@ from msgbus.drain import Drainer
 from msgbus.localqueue import LocalQueue
 from msgbus.models import AttemptResult, DeliveryOutcome
 from msgbus.store import MongoStore
-from msgbus.tasks import map_cooperatively
 
 QUEUE = "outcomes"
 
@@ -75,4 +74,4 @@ class TraceWriter:
             pass
 
     async def _write(self, entries: list[bytes]) -> None:
-        await self._store.record_outcomes(await map_cooperatively(decode_outcome, entries))
+        await self._store.record_outcomes([decode_outcome(e) for e in entries])

@@ -31,12 +31,13 @@ from msgbus.models import (
 )
 from msgbus.store import documents as docs
 from msgbus.store.idsets import find_by_ids
-from msgbus.tasks import map_cooperatively, run_on
+from msgbus.tasks import run_on
 
 log = logging.getLogger(__name__)
 
 _DUPLICATE_KEY = 11000
 RUNTIME_ID = "bus"  # the one document of the runtime collection
+_DOCS_CHUNK = 64  # records turned into documents between two yields to the event loop
 
 INDEXES: dict[str, list[IndexModel]] = {
     "messages": [
@@ -219,10 +220,17 @@ class MongoStore:
         if not records:
             return
         now = utcnow()
-        messages = await map_cooperatively(lambda r: docs.message_doc(*r), records)
-        pending = await map_cooperatively(
-            lambda d: docs.pending_delivery_doc(d[0], d[1], now),
-            [(env, sub) for env, subs in records for sub in subs])
+        messages: list[dict[str, Any]] = []
+        pending: list[dict[str, Any]] = []
+        # built in chunks, yielding between them: a batch of hundreds of records must not
+        # stall the other work of the event loop (the receiver's requests)
+        for start in range(0, len(records), _DOCS_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+            chunk = records[start : start + _DOCS_CHUNK]
+            messages += [docs.message_doc(env, subs) for env, subs in chunk]
+            pending += [docs.pending_delivery_doc(env, s, now) for env, subs in chunk
+                        for s in subs]
         for collection, documents in ((self.messages, messages), (self.deliveries, pending)):
             if not documents:
                 continue
@@ -241,16 +249,13 @@ class MongoStore:
         """
         if not outcomes:
             return
-        # built cooperatively: the dispatcher's pushes share this event loop
-        attempts = await map_cooperatively(
-            lambda o: docs.attempt_doc(o.result), [o for o in outcomes if not o.skipped])
+        attempts = [docs.attempt_doc(o.result) for o in outcomes if not o.skipped]
         try:
             if attempts:
                 await self.attempts.insert_many(attempts, ordered=False)
         except BulkWriteError as exc:
             _raise_unless_duplicates(exc)
-        ops = await map_cooperatively(_state_update,
-                                      list(_group_by_delivery(outcomes).values()))
+        ops = [_state_update(group) for group in _group_by_delivery(outcomes).values()]
         try:
             await self.deliveries.bulk_write(ops, ordered=False)
         except BulkWriteError as exc:
