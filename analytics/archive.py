@@ -8,7 +8,8 @@ document (`analytics.schemas` *_FULL, the unknown ones as JSON in `extra`).
 Order of work, so that a crash anywhere leaves nothing lost and a rerun finishes the job:
 1. read the records not yet archived (messages created before T, their deliveries, and their
    attempts of any time) and count them against MongoDB's own count of the same query;
-   messages with a delivery still under way (pending, failed, retrying) wait for a later run;
+   messages with a delivery still under way (pending — no delivery state yet for one of the
+   subscriptions it was recorded for —, failed, retrying) wait for a later run;
 2. write the rows the archive does not hold yet (by _id: a rerun after a crash between the
    write and the marking writes nothing twice);
 3. read the archive back: every record of this run must be there;
@@ -121,12 +122,22 @@ def _candidates(spark: SparkSession, settings: AnalyticsSettings, start: datetim
         "attempts": read_collection(spark, location, "attempts", start,
                                     max(attempts_end, before)),
     }
+    # every delivery state of the range, archived or not: a rerun after a crash between
+    # marking the deliveries and their messages must still see the states
+    states = read_collection(spark, location, "deliveries", start, before).select(
+        "message_id", "subscription")
     raw = {name: frame.where(not_archived).persist(StorageLevel.MEMORY_AND_DISK)
            for name, frame in raw.items()}
     read_counts = {name: frame.count() for name, frame in raw.items()}
     under_way = [s.value for s in UNDELIVERED_STATUSES]
-    waiting = (raw["deliveries"].where(F.col("status").isin(under_way))
-               .select(F.col("message_id").alias("_id")).distinct())
+    in_flight = (raw["deliveries"].where(F.col("status").isin(under_way))
+                 .select(F.col("message_id").alias("_id")))
+    # a subscription the message was recorded for that has no delivery state yet: pending
+    wanted = raw["messages"].select(F.col("_id").alias("message_id"),
+                                    F.explode("subscriptions").alias("subscription"))
+    no_state = (wanted.join(states, ["message_id", "subscription"], "left_anti")
+                .select(F.col("message_id").alias("_id")))
+    waiting = in_flight.union(no_state).distinct()
     messages = raw["messages"].join(waiting, "_id", "left_anti")
     ids = messages.select(F.col("_id").alias("message_id"))
     deliveries = raw["deliveries"].join(ids, "message_id", "left_semi")

@@ -40,7 +40,8 @@ MESSAGES_FULL = _schema(
     ("received_at", _T), ("content_type", _S), ("headers", _S), ("body", BinaryType()),
     ("size", _L), ("subscriptions", ArrayType(_S)), (ARCHIVED_AT, _T), (EXTRA_COLUMN, _S))
 MESSAGES_STATS = _schema(
-    ("_id", _S), ("destination", _S), ("created_at", _T), ("received_at", _T), ("size", _L))
+    ("_id", _S), ("destination", _S), ("created_at", _T), ("received_at", _T), ("size", _L),
+    ("subscriptions", ArrayType(_S)))
 
 DELIVERIES_FULL = _schema(
     ("_id", _S), ("message_id", _S), ("subscription", _S), ("destination", _S), ("biz_id", _S),

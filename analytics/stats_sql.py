@@ -59,7 +59,14 @@ FROM (
         date_trunc('hour', d.created_at) AS hour,
         CASE WHEN d.status = 'delivered' THEN (unix_micros(d.delivered_at)
             - unix_micros(coalesce(m.received_at, d.created_at))) / 1000.0 END AS delivery_ms
-    FROM stats_deliveries d LEFT JOIN stats_messages m ON m._id = d.message_id)
+    FROM stats_deliveries d LEFT JOIN stats_messages m ON m._id = d.message_id
+    UNION ALL
+    -- pending: a subscription the message was recorded for, without a delivery state yet
+    SELECT w.destination, w.subscription, 'pending' AS status, 0 AS attempts,
+        date_trunc('hour', w.created_at) AS hour, CAST(NULL AS DOUBLE) AS delivery_ms
+    FROM (SELECT _id, destination, created_at, explode(subscriptions) AS subscription
+          FROM stats_messages) w
+    LEFT ANTI JOIN stats_deliveries d ON d.message_id = w._id AND d.subscription = w.subscription)
 GROUP BY destination, subscription, hour, status, attempts, bucket
 """
 

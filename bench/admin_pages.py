@@ -86,7 +86,7 @@ async def seed(uri: str, db: str, messages: int, destinations: int) -> dict[str,
             await store.messages.insert_many(
                 [docs.message_doc(e, [f"{e.destination}/s"]) for e in batch])
             await store.deliveries.insert_many([
-                docs.pending_delivery_doc(e, f"{e.destination}/s", now)
+                docs.delivery_doc(e, f"{e.destination}/s", now)
                 | {"status": _status(n // destinations), "attempts": 1}
                 for n, e in enumerate(batch, start=lo)])
             await store.attempts.insert_many([

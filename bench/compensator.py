@@ -16,11 +16,12 @@ SIGTERM or an error).
    time from the resume until every delivery is recorded delivered (so it includes each
    claim, push and trace write). The subscriber's unique and duplicate counts are checked.
 2. sweep (once the runs are done, in this process): a fresh subscription gets `--due`
-   deliveries pending for an hour (due for the sweep) and, growing from size to size, recent
-   pending deliveries (not due). At each size one `Sweeper.sweep()` pass is timed three times
-   (the swept ones are put back to pending in between). The figure to watch: how the sweep
-   time grows from the smallest to the largest size (it should stay flat: the work is the
-   due deliveries, found through an index, not the collection).
+   messages recorded an hour ago without an outcome (due for the sweep) and, growing from size
+   to size, recent pending batches without outcomes (a backlog behind the dispatcher, not
+   due). At each size one `Sweeper.sweep()` pass is timed three times (the swept ones are put
+   back to pending in between). The figure to watch: how the sweep time grows from the
+   smallest to the largest size (it should stay flat: the work is the due deliveries and the
+   first batch of the backlog, found through an index, not the collection).
 
 Progress goes to stderr; per-run lines, a min/median/max table and, as the last line, one JSON
 object go to stdout. Problems (missing or duplicate deliveries) make the exit code 1.
@@ -59,9 +60,11 @@ from msgbus.settings import CompensatorSettings
 from msgbus.store import MongoStore
 from msgbus.store import documents as docs
 from msgbus.store.claims import DeliveryClaims
+from msgbus.store.pending import PendingSweep
 
 HOST = "127.0.0.1"
 INSERT_CHUNK = 5000
+RECORD_BATCH = 500  # messages per pending batch, as the receiver's record batches
 # the backlog's failures happened at this rate, so their retries fell due spread over time
 # (a subscriber that was down while messages kept coming), the oldest first
 FAILED_PER_S = 1000
@@ -158,7 +161,7 @@ class CompensatorBench:
             due_at = [now - timedelta(seconds=(self.args.retries - n) / FAILED_PER_S)
                       for n in range(lo, hi)]
             await store.deliveries.insert_many([
-                docs.pending_delivery_doc(e, s, now) | {
+                docs.delivery_doc(e, s, now) | {
                     "status": "failed", "next_attempt_at": at, "attempts": 1}
                 for e, s, at in zip(envelopes, sub_of, due_at, strict=True)])
             say(f"run {run}: {hi:,}/{self.args.retries:,} due retries written")
@@ -223,22 +226,25 @@ class CompensatorBench:
         settings = CompensatorSettings(sweep_after_s=600)
         sub = Subscription(destination="bench-sweep", name="s", url=HttpUrl(self.sub_url),
                            paused=False, updated_at=utcnow() - timedelta(hours=2))
-        sweeper = Sweeper(DeliveryClaims(store, "bench"), lambda: [sub], settings)
+        sweeper = Sweeper(DeliveryClaims(store, "bench"), PendingSweep(store), lambda: [sub],
+                          settings)
         now = utcnow()
+        hour_ago = now - timedelta(hours=1)
         old = [Envelope(message_id=uuid7(), destination=sub.destination, body=b"{}",
-                        created_at=now - timedelta(hours=1)) for _ in range(self.args.due)]
+                        created_at=hour_ago) for _ in range(self.args.due)]
+        await store.record_messages([(e, [sub.id]) for e in old])
+        await store.pending_batches.update_many({}, {"$set": {"recorded_at": hour_ago}})
+        due_batches = [b async for b in store.pending_batches.find({})]
         due_ids = [f"{e.message_id}|{sub.id}" for e in old]
-        await store.deliveries.insert_many(
-            [docs.pending_delivery_doc(e, sub.id, now) for e in old])
         pending = 0
         timings: dict[int, list[float]] = {}
         for size in self.args.sizes:
-            while pending < size:
-                chunk = min(INSERT_CHUNK, size - pending)
-                await store.deliveries.insert_many([
-                    docs.pending_delivery_doc(Envelope(
-                        message_id=uuid7(), destination=sub.destination, body=b"{}"),
-                        sub.id, now) for _ in range(chunk)])
+            while pending < size:  # a backlog behind the dispatcher: recent, no outcome yet
+                chunk = min(RECORD_BATCH, size - pending)
+                envelopes = [Envelope(message_id=uuid7(), destination=sub.destination,
+                                      body=b"{}", created_at=now) for _ in range(chunk)]
+                await store.pending_batches.insert_one(
+                    docs.pending_batch_doc(uuid7(), sub.id, envelopes, now))
                 pending += chunk
                 if pending % 50_000 == 0 or pending == size:
                     say(f"sweep: {pending:,}/{size:,} recent pending deliveries written")
@@ -249,8 +255,9 @@ class CompensatorBench:
                     raise RuntimeError(f"a sweep at {size:,} swept {swept}, not "
                                        f"{self.args.due}")
                 timings[size].append(sweeper.last_sweep_s or 0.0)
-                await store.deliveries.update_many(
-                    {"_id": {"$in": due_ids}}, {"$set": {"status": "pending"}})
+                # back to pending for the next timing
+                await store.deliveries.delete_many({"_id": {"$in": due_ids}})
+                await store.pending_batches.insert_many(due_batches)
             out(f"sweep  {size:>9,} pending + {self.args.due:,} due: "
                 f"{cell(spread(timings[size]), '.3f')} s (min / median / max)")
         return timings

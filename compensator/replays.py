@@ -166,8 +166,7 @@ class ReplayJobRun:
         pairs = [(env, sid) for env in envelopes for sid in self.sub_ids]
         if self.spec.statuses is None:
             return pairs
-        states = await self._jobs.delivery_states([e.message_id for e in envelopes],
-                                                   self.sub_ids)
+        states = await self._jobs.delivery_states(page, self.sub_ids)
         wanted = set(self.spec.statuses)
         return [(env, sid) for env, sid in pairs
                 if states.get(f"{env.message_id}|{sid}") in wanted]

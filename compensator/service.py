@@ -17,6 +17,7 @@ from msgbus.registry import Registry
 from msgbus.settings import CompensatorSettings
 from msgbus.store import MongoStore
 from msgbus.store.claims import DeliveryClaims
+from msgbus.store.pending import PendingSweep
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,8 @@ class CompensatorService:
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
         self.claims = DeliveryClaims(self.store, self.instance)
         self.sender = make_sender(settings.http_client, instance=self.instance)
-        self.sweeper = Sweeper(self.claims, self.registry.subscriptions, settings)
+        self.sweeper = Sweeper(self.claims, PendingSweep(self.store), self.registry.subscriptions,
+                               settings)
         self.replays = ReplayRunner(self.store, self.registry, self.sender, settings,
                                     owner=self.instance)
         self.retriers: dict[str, SubscriptionRetrier] = {}

@@ -1,8 +1,9 @@
 """`Sweeper`: finds deliveries left pending too long and hands them to the retry loops; and the
 per-subscription retry gauges (due, waiting, parked, oldest retry age).
 
-Every query is one subscription's range of an index — (subscription, status, created_at) or
-(subscription, status, next_attempt_at) — so a sweep costs what is due, not what is stored.
+Every query is one subscription's range of an index — (subscription, recorded_at) of the pending
+batches, (subscription, status, created_at) or (subscription, status, next_attempt_at) of the
+deliveries — so a sweep costs what was delivered and what is due, not what is stored.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from msgbus.metrics import (
     OLDEST_RETRY_AGE,
@@ -25,17 +26,24 @@ from msgbus.metrics import (
 from msgbus.models import Subscription, utcnow
 from msgbus.settings import CompensatorSettings
 from msgbus.store.claims import DeliveryClaims
+from msgbus.store.pending import PendingSweep
 
 log = logging.getLogger(__name__)
 
-SWEEP_BATCH = 5000
+SWEEP_BATCH = 5000  # pending deliveries of earlier versions per query
+PENDING_PAGE = 50  # pending batches per query
+# A pending batch is first looked at this long after it was recorded: by then most of its
+# messages have an outcome, so one look settles them (the sweep runs every sweep_interval_s).
+SETTLE_AFTER_S = 5.0
 STATS_CAP = 1_000_000
 
 
 class Sweeper:
-    def __init__(self, claims: DeliveryClaims, subscriptions: Callable[[], list[Subscription]],
+    def __init__(self, claims: DeliveryClaims, pending: PendingSweep,
+                 subscriptions: Callable[[], list[Subscription]],
                  settings: CompensatorSettings) -> None:
         self._claims = claims
+        self._pending = pending
         self._subscriptions = subscriptions
         self._settings = settings
         self._tasks: list[asyncio.Task[None]] = []
@@ -75,22 +83,42 @@ class Sweeper:
     async def sweep(self) -> int:
         """One pass over every sweepable subscription; returns how many deliveries it swept."""
         began = time.perf_counter()
-        older_than = utcnow() - timedelta(seconds=self._settings.sweep_after_s)
+        now = utcnow()
+        older_than = now - timedelta(seconds=self._settings.sweep_after_s)
+        settle_before = now - timedelta(seconds=min(SETTLE_AFTER_S,
+                                                    self._settings.sweep_after_s))
         total = 0
         for sub in self.sweepable():
-            while True:
-                swept = await self._claims.sweep_pending(sub.id, older_than, SWEEP_BATCH)
-                if swept:
-                    SWEPT.labels(sub.id).inc(swept)
-                    log.warning("%s: %d deliveries pending since before %s swept into the "
-                                "retries", sub.id, swept, older_than.isoformat())
-                total += swept
-                if swept < SWEEP_BATCH:
-                    break
+            swept = await self._sweep_batches(sub.id, settle_before, older_than)
+            swept += await self._sweep_pending_states(sub.id, older_than)
+            if swept:
+                SWEPT.labels(sub.id).inc(swept)
+                log.warning("%s: %d deliveries pending since before %s swept into the "
+                            "retries", sub.id, swept, older_than.isoformat())
+            total += swept
         self.last_sweep_s = time.perf_counter() - began
         self.swept += total
         SWEEP_SECONDS.observe(self.last_sweep_s)
         return total
+
+    async def _sweep_batches(self, sub_id: str, settle_before: datetime,
+                             older_than: datetime) -> int:
+        swept = 0
+        while True:
+            done = await self._pending.run(sub_id, settle_before=settle_before,
+                                           sweep_before=older_than, limit=PENDING_PAGE)
+            swept += done.swept
+            if done.reached_dispatcher or done.batches < PENDING_PAGE:
+                return swept
+
+    async def _sweep_pending_states(self, sub_id: str, older_than: datetime) -> int:
+        """Pending delivery states, as versions before the pending batches wrote them."""
+        swept = 0
+        while True:
+            found = await self._claims.sweep_pending(sub_id, older_than, SWEEP_BATCH)
+            swept += found
+            if found < SWEEP_BATCH:
+                return swept
 
     async def update_stats(self) -> None:
         now = utcnow()

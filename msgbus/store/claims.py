@@ -23,6 +23,7 @@ from msgbus.store import documents as docs
 from msgbus.store.duescan import DueScan
 from msgbus.store.idsets import find_by_ids, update_by_ids
 from msgbus.store.mongo import MongoStore
+from msgbus.store.pending import SWEPT_ERROR
 
 _CLAIM_FIELDS = {"message_id": 1, "subscription": 1, "attempts": 1, "attempt_base": 1,
                  "redriven_at": 1}
@@ -99,9 +100,9 @@ class DeliveryClaims:
 
     async def sweep_pending(self, subscription: str, older_than: datetime,
                             limit: int) -> int:
-        """Deliveries of `subscription` still pending since before `older_than` (their
-        dispatcher died, their broker lost them, the direct path failed) become failed and due
-        now, for the retry loop. Returns how many."""
+        """Pending delivery states of `subscription` (as versions before the pending batches
+        wrote them) created before `older_than` become failed and due now, for the retry loop.
+        Returns how many."""
         stale = {"subscription": subscription, "status": DeliveryStatus.PENDING.value,
                  "created_at": {"$lt": older_than}}
         cursor = self._deliveries.find(stale, {"_id": 1}).sort("created_at", ASCENDING)
@@ -113,7 +114,7 @@ class DeliveryClaims:
             self._deliveries, ids, {"status": DeliveryStatus.PENDING.value},
             {"$set": {"status": DeliveryStatus.FAILED.value, "next_attempt_at": now,
                       "swept_at": now, "updated_at": now,
-                      "last_error": "swept: no outcome was recorded in time"}})
+                      "last_error": SWEPT_ERROR}})
 
     async def stats(self, subscription: str, cap: int) -> SubscriptionRetryStats:
         failed = {"subscription": subscription, "status": DeliveryStatus.FAILED.value}

@@ -47,17 +47,35 @@ def envelope_from_doc(doc: dict[str, Any]) -> Envelope:
     )
 
 
-def pending_delivery_doc(envelope: Envelope, sub_id: str, now: datetime) -> dict[str, Any]:
+def delivery_doc(envelope: Envelope, sub_id: str, now: datetime,
+                 status: DeliveryStatus = DeliveryStatus.PENDING) -> dict[str, Any]:
+    """A delivery's state before any outcome: pending (versions before the pending batches
+    wrote one per delivery at record time; tests and benchmarks seed them), or failed and due
+    (a sweep's)."""
     return {
         "_id": delivery_id(envelope.message_id, sub_id),
         "message_id": envelope.message_id,
         "subscription": sub_id,
         "destination": envelope.destination,
         "biz_id": envelope.biz_id,
-        "status": DeliveryStatus.PENDING.value,
+        "status": status.value,
         "attempts": 0,
         "created_at": envelope.created_at,
         "updated_at": now,
+    }
+
+
+def pending_batch_doc(batch_id: str, sub_id: str, envelopes: list[Envelope],
+                      now: datetime) -> dict[str, Any]:
+    """The messages of one record batch that `sub_id` is to get: the compensator's sweep looks
+    up which of them never got an outcome."""
+    return {
+        "_id": batch_id,
+        "subscription": sub_id,
+        "recorded_at": now,
+        "message_ids": [e.message_id for e in envelopes],
+        "n": len(envelopes),
+        "oldest_created_at": min(e.created_at for e in envelopes),
     }
 
 

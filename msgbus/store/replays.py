@@ -20,6 +20,8 @@ from msgbus.models import DeliveryStatus, ReplaySpec, ReplayState, delivery_id, 
 from msgbus.store.idsets import find_by_ids
 from msgbus.store.mongo import MongoStore
 
+COUNT_PAGE = 1000  # messages per read of a dry run that counts pending deliveries
+
 
 def message_range_query(spec: ReplaySpec) -> dict[str, Any]:
     query: dict[str, Any] = {"destination": spec.destination,
@@ -45,6 +47,9 @@ class ReplayStore:
         if spec.statuses is None:
             return len(sub_ids) * await self._messages.count_documents(
                 message_range_query(spec))
+        if DeliveryStatus.PENDING in spec.statuses:
+            # a pending delivery has no document of its own: count what the job will find
+            return await self._count_by_state(spec, sub_ids)
         query: dict[str, Any] = {
             "subscription": {"$in": list(sub_ids)},
             "status": {"$in": [s.value for s in spec.statuses]},
@@ -52,6 +57,16 @@ class ReplayStore:
         if spec.biz_id is not None:
             query["biz_id"] = spec.biz_id
         return int(await self._deliveries.count_documents(query))
+
+    async def _count_by_state(self, spec: ReplaySpec, sub_ids: Sequence[str]) -> int:
+        wanted = set(spec.statuses or [])
+        count, position = 0, None
+        while page := await self.message_page(spec, position, COUNT_PAGE,
+                                              projection={"subscriptions": 1}):
+            states = await self.delivery_states(page, sub_ids)
+            count += sum(1 for state in states.values() if state in wanted)
+            position = {"created_at": page[-1]["created_at"], "_id": page[-1]["_id"]}
+        return count
 
     async def create(self, spec: ReplaySpec, sub_ids: list[str], planned: int,
                      requested_by: str) -> dict[str, Any]:
@@ -142,20 +157,29 @@ class ReplayStore:
              "$push": {"audit": {"at": now, "by": owner, "action": "done", "done": done}}})
 
     async def message_page(self, spec: ReplaySpec, position: dict[str, Any] | None,
-                           limit: int) -> list[dict[str, Any]]:
+                           limit: int, projection: dict[str, Any] | None = None
+                           ) -> list[dict[str, Any]]:
         """The next messages of the range after `position` ({created_at, _id} of the last one
-        done), in (created_at, _id) order."""
+        done), in (created_at, _id) order; with `projection`, those fields and created_at."""
         query = message_range_query(spec)
         if position is not None:
             after: datetime = position["created_at"]
             query["$or"] = [{"created_at": {"$gt": after}},
                             {"created_at": after, "_id": {"$gt": position["_id"]}}]
-        cursor = self._messages.find(query).sort([("created_at", ASCENDING),
+        fields = None if projection is None else {**projection, "created_at": 1}
+        cursor = self._messages.find(query, fields).sort([("created_at", ASCENDING),
                                                   ("_id", ASCENDING)]).limit(limit)
         return [m async for m in cursor]
 
-    async def delivery_states(self, message_ids: Sequence[str],
+    async def delivery_states(self, messages: Sequence[dict[str, Any]],
                               sub_ids: Sequence[str]) -> dict[str, DeliveryStatus]:
-        ids = [delivery_id(m, s) for m in message_ids for s in sub_ids]
+        """By delivery id: the state of each message (documents with their `subscriptions`)
+        for each of `sub_ids`; pending where it was recorded for the subscription and has no
+        outcome yet."""
+        ids = [delivery_id(m["_id"], s) for m in messages for s in sub_ids]
         found = await find_by_ids(self._deliveries, ids, projection={"status": 1})
-        return {d["_id"]: DeliveryStatus(d["status"]) for d in found}
+        states = {d["_id"]: DeliveryStatus(d["status"]) for d in found}
+        for message in messages:
+            for sub_id in set(message.get("subscriptions") or []) & set(sub_ids):
+                states.setdefault(delivery_id(message["_id"], sub_id), DeliveryStatus.PENDING)
+        return states

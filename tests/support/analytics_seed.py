@@ -102,7 +102,7 @@ def _delivery(records: Records, envelope: Envelope, name: str, sub: str, i: int)
     """`i`: the message's number among its destination's messages."""
     assert envelope.received_at is not None
     status, codes = outcome(name, i)
-    delivery = docs.pending_delivery_doc(envelope, sub, envelope.received_at)
+    delivery = docs.delivery_doc(envelope, sub, envelope.received_at)
     started = envelope.received_at + PUSH_DELAY
     for attempt, code in enumerate(codes, start=1):
         ok = code == 200
