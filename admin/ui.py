@@ -176,8 +176,15 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
         cursor = store.deliveries.find(query, {"message_id": 1}).sort(
             "created_at", -1).limit(PAGE_SIZE)
         ids = [d["message_id"] async for d in cursor]
+        if status == DeliveryStatus.PENDING:  # those without a state yet, newest first
+            ids += await store.pending_message_ids(sub_id, PAGE_SIZE)
         found = {m["_id"]: m async for m in store.messages.find({"_id": {"$in": ids}})}
-        return [found[i] for i in ids if i in found]
+        messages = [found[i] for i in ids if i in found]
+        if status == DeliveryStatus.PENDING:
+            messages = [m for m in messages if (since is None or m["created_at"] >= since)
+                        and (until is None or m["created_at"] < until)]
+            messages.sort(key=lambda m: m["created_at"], reverse=True)
+        return messages[:PAGE_SIZE]
 
     @app.get("/ui/messages/{message_id}", include_in_schema=False, response_model=None)
     async def message_page(request: Request, message_id: str) -> Response:

@@ -7,7 +7,7 @@ buffer. Two drainers empty them independently:
   destination's broker; what the broker refuses goes the
   direct path to a dispatcher; what that refuses too stays pending in MongoDB for the
   compensator (its record is already buffered, so it is never lost);
-- "record" (partitioned by destination): writes the messages and their pending deliveries to
+- "record" (partitioned by destination): writes the messages and their pending batches to
   MongoDB in batches, at the rates the runtime settings allow (`RecordWriter`).
 """
 

@@ -355,6 +355,21 @@ class MongoStore:
         return await self.deliveries.count_documents(
             {"subscription": subscription, "status": status.value})
 
+    async def pending_message_ids(self, subscription: str, limit: int) -> list[str]:
+        """Up to `limit` of the newest messages recorded for `subscription` that have no
+        outcome yet, newest first."""
+        ids: list[str] = []
+        batches = self.pending_batches.find({"subscription": subscription}, {"message_ids": 1})
+        async for batch in batches.sort("recorded_at", DESCENDING):
+            ids += reversed(batch["message_ids"])
+            if len(ids) >= limit:
+                break
+        with_state = await find_by_ids(self.deliveries,
+                                       [delivery_id(m, subscription) for m in ids],
+                                       projection={"message_id": 1})
+        done = {d["message_id"] for d in with_state}
+        return [m for m in ids if m not in done][:limit]
+
     async def backlog(self, subscription: str, cap: int) -> tuple[int, datetime | None]:
         """Deliveries of a subscription not yet done (at most about `cap` counted) and the
         creation time of the oldest: the messages of its pending batches (those the last

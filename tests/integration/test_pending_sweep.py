@@ -158,3 +158,14 @@ async def test_a_replay_of_pending_deliveries_finds_those_without_an_outcome(
     states = await replays.delivery_states(page, [SUB])
     chosen = {k.split("|")[0] for k, s in states.items() if s in spec.statuses}
     assert chosen == {e.message_id for e in envelopes[5:]}
+
+
+async def test_the_messages_still_pending_are_listed_newest_first(store: MongoStore) -> None:
+    older, newer = _envelopes(3), _envelopes(3)
+    await _record(store, older, age_s=20)
+    await _record(store, newer, age_s=10)
+    await store.record_outcomes([_outcome(newer[1], 200), _outcome(older[0], 500)])
+    listed = await store.pending_message_ids(SUB, 10)
+    assert listed == [newer[2].message_id, newer[0].message_id, older[2].message_id,
+                      older[1].message_id]
+    assert await store.pending_message_ids(SUB, 2) == listed[:2]
