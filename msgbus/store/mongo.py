@@ -272,22 +272,28 @@ class MongoStore:
         except BulkWriteError as exc:
             raise_unless_duplicates(exc)
         groups = list(_group_by_delivery(outcomes).values())
-        existing = await self._insert_new_states([_new_state(g) for g in groups])
-        if not existing:
+        # a first attempt's delivery has no state yet, as a rule; a retry's has one
+        first = [g for g in groups if g[0].result.attempt <= 1]
+        updates = [g for g in groups if g[0].result.attempt > 1]
+        updates += await self._insert_new_states(first)
+        if not updates:
             return
         try:
-            await self.deliveries.bulk_write([_state_update(groups[i]) for i in existing],
+            await self.deliveries.bulk_write([_state_update(g) for g in updates],
                                              ordered=False)
         except BulkWriteError as exc:
             raise_unless_duplicates(exc)  # duplicate key = already delivered: as intended
 
-    async def _insert_new_states(self, states: list[dict[str, Any]]) -> list[int]:
-        """Inserts the states; returns the indexes of those whose delivery exists already."""
+    async def _insert_new_states(self, groups: list[list[DeliveryOutcome]]
+                                 ) -> list[list[DeliveryOutcome]]:
+        """Inserts the groups' states; returns the groups whose delivery has one already."""
+        if not groups:
+            return []
         try:
-            await self.deliveries.insert_many(states, ordered=False)
+            await self.deliveries.insert_many([_new_state(g) for g in groups], ordered=False)
         except BulkWriteError as exc:
             raise_unless_duplicates(exc)
-            return sorted(e["index"] for e in exc.details.get("writeErrors", []))
+            return [groups[e["index"]] for e in exc.details.get("writeErrors", [])]
         return []
 
     # --- queries -------------------------------------------------------------------------

@@ -29,8 +29,9 @@ def _envelopes(count: int) -> list[Envelope]:
                      created_at=created + timedelta(milliseconds=n)) for n in range(count)]
 
 
-def _outcome(envelope: Envelope, status: int, sub: str = SUB) -> DeliveryOutcome:
-    result = AttemptResult(message_id=envelope.message_id, subscription=sub, attempt=1,
+def _outcome(envelope: Envelope, status: int, sub: str = SUB,
+             attempt: int = 1) -> DeliveryOutcome:
+    result = AttemptResult(message_id=envelope.message_id, subscription=sub, attempt=attempt,
                            started_at=utcnow(), latency_ms=2.0, status_code=status,
                            error=None if status == 200 else f"HTTP {status}")
     return DeliveryOutcome(result=result, destination="orders", created_at=envelope.created_at,
@@ -138,6 +139,15 @@ async def test_the_first_outcome_creates_the_state_and_later_ones_move_it_forwar
     assert (state["status"], state["attempts"], state["last_status_code"]) == (
         "delivered", 2, 200)
     assert state["created_at"] == envelope.created_at and state["biz_id"] == envelope.biz_id
+
+    # a retry's outcome written before the first attempt's (two writers) still creates it,
+    # and the failed first attempt arriving later does not turn it back
+    [other] = _envelopes(1)
+    await store.record_outcomes([_outcome(other, 200, attempt=2)])
+    await store.record_outcomes([_outcome(other, 500, attempt=1)])
+    [state] = await store.deliveries_of(other.message_id)
+    assert (state["status"], state["last_status_code"]) == ("delivered", 200)
+    assert len(await store.attempts_of(other.message_id)) == 2
 
 
 async def test_a_replay_of_pending_deliveries_finds_those_without_an_outcome(
