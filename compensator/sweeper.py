@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 SWEEP_BATCH = 5000  # pending deliveries of earlier versions per query
 PENDING_PAGE = 50  # pending batches per query
 # A pending batch is first looked at this long after it was recorded: by then most of its
-# messages have an outcome, so one look settles them (the sweep runs every sweep_interval_s).
+# messages have an outcome, so one look settles them.
 SETTLE_AFTER_S = 5.0
 STATS_CAP = 1_000_000
 
@@ -54,6 +54,8 @@ class Sweeper:
         self._tasks = [
             asyncio.create_task(self._every(self._settings.sweep_interval_s, self.sweep),
                                 name="sweep"),
+            asyncio.create_task(self._every(self._settings.settle_interval_s, self.settle),
+                                name="settle"),
             asyncio.create_task(self._every(self._settings.stats_interval_s,
                                             self.update_stats), name="retry-stats"),
         ]
@@ -74,21 +76,27 @@ class Sweeper:
                 log.warning("%s failed: %s", getattr(job, "__name__", job), exc)
             await asyncio.sleep(interval_s)
 
-    def sweepable(self) -> list[Subscription]:
-        """Not paused, and not changed (e.g. resumed) within the sweep threshold: a resumed
-        subscription's dispatcher is still working through what waited in the broker."""
-        cutoff = utcnow() - timedelta(seconds=self._settings.sweep_after_s)
-        return [s for s in self._subscriptions() if not s.paused and s.updated_at < cutoff]
+    def sweepable(self, sub: Subscription, older_than: datetime) -> bool:
+        """Not changed (e.g. resumed) within the sweep threshold: a resumed subscription's
+        dispatcher is still working through what waited in the broker."""
+        return sub.updated_at < older_than
 
     async def sweep(self) -> int:
-        """One pass over every sweepable subscription; returns how many deliveries it swept."""
+        """One pass over every subscription that is not paused: what has an outcome leaves the
+        pending batches; what has none after the threshold is swept into the retries, where the
+        subscription is sweepable. Returns how many deliveries it swept."""
         began = time.perf_counter()
         now = utcnow()
         older_than = now - timedelta(seconds=self._settings.sweep_after_s)
         settle_before = now - timedelta(seconds=min(SETTLE_AFTER_S,
                                                     self._settings.sweep_after_s))
         total = 0
-        for sub in self.sweepable():
+        for sub in self._subscriptions():
+            if sub.paused:
+                continue
+            if not self.sweepable(sub, older_than):
+                await self._sweep_batches(sub.id, settle_before, None)
+                continue
             swept = await self._sweep_batches(sub.id, settle_before, older_than)
             swept += await self._sweep_pending_states(sub.id, older_than)
             if swept:
@@ -101,8 +109,17 @@ class Sweeper:
         SWEEP_SECONDS.observe(self.last_sweep_s)
         return total
 
+    async def settle(self) -> None:
+        """Between sweeps: the messages that got an outcome leave the pending batches of every
+        subscription that is not paused, so that the backlog gauges count what is left."""
+        settle_before = utcnow() - timedelta(seconds=min(SETTLE_AFTER_S,
+                                                         self._settings.sweep_after_s))
+        for sub in self._subscriptions():
+            if not sub.paused:
+                await self._sweep_batches(sub.id, settle_before, None)
+
     async def _sweep_batches(self, sub_id: str, settle_before: datetime,
-                             older_than: datetime) -> int:
+                             older_than: datetime | None) -> int:
         swept = 0
         while True:
             done = await self._pending.run(sub_id, settle_before=settle_before,

@@ -143,6 +143,9 @@ class CompensatorSettings(BaseSettings):
     # accept-to-delivery time, or slow backlogs get pushed twice
     sweep_after_s: float = 600.0
     sweep_interval_s: float = 30.0
+    # how often the messages that got an outcome leave the pending batches (what the backlog
+    # gauges count); each pass reads the state of what was delivered since the last
+    settle_interval_s: float = Field(default=5.0, gt=0)
     stats_interval_s: float = 15.0  # the retries-due / parked / oldest-retry gauges
     replay_poll_s: float = 2.0  # how often idle compensators look for replay jobs to run
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)

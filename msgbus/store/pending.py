@@ -45,9 +45,10 @@ class PendingSweep:
         self._messages = store.messages
 
     async def run(self, subscription: str, *, settle_before: datetime,
-                  sweep_before: datetime, limit: int) -> PendingPass:
+                  sweep_before: datetime | None, limit: int) -> PendingPass:
         """One page of up to `limit` batches of `subscription` recorded before `settle_before`,
-        oldest first; those recorded before `sweep_before` are emptied for good."""
+        oldest first; those recorded before `sweep_before` (None: none) are emptied for
+        good."""
         query = {"subscription": subscription, "recorded_at": {"$lt": settle_before}}
         cursor = self._batches.find(query).sort("recorded_at", ASCENDING).limit(limit)
         page = [b async for b in cursor]
@@ -58,7 +59,7 @@ class PendingSweep:
             with_state = await self._with_state(subscription, ids)
             left = [m for m in ids if m not in with_state]
             done.settled += len(ids) - len(left)
-            if left and batch["recorded_at"] < sweep_before:
+            if left and sweep_before is not None and batch["recorded_at"] < sweep_before:
                 done.swept += await self._fail_due_now(subscription, left)
                 left = []
             if not left:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from pydantic import HttpUrl
+
+from compensator.sweeper import Sweeper
 from msgbus.ids import uuid7
 from msgbus.models import (
     AttemptResult,
@@ -13,9 +16,12 @@ from msgbus.models import (
     DeliveryStatus,
     Envelope,
     ReplaySpec,
+    Subscription,
     utcnow,
 )
+from msgbus.settings import CompensatorSettings
 from msgbus.store import MongoStore
+from msgbus.store.claims import DeliveryClaims
 from msgbus.store.pending import PendingSweep
 from msgbus.store.replays import ReplayStore
 
@@ -179,3 +185,25 @@ async def test_the_messages_still_pending_are_listed_newest_first(store: MongoSt
     assert listed == [newer[2].message_id, newer[0].message_id, older[2].message_id,
                       older[1].message_id]
     assert await store.pending_message_ids(SUB, 2) == listed[:2]
+
+
+async def test_a_recently_changed_subscription_is_settled_but_not_swept(
+        store: MongoStore) -> None:
+    """Resumed a moment ago, its dispatcher works through what waited: nothing of it is swept
+    yet, but what it delivered leaves the backlog; a paused one is left alone."""
+    now = utcnow()
+    resumed = Subscription(destination="orders", name="billing", url=HttpUrl("http://x/"),
+                           updated_at=now)
+    paused = Subscription(destination="orders", name="audit", url=HttpUrl("http://x/"),
+                          paused=True, updated_at=now - timedelta(hours=1))
+    envelopes = _envelopes(6)
+    await _record(store, envelopes, age_s=120, subs=(SUB, OTHER))
+    await store.record_outcomes([_outcome(e, 200) for e in envelopes[:4]])
+    sweeper = Sweeper(DeliveryClaims(store, "test"), PendingSweep(store),
+                      lambda: [resumed, paused], CompensatorSettings(sweep_after_s=60))
+
+    assert await sweeper.sweep() == 0
+    assert await _statuses(store, envelopes) == ["delivered"] * 4 + ["pending"] * 2
+    assert (await store.backlog(SUB, 1000))[0] == 2
+    await sweeper.settle()
+    assert (await store.backlog(OTHER, 1000))[0] == 6
