@@ -6,6 +6,7 @@ Named `admin` so that `pytest -k admin` selects them."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -17,7 +18,7 @@ import pytest
 
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
-from tests.support.bus import RunningBus, running_bus, wait_until
+from tests.support.bus import CONFIG_REFRESH_S, RunningBus, running_bus, wait_until
 from tests.support.subscriber import RecordingSubscriber
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -207,5 +208,31 @@ def test_admin_ui_creates_a_destination_and_subscription_and_sends_a_test_messag
         assert len(subscriber.pushes) == 1
         assert subscriber.pushes[0].headers["ce-type"] == code
         page.screenshot(path=str(ARTIFACTS / "subscription.png"), full_page=True)
+    finally:
+        page.close()
+
+
+def test_admin_ui_lists_and_shows_a_message_still_pending_for_a_paused_subscription(
+        bus: RunningBus, api_key: str, browser: object) -> None:
+    """No delivery state exists before the first outcome: the UI finds the message through
+    the subscription's pending batches and shows its delivery as pending."""
+    code = f"ui-pending-{uuid.uuid4().hex[:6]}"
+    bus.create_destination(code, "kafka")
+    bus.subscribe(code, "billing", bus.serve_subscriber(RecordingSubscriber()), paused=True)
+    time.sleep(3 * CONFIG_REFRESH_S)  # the receiver learns of the subscription
+    message_id = uuid7()
+    httpx.post(f"{bus.receiver_url}/v1/destinations/{code}/messages", timeout=10,
+               headers={"authorization": f"Bearer {api_key}"},
+               json={"message_id": message_id, "body": {"n": 1}}).raise_for_status()
+    wait_until(lambda: bus.query(bus.store.pending_message_ids(f"{code}/billing", 10)), 20,
+               "the receiver's record")
+    page: Any = _logged_in_page(bus, browser)
+    try:
+        page.goto(f"/ui/messages?subscription={code}/billing&status=pending")
+        assert message_id in page.locator("#results").inner_text()
+        page.goto(f"/ui/messages?subscription={code}/billing&status=delivered")
+        assert message_id not in page.locator("main").inner_text()
+        page.goto(f"/ui/messages/{message_id}")
+        assert f"{code}/billing: pending" in page.locator("#timeline").inner_text()
     finally:
         page.close()

@@ -49,6 +49,8 @@ def sample_value(exposition: str, name: str, labels: dict[str, str]) -> float:
     return total
 
 
+CONFIG_REFRESH_S = 0.5  # how soon the bus's services see a configuration change
+
 def wait_until(
     condition: Callable[[], Any],
     timeout_s: float = 30,
@@ -89,7 +91,7 @@ class RunningBus:
             rabbitmq_url=rabbitmq_url,
             internal_token=SecretStr("test-internal-token"),
             state_dir=state_dir,
-            config_refresh_s=0.5,
+            config_refresh_s=CONFIG_REFRESH_S,
             **connection_options,
         )
         self._group = ServerGroup()
