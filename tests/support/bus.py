@@ -5,6 +5,7 @@ through the admin API."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,6 +51,8 @@ def sample_value(exposition: str, name: str, labels: dict[str, str]) -> float:
 
 
 CONFIG_REFRESH_S = 0.5  # how soon the bus's services see a configuration change
+SHUTDOWN_TIMEOUT_S = 240.0
+SLOW_SHUTDOWN_S = 30.0
 
 def wait_until(
     condition: Callable[[], Any],
@@ -219,10 +222,18 @@ class RunningBus:
         return self.loop.run(coro)
 
     def close(self) -> None:
+        """Stops the subscribers, then the services. A session's bus serves dozens of
+        subscriptions by the end of the suite, and stopping their consumers has, at times, taken
+        over a minute on the shared 2-core machine: the wait is long, and a slow stop is said."""
         self.admin.close()
-        self.loop.run(self._subscribers.stop())
-        self.loop.run(self._group.stop())
+        began = time.monotonic()
+        self.loop.run(self._subscribers.stop(), timeout_s=SHUTDOWN_TIMEOUT_S)
+        self.loop.run(self._group.stop(), timeout_s=SHUTDOWN_TIMEOUT_S)
         self.loop.run(self.store.close())
+        took_s = time.monotonic() - began
+        if took_s > SLOW_SHUTDOWN_S:
+            print(f"[bus] stopping the bus of {self.store.db.name} took {took_s:.0f} s",
+                  file=sys.stderr)
 
 
 @contextlib.contextmanager
