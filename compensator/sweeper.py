@@ -76,28 +76,21 @@ class Sweeper:
                 log.warning("%s failed: %s", getattr(job, "__name__", job), exc)
             await asyncio.sleep(interval_s)
 
-    def sweepable(self, sub: Subscription, older_than: datetime) -> bool:
-        """Not changed (e.g. resumed) within the sweep threshold: a resumed subscription's
-        dispatcher is still working through what waited in the broker."""
-        return sub.updated_at < older_than
+    def sweepable(self) -> list[Subscription]:
+        """Not paused, and not changed (e.g. resumed) within the sweep threshold: a resumed
+        subscription's dispatcher is still working through what waited in the broker."""
+        cutoff = utcnow() - timedelta(seconds=self._settings.sweep_after_s)
+        return [s for s in self._subscriptions() if not s.paused and s.updated_at < cutoff]
 
     async def sweep(self) -> int:
-        """One pass over every subscription that is not paused: what has an outcome leaves the
-        pending batches; what has none after the threshold is swept into the retries, where the
-        subscription is sweepable. Returns how many deliveries it swept."""
+        """One pass over every sweepable subscription: what has no outcome after the threshold
+        is swept into the retries (and what has one leaves the pending batches on the way).
+        Returns how many deliveries it swept."""
         began = time.perf_counter()
-        now = utcnow()
-        older_than = now - timedelta(seconds=self._settings.sweep_after_s)
-        settle_before = now - timedelta(seconds=min(SETTLE_AFTER_S,
-                                                    self._settings.sweep_after_s))
+        older_than = utcnow() - timedelta(seconds=self._settings.sweep_after_s)
         total = 0
-        for sub in self._subscriptions():
-            if sub.paused:
-                continue
-            if not self.sweepable(sub, older_than):
-                await self._sweep_batches(sub.id, settle_before, None)
-                continue
-            swept = await self._sweep_batches(sub.id, settle_before, older_than)
+        for sub in self.sweepable():
+            swept = await self._sweep_batches(sub.id, older_than)
             swept += await self._sweep_pending_states(sub.id, older_than)
             if swept:
                 SWEPT.labels(sub.id).inc(swept)
@@ -111,15 +104,17 @@ class Sweeper:
 
     async def settle(self) -> None:
         """Between sweeps: the messages that got an outcome leave the pending batches of every
-        subscription that is not paused, so that the backlog gauges count what is left."""
-        settle_before = utcnow() - timedelta(seconds=min(SETTLE_AFTER_S,
-                                                         self._settings.sweep_after_s))
+        subscription that is not paused, also one the sweep skips (changed within the
+        threshold), so that the backlog gauges count what is left."""
         for sub in self._subscriptions():
             if not sub.paused:
-                await self._sweep_batches(sub.id, settle_before, None)
+                await self._sweep_batches(sub.id, None)
 
-    async def _sweep_batches(self, sub_id: str, settle_before: datetime,
-                             older_than: datetime | None) -> int:
+    async def _sweep_batches(self, sub_id: str, older_than: datetime | None) -> int:
+        """Settles the subscription's pending batches; sweeps what is older than `older_than`
+        (None: nothing). Returns how many it swept."""
+        settle_before = utcnow() - timedelta(seconds=min(SETTLE_AFTER_S,
+                                                         self._settings.sweep_after_s))
         swept = 0
         while True:
             done = await self._pending.run(sub_id, settle_before=settle_before,

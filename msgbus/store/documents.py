@@ -52,15 +52,23 @@ def delivery_doc(envelope: Envelope, sub_id: str, now: datetime,
     """A delivery's state before any outcome: pending (versions before the pending batches
     wrote one per delivery at record time; tests and benchmarks seed them), or failed and due
     (a sweep's)."""
+    return message_delivery_doc(
+        {"_id": envelope.message_id, "destination": envelope.destination,
+         "biz_id": envelope.biz_id, "created_at": envelope.created_at}, sub_id, now, status)
+
+
+def message_delivery_doc(message: dict[str, Any], sub_id: str, now: datetime,
+                         status: DeliveryStatus) -> dict[str, Any]:
+    """The same from a message document (at least its _id, destination, biz_id, created_at)."""
     return {
-        "_id": delivery_id(envelope.message_id, sub_id),
-        "message_id": envelope.message_id,
+        "_id": delivery_id(message["_id"], sub_id),
+        "message_id": message["_id"],
         "subscription": sub_id,
-        "destination": envelope.destination,
-        "biz_id": envelope.biz_id,
+        "destination": message["destination"],
+        "biz_id": message.get("biz_id"),
         "status": status.value,
         "attempts": 0,
-        "created_at": envelope.created_at,
+        "created_at": message["created_at"],
         "updated_at": now,
     }
 

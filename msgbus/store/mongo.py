@@ -324,13 +324,18 @@ class MongoStore:
         return [d async for d in cursor]
 
     async def delivered_among(self, subscription: str, message_ids: Sequence[str]) -> set[str]:
-        """Which of these messages MongoDB marks delivered to `subscription` (queries on
-        _id)."""
+        """Which of these messages MongoDB marks delivered to `subscription`."""
+        return await self.with_state_among(subscription, message_ids, DeliveryStatus.DELIVERED)
+
+    async def with_state_among(self, subscription: str, message_ids: Sequence[str],
+                               status: DeliveryStatus | None = None) -> set[str]:
+        """Which of these messages have a delivery state for `subscription` (in `status`, when
+        given): queries on _id."""
         if not message_ids:
             return set()
         ids = [delivery_id(m, subscription) for m in message_ids]
-        found = await find_by_ids(self.deliveries, ids,
-                                  {"status": DeliveryStatus.DELIVERED.value}, {"message_id": 1})
+        query = None if status is None else {"status": status.value}
+        found = await find_by_ids(self.deliveries, ids, query, {"message_id": 1})
         return {str(doc["message_id"]) for doc in found}
 
     async def deliveries_of(self, message_id: str) -> list[dict[str, Any]]:
@@ -370,10 +375,7 @@ class MongoStore:
             ids += reversed(batch["message_ids"])
             if len(ids) >= limit:
                 break
-        with_state = await find_by_ids(self.deliveries,
-                                       [delivery_id(m, subscription) for m in ids],
-                                       projection={"message_id": 1})
-        done = {d["message_id"] for d in with_state}
+        done = await self.with_state_among(subscription, ids)
         return [m for m in ids if m not in done][:limit]
 
     async def backlog(self, subscription: str, cap: int) -> tuple[int, datetime | None]:

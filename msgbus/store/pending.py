@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from pymongo import ASCENDING
 from pymongo.errors import BulkWriteError
 
-from msgbus.models import DeliveryStatus, delivery_id, utcnow
+from msgbus.models import DeliveryStatus, utcnow
+from msgbus.store import documents as docs
 from msgbus.store.idsets import find_by_ids
 from msgbus.store.mongo import MongoStore, raise_unless_duplicates
 
@@ -40,6 +40,7 @@ class PendingPass:
 
 class PendingSweep:
     def __init__(self, store: MongoStore) -> None:
+        self._store = store
         self._batches = store.pending_batches
         self._deliveries = store.deliveries
         self._messages = store.messages
@@ -56,7 +57,7 @@ class PendingSweep:
         for batch in page:
             done.batches += 1
             ids: list[str] = batch["message_ids"]
-            with_state = await self._with_state(subscription, ids)
+            with_state = await self._store.with_state_among(subscription, ids)
             left = [m for m in ids if m not in with_state]
             done.settled += len(ids) - len(left)
             if left and sweep_before is not None and batch["recorded_at"] < sweep_before:
@@ -72,11 +73,6 @@ class PendingSweep:
                 break
         return done
 
-    async def _with_state(self, subscription: str, message_ids: list[str]) -> set[str]:
-        ids = [delivery_id(m, subscription) for m in message_ids]
-        found = await find_by_ids(self._deliveries, ids, projection={"message_id": 1})
-        return {str(d["message_id"]) for d in found}
-
     async def _fail_due_now(self, subscription: str, message_ids: list[str]) -> int:
         """Failed states, due now, for these messages; how many were new (a dispatcher's
         outcome may have landed meanwhile: it wins)."""
@@ -86,7 +82,9 @@ class PendingSweep:
             missing = len(message_ids) - len(messages)
             log.error("%s: %d pending messages have no record to push from", subscription,
                       missing)
-        states = [_swept_state(m, subscription, now) for m in messages]
+        states = [docs.message_delivery_doc(m, subscription, now, DeliveryStatus.FAILED)
+                  | {"next_attempt_at": now, "swept_at": now, "last_error": SWEPT_ERROR}
+                  for m in messages]
         if not states:
             return 0
         try:
@@ -96,19 +94,3 @@ class PendingSweep:
             return int(exc.details.get("nInserted", 0))
         return len(states)
 
-
-def _swept_state(message: dict[str, Any], subscription: str, now: datetime) -> dict[str, Any]:
-    return {
-        "_id": delivery_id(message["_id"], subscription),
-        "message_id": message["_id"],
-        "subscription": subscription,
-        "destination": message["destination"],
-        "biz_id": message.get("biz_id"),
-        "status": DeliveryStatus.FAILED.value,
-        "attempts": 0,
-        "created_at": message["created_at"],
-        "updated_at": now,
-        "next_attempt_at": now,
-        "swept_at": now,
-        "last_error": SWEPT_ERROR,
-    }

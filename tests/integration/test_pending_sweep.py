@@ -203,7 +203,7 @@ async def test_a_recently_changed_subscription_is_settled_but_not_swept(
                       lambda: [resumed, paused], CompensatorSettings(sweep_after_s=60))
 
     assert await sweeper.sweep() == 0
+    await sweeper.settle()
     assert await _statuses(store, envelopes) == ["delivered"] * 4 + ["pending"] * 2
     assert (await store.backlog(SUB, 1000))[0] == 2
-    await sweeper.settle()
     assert (await store.backlog(OTHER, 1000))[0] == 6
