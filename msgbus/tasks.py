@@ -1,12 +1,15 @@
-"""Tasks a caller may stop waiting for without cancelling them."""
+"""Tasks a caller may stop waiting for without cancelling them, and periodic jobs."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def run_on(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -21,3 +24,19 @@ def run_on(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
 def _retrieve_exception(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+async def periodically(job: Callable[[], Awaitable[object]], interval_s: float, *, what: str,
+                       max_busy: float = 1.0) -> None:
+    """Runs `job` every `interval_s` until cancelled; a failure (MongoDB down) is logged and the
+    job runs again next time. With `max_busy` below 1 the pause after a pass grows with the
+    pass, so the job takes at most that share of the time: a gauge whose queries read a large
+    backlog, or wait behind a busy MongoDB server, then backs off instead of adding to it."""
+    while True:
+        began = time.monotonic()
+        try:
+            await job()
+        except Exception as exc:
+            log.warning("%s failed: %s", what, exc)
+        took = time.monotonic() - began
+        await asyncio.sleep(max(interval_s, took * (1 - max_busy) / max_busy))

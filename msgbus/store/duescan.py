@@ -19,7 +19,7 @@ MongoDB was down). Such a retry is then at most `rescan_s` late; none is lost.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +32,13 @@ FIRST_WINDOW_S = 1.0
 MIN_WINDOW_S = 0.001
 MARGIN_S = 60.0
 RESCAN_S = 60.0
+# A window's query reads every entry of its range on the test server, whatever its limit: in a
+# dense stretch (a sweep's or a re-drive's thousands due at one instant) each claim would read
+# all that is left. So a window returns up to this many times what was asked, and the rest
+# serves the next claims, while it is fresh: an id handed out stale only makes a smaller claim
+# (the claim checks again that it is due).
+AHEAD_FACTOR = 8
+AHEAD_TTL_S = 5.0
 
 
 @dataclass(slots=True)
@@ -39,6 +46,14 @@ class _Floor:
     at: datetime  # nothing of the subscription is due before this
     scanned_at: float  # monotonic time of the full scan it descends from
     window_s: float  # the width of the first window of the next scan
+    ahead: list[str] = field(default_factory=list)  # due ids found beyond the last claim
+    ahead_at: float = 0.0  # monotonic time they were found
+
+    def take_ahead(self, limit: int, ttl_s: float) -> list[str]:
+        if time.monotonic() - self.ahead_at > ttl_s:
+            self.ahead = []
+        taken, self.ahead = self.ahead[:limit], self.ahead[limit:]
+        return taken
 
 
 class DueScan:
@@ -54,17 +69,21 @@ class DueScan:
         floor = await self._floor(subscription, now)
         if floor is None:
             return []
-        ids: list[str] = []
+        if ids := floor.take_ahead(limit, AHEAD_TTL_S):
+            return ids
         lo, width_s = floor.at, floor.window_s
         verified = floor.at  # nothing is due below this: the windows up to here were empty
         while len(ids) < limit:
             hi = min(lo + timedelta(seconds=width_s), now)
             wanted = limit - len(ids)
-            found = await self._window(subscription, lo, hi, last=hi >= now, limit=wanted)
+            found = await self._window(subscription, lo, hi, last=hi >= now,
+                                       limit=wanted * AHEAD_FACTOR)
             if not found and verified == lo:
                 verified = hi
-            ids += found
-            if len(found) == wanted:  # dense: the next scan starts narrower
+            ids += found[:wanted]
+            if len(found) > wanted:
+                floor.ahead, floor.ahead_at = found[wanted:], time.monotonic()
+            if len(found) >= wanted:  # dense: the next scan starts narrower
                 floor.window_s = max(MIN_WINDOW_S, width_s / 4)
             if hi >= now:
                 break

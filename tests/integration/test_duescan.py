@@ -86,10 +86,13 @@ async def test_a_retry_recorded_below_the_floor_is_found_by_the_next_full_scan(
 
 class CountingScan(DueScan):
     windows = 0
+    windows_with_ids = 0
 
     async def _window(self, *args: Any, **kwargs: Any) -> list[str]:
         self.windows += 1
-        return await super()._window(*args, **kwargs)
+        found = await super()._window(*args, **kwargs)
+        self.windows_with_ids += bool(found)
+        return found
 
 
 async def test_an_idle_subscription_costs_one_query_per_scan(store: MongoStore) -> None:
@@ -103,3 +106,18 @@ async def test_an_idle_subscription_costs_one_query_per_scan(store: MongoStore) 
     soon = delivery(utcnow() - timedelta(milliseconds=1))
     await store.deliveries.insert_one(soon)
     assert await scan.due_ids(SUB, utcnow(), 10) == [soon["_id"]]
+
+
+async def test_a_thousand_due_at_one_instant_are_claimed_with_few_queries(
+        store: MongoStore) -> None:
+    """A sweep or a re-drive makes thousands due at the same instant: no time window can split
+    them, and each window query reads all of them on the test server, so a scan keeps the ids
+    found beyond one claim for the next claims instead of reading them all again each time."""
+    instant = utcnow() - timedelta(seconds=1)
+    due = [delivery(instant) for _ in range(1000)]
+    await store.deliveries.insert_many(due)
+    scan = CountingScan(store.deliveries)
+    taken = await claim_all(store, scan, 50)
+    assert sorted(taken) == sorted(d["_id"] for d in due) and len(set(taken)) == len(taken)
+    # 1,000 in claims of 50 would be 20 queries reading the instant; 8 claims' worth each: 3
+    assert scan.windows_with_ids == 3

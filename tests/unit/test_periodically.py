@@ -1,0 +1,59 @@
+"""`periodically`: a periodic job runs again after its interval, survives its failures, and
+with a busy share backs off after slow passes instead of adding to the load that slows them."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from msgbus import tasks
+
+
+class FakeClock:
+    """Time that only the job's passes move; the pauses between them are recorded instead."""
+
+    def __init__(self, pass_s: list[float]) -> None:
+        self.now = 0.0
+        self.pass_s = pass_s
+        self.pauses: list[float] = []
+        self.passes = 0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def job(self) -> None:
+        self.now += self.pass_s[self.passes]
+        self.passes += 1
+        if self.passes == 2:
+            raise ConnectionError("MongoDB down")
+
+    async def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        if len(self.pauses) == len(self.pass_s):
+            raise asyncio.CancelledError
+
+
+def run(monkeypatch: pytest.MonkeyPatch, clock: FakeClock, **options: float) -> None:
+    monkeypatch.setattr(tasks, "time", SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(tasks, "asyncio", SimpleNamespace(sleep=clock.sleep))
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(tasks.periodically(clock.job, 5.0, what="gauges", **options))
+
+
+def test_a_job_runs_every_interval_and_again_after_a_failure(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock([0.1, 0.2, 3.0])
+    run(monkeypatch, clock)
+    assert clock.passes == 3, "the failed second pass did not stop the job"
+    assert clock.pauses == [5.0, 5.0, 5.0]
+
+
+def test_a_slow_pass_makes_the_job_back_off_to_its_busy_share(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock([0.1, 2.0, 0.1])
+    run(monkeypatch, clock, max_busy=0.1)
+    assert clock.pauses[0] == 5.0
+    assert clock.pauses[1] == pytest.approx(18.0), "a 2 s pass is followed by 18 s of rest"
+    assert clock.pauses[2] == 5.0, "back to the interval once passes are quick again"
