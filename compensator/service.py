@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import socket
+import time
 
 from compensator.replays import ReplayRunner
 from compensator.retrier import SubscriptionRetrier
@@ -20,6 +21,8 @@ from msgbus.store.claims import DeliveryClaims
 from msgbus.store.pending import PendingSweep
 
 log = logging.getLogger(__name__)
+
+SLOW_CLOSE_S = 15.0  # beyond the retry loops' grace for pushes under way
 
 
 class CompensatorService:
@@ -61,11 +64,17 @@ class CompensatorService:
                 self.retriers[sub_id] = retrier
 
     async def close(self) -> None:
-        await self.replays.close()
-        await self.sweeper.close()
-        await self.registry.close()
+        steps = (("replays", self.replays.close), ("sweeper", self.sweeper.close),
+                 ("registry", self.registry.close), ("retry loops", self._close_retriers),
+                 ("sender", self.sender.close), ("MongoDB client", self.store.close))
+        for what, close in steps:
+            began = time.monotonic()
+            await close()
+            took = time.monotonic() - began
+            if took > SLOW_CLOSE_S:  # a close that hangs says where
+                log.warning("closing the compensator's %s took %.1f s", what, took)
+
+    async def _close_retriers(self) -> None:
         async with self._lock:
             await asyncio.gather(*(r.close() for r in self.retriers.values()))
             self.retriers.clear()
-        await self.sender.close()
-        await self.store.close()
