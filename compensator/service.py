@@ -8,7 +8,6 @@ import functools
 import logging
 import os
 import socket
-import time
 
 from compensator.replays import ReplayRunner
 from compensator.retrier import SubscriptionRetrier
@@ -19,10 +18,9 @@ from msgbus.settings import CompensatorSettings
 from msgbus.store import MongoStore
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.pending import PendingSweep
+from msgbus.tasks import close_in_order
 
 log = logging.getLogger(__name__)
-
-SLOW_CLOSE_S = 15.0  # beyond the retry loops' grace for pushes under way
 
 
 class CompensatorService:
@@ -64,15 +62,10 @@ class CompensatorService:
                 self.retriers[sub_id] = retrier
 
     async def close(self) -> None:
-        steps = (("replays", self.replays.close), ("sweeper", self.sweeper.close),
-                 ("registry", self.registry.close), ("retry loops", self._close_retriers),
-                 ("sender", self.sender.close), ("MongoDB client", self.store.close))
-        for what, close in steps:
-            began = time.monotonic()
-            await close()
-            took = time.monotonic() - began
-            if took > SLOW_CLOSE_S:  # a close that hangs says where
-                log.warning("closing the compensator's %s took %.1f s", what, took)
+        await close_in_order("compensator", (
+            ("replays", self.replays.close), ("sweeper", self.sweeper.close),
+            ("registry", self.registry.close), ("retry loops", self._close_retriers),
+            ("sender", self.sender.close), ("MongoDB client", self.store.close)))
 
     async def _close_retriers(self) -> None:
         async with self._lock:

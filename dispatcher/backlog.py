@@ -18,7 +18,7 @@ from msgbus.tasks import periodically
 BACKLOG_CAP = 10_000
 # ... and whatever the cap, a large backlog costs a pass more: passes take at most this share of
 # the time, so the gauges back off instead of slowing the MongoDB server that works it off.
-MAX_BUSY = 0.1
+MAX_BUSY = 0.25
 
 
 class BacklogMonitor:

@@ -22,6 +22,7 @@ from msgbus.models import BrokerKind, Subscription
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
 from msgbus.store import MongoStore
+from msgbus.tasks import CloseStep, close_in_order
 
 log = logging.getLogger(__name__)
 
@@ -118,15 +119,17 @@ class DispatcherService:
             self._indexes.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._indexes
+        steps: list[CloseStep] = []
         if self.broker_health is not None:
-            await self.broker_health.close()
-        await self.backlog.close()
-        await self.registry.close()
-        await self.supervisor.close()
-        await self.trace.close()
+            steps.append(("broker health", self.broker_health.close))
+        steps += [("backlog gauges", self.backlog.close), ("registry", self.registry.close),
+                  ("workers", self.supervisor.close), ("trace writer", self.trace.close),
+                  ("trace flush", self._flush_trace), ("sender", self.sender.close),
+                  ("MongoDB client", self.store.close)]
+        await close_in_order("dispatcher", steps)
+        self.trace_buffer.close()
+
+    async def _flush_trace(self) -> None:
         # MongoDB down: the outcomes stay in the local buffer for the next start.
         with contextlib.suppress(Exception):
             await self.trace.flush()
-        await self.sender.close()
-        await self.store.close()
-        self.trace_buffer.close()

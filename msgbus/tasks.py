@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -27,11 +27,14 @@ def _retrieve_exception(task: asyncio.Task[Any]) -> None:
 
 
 async def periodically(job: Callable[[], Awaitable[object]], interval_s: float, *, what: str,
-                       max_busy: float = 1.0) -> None:
+                       max_busy: float = 1.0, max_pause_s: float | None = None) -> None:
     """Runs `job` every `interval_s` until cancelled; a failure (MongoDB down) is logged and the
     job runs again next time. With `max_busy` below 1 the pause after a pass grows with the
     pass, so the job takes at most that share of the time: a gauge whose queries read a large
-    backlog, or wait behind a busy MongoDB server, then backs off instead of adding to it."""
+    backlog, or wait behind a busy MongoDB server, then backs off instead of adding to it; but
+    it pauses at most `max_pause_s` (default: 4 intervals), so a gauge never goes stale for
+    long."""
+    longest_s = 4 * interval_s if max_pause_s is None else max_pause_s
     while True:
         began = time.monotonic()
         try:
@@ -39,4 +42,26 @@ async def periodically(job: Callable[[], Awaitable[object]], interval_s: float, 
         except Exception as exc:
             log.warning("%s failed: %s", what, exc)
         took = time.monotonic() - began
-        await asyncio.sleep(max(interval_s, took * (1 - max_busy) / max_busy))
+        await asyncio.sleep(max(interval_s,
+                                min(longest_s, took * (1 - max_busy) / max_busy)))
+
+
+CloseStep = tuple[str, Callable[[], Awaitable[object]]]
+
+
+async def close_in_order(component: str, steps: Sequence[CloseStep], *,
+                         slow_s: float = 15.0) -> None:
+    """Runs a service's close steps one after the other. A step still running after `slow_s`
+    (and every `slow_s` after) is said, so that a close that hangs says where."""
+    for what, close in steps:
+        task = asyncio.ensure_future(close())
+        waited_s = 0.0
+        try:
+            while not (await asyncio.wait({task}, timeout=slow_s))[0]:
+                waited_s += slow_s
+                log.warning("closing the %s: its %s still not closed after %.0f s", component,
+                            what, waited_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        task.result()

@@ -17,6 +17,7 @@ from msgbus.metrics import MULTIPROCESS_DIR_VARIABLE
 from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
 from msgbus.store import MongoStore
+from msgbus.tasks import CloseStep, close_in_order
 from receiver.drain_process import DrainProcess
 from receiver.draining import DrainService, open_buffer
 from receiver.intake import Intake
@@ -68,12 +69,12 @@ class ReceiverService:
         log.info("receiver ready (drainer: %s)", self.settings.drainer)
 
     async def close(self) -> None:
-        await self.auth.close()
+        steps: list[CloseStep] = [("app keys", self.auth.close)]
         if self.drain_process is not None:
-            await self.drain_process.close()
+            steps.append(("drain process", self.drain_process.close))
         if self.drains is not None:
-            await self.drains.close()
-        await self.registry.close()
-        await self.store.close()
+            steps.append(("drains", self.drains.close))
+        steps += [("registry", self.registry.close), ("MongoDB client", self.store.close)]
+        await close_in_order("receiver", steps)
         self.buffer.close()
         self.slot.release()

@@ -50,10 +50,28 @@ def test_a_job_runs_every_interval_and_again_after_a_failure(
     assert clock.pauses == [5.0, 5.0, 5.0]
 
 
-def test_a_slow_pass_makes_the_job_back_off_to_its_busy_share(
+def test_a_slow_pass_makes_the_job_back_off_to_its_busy_share_within_four_intervals(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = FakeClock([0.1, 2.0, 0.1])
-    run(monkeypatch, clock, max_busy=0.1)
+    clock = FakeClock([0.1, 2.0, 10.0, 0.1])
+    run(monkeypatch, clock, max_busy=0.25)
     assert clock.pauses[0] == 5.0
-    assert clock.pauses[1] == pytest.approx(18.0), "a 2 s pass is followed by 18 s of rest"
-    assert clock.pauses[2] == 5.0, "back to the interval once passes are quick again"
+    assert clock.pauses[1] == pytest.approx(6.0), "a 2 s pass is followed by 6 s of rest"
+    assert clock.pauses[2] == 20.0, "never more than 4 intervals: the gauge stays fresh"
+    assert clock.pauses[3] == 5.0, "back to the interval once passes are quick again"
+
+
+def test_a_close_that_hangs_says_which_step_and_the_rest_still_close(
+        caplog: pytest.LogCaptureFixture) -> None:
+    closed: list[str] = []
+
+    async def slow() -> None:
+        await asyncio.sleep(0.25)
+        closed.append("workers")
+
+    async def quick() -> None:
+        closed.append("store")
+
+    asyncio.run(tasks.close_in_order("dispatcher", [("workers", slow), ("store", quick)],
+                                     slow_s=0.1))
+    assert closed == ["workers", "store"]
+    assert "closing the dispatcher: its workers still not closed after 0 s" in caplog.text
