@@ -27,7 +27,7 @@ from msgbus.models import Subscription, utcnow
 from msgbus.settings import CompensatorSettings
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.pending import PendingSweep
-from msgbus.tasks import periodically
+from msgbus.tasks import GAUGE_MAX_BUSY, periodically
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,6 @@ PENDING_PAGE = 50  # pending batches per query
 # messages have an outcome, so one look settles them.
 SETTLE_AFTER_S = 5.0
 STATS_CAP = 1_000_000
-# A count reads every entry of its range (on the test server, whatever its limit): with a large
-# backlog of retries the gauges back off to keep at most this share of the time.
-GAUGES_MAX_BUSY = 0.25
 
 
 class Sweeper:
@@ -62,7 +59,7 @@ class Sweeper:
                                              what="settle"), name="settle"),
             asyncio.create_task(periodically(self.update_stats,
                                              self._settings.stats_interval_s,
-                                             what="retry stats", max_busy=GAUGES_MAX_BUSY),
+                                             what="retry stats", max_busy=GAUGE_MAX_BUSY),
                                 name="retry-stats"),
         ]
 

@@ -11,14 +11,11 @@ from collections.abc import Callable
 from msgbus.metrics import BACKLOG, OLDEST_UNDELIVERED_AGE, PAUSED_PARTITIONS
 from msgbus.models import utcnow
 from msgbus.store import MongoStore
-from msgbus.tasks import periodically
+from msgbus.tasks import GAUGE_MAX_BUSY, periodically
 
 # A count reads every entry it counts (SecantusDB: ~30 us each, on the cores the pushes need):
 # beyond this, the exact size tells an operator nothing the oldest undelivered age does not.
 BACKLOG_CAP = 10_000
-# ... and whatever the cap, a large backlog costs a pass more: passes take at most this share of
-# the time, so the gauges back off instead of slowing the MongoDB server that works it off.
-MAX_BUSY = 0.25
 
 
 class BacklogMonitor:
@@ -33,7 +30,7 @@ class BacklogMonitor:
     def start(self) -> None:
         self._task = asyncio.create_task(
             periodically(self.update, self._interval_s, what="backlog metrics",
-                         max_busy=MAX_BUSY), name="backlog-monitor")
+                         max_busy=GAUGE_MAX_BUSY), name="backlog-monitor")
 
     async def close(self) -> None:
         if self._task is not None:
