@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -55,3 +57,37 @@ async def test_serving_a_started_group_freezes_its_startup_objects() -> None:
     stop.set()  # a signal right away: serve_until_signal returns after stopping the group
     await serve_until_signal(ServerGroup(), stop)
     assert gc.get_freeze_count() > 0
+
+
+class SlowToFinalize:
+    """Garbage whose finalizer lets other threads run while its collection is under way."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.me, self.release = self, release
+
+    def __del__(self) -> None:
+        self.release.wait(5)
+
+
+def test_startup_garbage_is_freed_while_another_thread_is_collecting() -> None:
+    release, collecting = threading.Event(), threading.Event()
+
+    def collect_slowly() -> None:
+        SlowToFinalize(release)
+        collecting.set()
+        gc.collect()  # runs the finalizer: blocked until released
+
+    other = threading.Thread(target=collect_slowly)
+    other.start()
+    assert collecting.wait(5)
+    time.sleep(0.05)  # its collection is now under way
+    threading.Timer(0.2, release.set).start()
+    first, second = Node(), Node()
+    first.other, second.other = second, first
+    dropped = weakref.ref(first)
+    del first, second
+
+    freeze_startup_objects()
+
+    other.join(5)
+    assert dropped() is None, "frozen while another thread collected: never freed"
