@@ -28,6 +28,7 @@ from msgbus.settings import CompensatorSettings
 from msgbus.store import MongoStore
 from msgbus.store.documents import envelope_from_doc
 from msgbus.store.replays import ReplayStore
+from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,7 @@ class ReplayRunner:
 
     async def close(self) -> None:
         self._closing.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _loop(self) -> None:
         await self.jobs.ensure_indexes()

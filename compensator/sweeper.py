@@ -9,7 +9,6 @@ deliveries — so a sweep costs what was delivered and what is due, not what is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from msgbus.models import Subscription, utcnow
 from msgbus.settings import CompensatorSettings
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.pending import PendingSweep
-from msgbus.tasks import GAUGE_MAX_BUSY, periodically
+from msgbus.tasks import GAUGE_MAX_BUSY, cancel_and_wait, periodically
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +63,7 @@ class Sweeper:
         ]
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
 
     def sweepable(self) -> list[Subscription]:
         """Not paused, and not changed (e.g. resumed) within the sweep threshold: a resumed

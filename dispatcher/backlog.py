@@ -11,7 +11,7 @@ from collections.abc import Callable
 from msgbus.metrics import BACKLOG, OLDEST_UNDELIVERED_AGE, PAUSED_PARTITIONS
 from msgbus.models import utcnow
 from msgbus.store import MongoStore
-from msgbus.tasks import GAUGE_MAX_BUSY, periodically
+from msgbus.tasks import GAUGE_MAX_BUSY, cancel_and_wait, periodically
 
 # A count reads every entry it counts (SecantusDB: ~30 us each, on the cores the pushes need):
 # beyond this, the exact size tells an operator nothing the oldest undelivered age does not.
@@ -33,10 +33,7 @@ class BacklogMonitor:
                          max_busy=GAUGE_MAX_BUSY), name="backlog-monitor")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def update(self) -> None:
         paused = self._paused_partitions()

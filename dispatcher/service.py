@@ -22,7 +22,7 @@ from msgbus.models import BrokerKind, Subscription
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
 from msgbus.store import MongoStore
-from msgbus.tasks import CloseStep, close_in_order
+from msgbus.tasks import CloseStep, cancel_and_wait, close_in_order
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +115,7 @@ class DispatcherService:
                         "workers anyway", exc)
 
     async def close(self) -> None:
-        if self._indexes is not None:
-            self._indexes.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._indexes
+        await cancel_and_wait(self._indexes)
         steps: list[CloseStep] = []
         if self.broker_health is not None:
             steps.append(("broker health", self.broker_health.close))

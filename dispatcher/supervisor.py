@@ -10,7 +10,6 @@ longer used are still delivered."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from dispatcher.redelivery import DeliveredCheck
@@ -21,6 +20,7 @@ from msgbus.delivery.trace import TraceWriter
 from msgbus.models import BrokerKind, Envelope, Subscription, utcnow
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
+from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +137,7 @@ class WorkerSupervisor:
         return {sub_id: worker.paused_partitions for sub_id, (_, worker) in self._workers.items()}
 
     async def close(self) -> None:
-        if self._resync is not None:
-            self._resync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._resync
+        await cancel_and_wait(self._resync)
         async with self._lock:
             await asyncio.gather(*(self._stop(s) for s in list(self._workers)))
 

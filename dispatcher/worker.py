@@ -21,6 +21,7 @@ from msgbus.delivery.sender import Sender
 from msgbus.delivery.trace import TraceWriter
 from msgbus.metrics import SKIPPED
 from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, Subscription, utcnow
+from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +93,7 @@ class SubscriptionWorker:
     async def close(self, grace_s: float = 10.0) -> None:
         """Stop taking messages, let in-flight pushes finish within `grace_s`, close."""
         self._closing.set()
-        for task in self._loops:
-            task.cancel()
-        for task in self._loops:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._loops)
         await self._stop_pushers(grace_s)
         if self._in_flight:
             _, pending = await asyncio.wait(self._in_flight, timeout=grace_s)
@@ -159,9 +156,7 @@ class SubscriptionWorker:
                     await checked.put((batch, done))
         finally:
             # batches not admitted yet stay unacked: the broker hands them out again
-            admitter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await admitter
+            await cancel_and_wait(admitter)
 
     async def _admit_checked(
         self, consumer: SubscriptionConsumer,

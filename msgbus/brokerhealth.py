@@ -20,7 +20,6 @@ figures; the poll never raises.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -45,6 +44,7 @@ from msgbus.metrics import (
 )
 from msgbus.models import BrokerKind, Subscription
 from msgbus.settings import ConnectionSettings
+from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +84,7 @@ class BrokerHealthMonitor:
         self._task = asyncio.create_task(self._loop(), name="broker-health")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         await self._http.aclose()
 
     async def _loop(self) -> None:

@@ -11,11 +11,11 @@ down) never holds back the others.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 from msgbus.localqueue import LocalQueue
+from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,7 @@ class Drainer:
         self._task = asyncio.create_task(self._run(), name=f"drain-{self.name}")
 
     async def close(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def drain_once(self) -> int:
         """Move one batch; returns how many entries moved."""

@@ -27,6 +27,7 @@ from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 from msgbus.errors import NotFound
 from msgbus.models import Destination, RuntimeConfig, Subscription
 from msgbus.store import MongoStore
+from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,7 @@ class Registry:
         self._task = asyncio.create_task(self._refresh_loop(), name="registry-refresh")
 
     async def close(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def reload(self) -> None:
         destinations = await self._store.list_destinations()

@@ -31,6 +31,23 @@ def _retrieve_exception(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
+async def cancel_and_wait(*tasks: asyncio.Future[Any] | None, every_s: float = 1.0) -> None:
+    """Cancels the tasks and waits until they have ended; re-raises a failure other than the
+    cancellation. The cancellation is repeated every `every_s` while one still runs: Python
+    3.11's `asyncio.wait_for` (ours and the drivers') drops a cancellation that comes as the
+    awaited call completes, and a loop that lost its only one would keep its close waiting
+    for ever."""
+    running = {task for task in tasks if task is not None}
+    pending = running
+    while pending:
+        for task in pending:
+            task.cancel()
+        pending = (await asyncio.wait(pending, timeout=every_s))[1]
+    for task in running:
+        if not task.cancelled() and task.exception() is not None:
+            task.result()
+
+
 async def periodically(job: Callable[[], Awaitable[object]], interval_s: float, *, what: str,
                        max_busy: float = 1.0, max_pause_s: float | None = None) -> None:
     """Runs `job` every `interval_s` until cancelled; a failure (MongoDB down) is logged and the

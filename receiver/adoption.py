@@ -11,7 +11,6 @@ so whatever the dead receiver had already published or recorded may safely go ag
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from msgbus.bufferslots import ClaimedSlot, claim_path, find_orphans, sweep_removed
 from msgbus.localqueue import LocalQueue
+from msgbus.tasks import cancel_and_wait
 from receiver.pipeline import IngestPipeline
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,7 @@ class OrphanAdopter:
 
     async def close(self) -> None:
         """Stop; a slot being drained is released as it is, for the next adopter."""
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:

@@ -42,6 +42,7 @@ from msgbus.metrics import forget_process
 from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
 from msgbus.store import MongoStore
+from msgbus.tasks import cancel_and_wait
 from receiver.draining import DrainService, open_buffer
 
 log = logging.getLogger(__name__)
@@ -113,10 +114,7 @@ class DrainProcess:
 
     async def close(self) -> None:
         """Stop the drain process (SIGTERM, then SIGKILL after STOP_TIMEOUT_S)."""
-        if self._monitor is not None:
-            self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
+        await cancel_and_wait(self._monitor)
         process = self._process
         if process is not None and process.returncode is None:
             process.terminate()

@@ -38,6 +38,7 @@ from msgbus.metrics import (
     ORPHANS_DRAINED,
 )
 from msgbus.settings import SpoolDrainerSettings
+from msgbus.tasks import cancel_and_wait
 from receiver.rescue import BufferRescuer
 
 log = logging.getLogger(__name__)
@@ -88,11 +89,7 @@ class NodeDrainer:
         or `drain_timeout_s` ends (the process exits after it): keep that below the pod's
         termination grace period. Either way nothing is lost: entries leave a queue only once
         taken."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         await self.rescuer.close()
 
     async def scan_once(self) -> list[ScanReport]:

@@ -1,9 +1,11 @@
-"""`periodically`: a periodic job runs again after its interval, survives its failures, and
-with a busy share backs off after slow passes instead of adding to the load that slows them."""
+"""msgbus.tasks: a periodic job runs again after its interval, survives its failures, and
+with a busy share backs off after slow passes instead of adding to the load that slows them; a
+service's close says which step hangs, and stops a loop even if it lost its cancellation."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -75,3 +77,45 @@ def test_a_close_that_hangs_says_which_step_and_the_rest_still_close(
                                      slow_s=0.1))
     assert closed == ["workers", "store"]
     assert "closing the dispatcher: its workers still not closed after 0 s" in caplog.text
+
+
+def test_a_loop_that_lost_its_cancellation_in_wait_for_still_stops() -> None:
+    async def scenario() -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        answers: list[asyncio.Future[None]] = []
+
+        async def refresh_loop() -> None:  # like the registry's: a bounded call, then a pause
+            while True:
+                answers.append(loop.create_future())
+                await asyncio.wait_for(answers[-1], 10)
+                await asyncio.sleep(0.01)
+
+        task = asyncio.create_task(refresh_loop())
+        await asyncio.sleep(0)
+        answers[-1].set_result(None)  # the call completes just as the close cancels
+        task.cancel()
+        await asyncio.sleep(0.05)
+        still_running = not task.done()
+        await asyncio.wait_for(tasks.cancel_and_wait(task, every_s=0.05), 5)
+        return still_running, task.cancelled()
+
+    still_running, cancelled = asyncio.run(scenario())
+    if sys.version_info < (3, 12):
+        assert still_running, "Python 3.11's wait_for drops this cancellation"
+    assert cancelled
+
+
+def test_cancel_and_wait_reraises_a_failure_other_than_the_cancellation() -> None:
+    async def scenario() -> None:
+        async def fails_on_cancel() -> None:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                raise RuntimeError("cleanup failed") from None
+
+        task = asyncio.create_task(fails_on_cancel())
+        await asyncio.sleep(0)
+        await tasks.cancel_and_wait(task, None)
+
+    with pytest.raises(RuntimeError, match="cleanup failed"):
+        asyncio.run(scenario())
