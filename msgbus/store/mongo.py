@@ -54,6 +54,8 @@ INDEXES: dict[str, list[IndexModel]] = {
         IndexModel([("created_at", DESCENDING)]),
     ],
     "deliveries": [
+        # a message's trace; its ids begin with the message id, but on the test server an _id
+        # range is a collection scan
         IndexModel([("message_id", ASCENDING)]),
         IndexModel([("subscription", ASCENDING), ("status", ASCENDING), ("created_at", ASCENDING)]),
         # the compensator's claims: one subscription's failed deliveries by due time
