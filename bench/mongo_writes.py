@@ -12,6 +12,9 @@ product's `MongoStore`, in the batch sizes the services use:
   a batch; and, to split it, the attempt inserts alone on another set of messages;
 - the compensator's sweep of the pending batches, which finds every message delivered
   (`PendingSweep`, pages of 50 batches);
+- every record of new messages by 4 clients at once (as receivers and dispatchers write them),
+  then their settling: the most messages per second the server records, and the cores it uses
+  for that (SecantusDB: one, whatever the number of clients);
 - the baselines, in the same run: `insert_many` of as many small documents into a collection
   without secondary indexes, then one update by _id of each (`bulk_write`), which is the floor
   of any delivery state change on this server.
@@ -50,8 +53,9 @@ TRACE_BATCH = 1000  # the dispatcher's trace batch (MSGBUS_DISPATCHER_TRACE_BATC
 SUBSCRIPTION = "bench/a"
 TARGET_MSGS_PER_S = 2000
 SETTLE_PAGE = 50  # the compensator's page of pending batches
+PARALLEL_WRITERS = 4
 WRITES = ("baseline_insert", "baseline_update", "receiver_record", "dispatcher_trace",
-          "compensator_settle", "attempt_insert")
+          "compensator_settle", "attempt_insert", "all_in_parallel")
 BUS_WRITES = ("receiver_record", "dispatcher_trace", "compensator_settle")
 
 
@@ -94,6 +98,21 @@ class MongoWritesBench:
             if done.batches < SETTLE_PAGE:
                 return
 
+    async def in_parallel(self) -> None:
+        """Every record of new messages, by `PARALLEL_WRITERS` clients at once (as receivers
+        and dispatchers write them), then the settling of their pending batches: the most
+        records per second the server makes, whatever its clients."""
+        async def one_writer(envelopes: list[Envelope]) -> None:
+            for chunk in chunked(envelopes, RECORD_BATCH):
+                await self.store.record_messages([(e, [SUBSCRIPTION]) for e in chunk])
+            for chunk in chunked(envelopes, TRACE_BATCH):
+                await self.store.record_outcomes([delivered(e) for e in chunk])
+
+        share = self.messages // PARALLEL_WRITERS
+        await asyncio.gather(*(one_writer(new_envelopes(share))
+                               for _ in range(PARALLEL_WRITERS)))
+        await self.settle()
+
     async def run(self) -> dict[str, tuple[float, float]]:
         store, n = self.store, self.messages
         baseline = store.db[f"bench_baseline_{uuid7()}"]
@@ -119,6 +138,7 @@ class MongoWritesBench:
             partial(store.attempts.insert_many, [attempt_doc(delivered(e).result)
                                                  for e in chunk])
             for chunk in chunked(others, TRACE_BATCH)])
+        figures["all_in_parallel"] = await self.measure([self.in_parallel])
         await baseline.drop()
         return figures
 
@@ -139,13 +159,17 @@ def report(runs: list[dict[str, tuple[float, float]]]) -> dict[str, object]:
     cores = {k: v * TARGET_MSGS_PER_S / 1000 for k, v in per_message.items()}
     out(f"server cores for {TARGET_MSGS_PER_S:,} msg/s with their records: "
         f"{cell(cores, '.2f')} (min / median / max)")
+    used = spread([r["all_in_parallel"][0] * r["all_in_parallel"][1] / 1000 for r in runs])
+    out(f"server cores used by {PARALLEL_WRITERS} writers at once: {cell(used, '.2f')}, for "
+        f"{cell(rate['all_in_parallel'], ',.0f')} messages/s with all their records")
     return {"bench": "mongo_writes", "runs": len(runs),
             "cpu_ms_per_message": {w: rounded(cpu[w]) for w in WRITES},
             "delivery_state_cpu_ms": rounded(update),
             "all_cpu_ms_per_message": rounded(per_message),
             "ratio_to_baseline": {w: rounded(ratio[w]) for w in WRITES},
             "msgs_per_s": {w: rounded(rate[w]) for w in WRITES},
-            f"server_cores_for_{TARGET_MSGS_PER_S}_per_s": rounded(cores)}
+            f"server_cores_for_{TARGET_MSGS_PER_S}_per_s": rounded(cores),
+            "server_cores_in_parallel": rounded(used)}
 
 
 async def bench(args: argparse.Namespace, url: str,
