@@ -19,7 +19,8 @@ or an error. Per run:
 2. latency at half of this run's Kafka delivered/s, for `--latency-s`: latency = arrival at the
    subscriber - the moment send() returned (one machine, one clock). Then the baseline: the
    same bodies POSTed straight to the subscriber at the same rate; latency = arrival - POST
-   start. overhead p50 = bus p50 - direct p50.
+   start. overhead p50 = bus p50 - direct p50. With `--mongo-stopped-phase`, the same load
+   again with the MongoDB server stopped (SIGSTOP): the overhead without its CPU.
 3. isolation (as bench.dispatch): a healthy subscriber A drains a backlog alone, then beside B
    (never answers: 1 s timeouts), C (500 at once) and D (300 ms per request) on one destination;
    ratio = A's rate with them ÷ alone. The compensator retries B's and C's failures meanwhile.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import signal
 import sys
@@ -179,6 +181,34 @@ class E2EBench:
         fig.base_ms = [ms for _, ms in fig.base_series]
         if stats["stats"].get("ok", 0) != count:
             fig.problems.append(f"direct baseline: {stats['stats']}")
+        if a.mongo_stopped_phase:
+            self.latency_mongo_stopped(fig, rate, count)
+
+    def latency_mongo_stopped(self, fig: E2ERun, rate: float, count: int) -> None:
+        """The latency phase again, with the MongoDB server stopped (SIGSTOP) meanwhile: the
+        bus's records wait in its local buffers, so this is its overhead without the CPU the
+        MongoDB server takes on this machine."""
+        run = fig.run
+        label = f"nomongo-{run}"
+        code = self.destination(f"{self.s.run_id}-{run}-nomongo", "kafka", label)
+        self.warm_up(run, "kafka", code, label)
+        self.s.wait_quiet(f"run {run} before stopping MongoDB", self.args.timeout)
+        lo = LATENCY_BASE_N
+        say(f"run {run}: latency with MongoDB stopped, {count} send()s at {rate:,.0f}/s")
+        mongo = self.s.cpu_pids["mongo"]
+        os.kill(mongo, signal.SIGSTOP)
+        try:
+            result = self.send(code, lo, count, rate, label)
+            self.wait_arrived(f"run {run} latency delivery, MongoDB stopped", label, lo,
+                              lo + count, len(result["returned_at"]))
+        finally:
+            os.kill(mongo, signal.SIGCONT)
+        returned: dict[int, float] = result["returned_at"]
+        arrivals = {n: arr for n, _, arr in self.s.records(self.s.sub_url, label, lo, lo + count)}
+        fig.mongo_stopped_ms = [(arrivals[n] - t) * 1000 for n, t in returned.items()
+                                if n in arrivals]
+        self._check(fig, "latency with MongoDB stopped", count, result, arrivals)
+        self.s.wait_quiet(f"run {run} records after MongoDB's stop", self.args.timeout)
 
     def stages(self, fig: E2ERun, result: dict[str, Any],
                arrivals: dict[int, float]) -> dict[str, float]:
@@ -274,6 +304,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the dispatcher's MSGBUS_DISPATCHER_KAFKA_FETCH_WAIT_MS (product "
                              "default 500): tansu, unlike Apache Kafka, answers a fetch only "
                              "when this much time has passed, so it sets the latency here")
+    parser.add_argument("--mongo-stopped-phase", action="store_true",
+                        help="after the latency phase, the same load again with the MongoDB "
+                             "server stopped (SIGSTOP; records wait in the bus's buffers): the "
+                             "bus's overhead without the CPU that server takes here")
     parser.add_argument("--mongo-nice", type=int, default=19, choices=range(20),
                         metavar="0-19",
                         help="SecantusDB's nice value (default 19): on this one shared machine "

@@ -36,6 +36,8 @@ class E2ERun:
     latency_rate_per_s: float = math.nan
     bus_ms: list[float] = field(default_factory=list, repr=False)  # send() returned → arrival
     base_ms: list[float] = field(default_factory=list, repr=False)  # POST sent → arrival
+    # send() returned → arrival at the same load with the MongoDB server stopped (optional)
+    mongo_stopped_ms: list[float] = field(default_factory=list, repr=False)
     # (seconds since the phase began, latency ms) for the plot
     bus_series: list[tuple[float, float]] = field(default_factory=list, repr=False)
     base_series: list[tuple[float, float]] = field(default_factory=list, repr=False)
@@ -78,6 +80,8 @@ class E2ERun:
             "direct_p95_ms": percentile(self.base_ms, 95),
             "direct_p99_ms": percentile(self.base_ms, 99),
             "overhead_p50_ms": bus_p50 - base_p50,
+            **({"overhead_mongo_stopped_p50_ms": percentile(self.mongo_stopped_ms, 50) - base_p50}
+               if self.mongo_stopped_ms else {}),
             **{f"stage_{name}_p50_ms": ms for name, ms in self.stages_p50_ms.items()},
             "alone_per_s": self.alone_per_s,
             "with_neighbours_per_s": self.with_neighbours_per_s,
@@ -100,6 +104,9 @@ class E2ERun:
             f"{f['direct_p95_ms']:.1f}/{f['direct_p99_ms']:.1f} ms; overhead p50 "
             f"{f['overhead_p50_ms']:.1f} ms; p50 of its stages: "
             + ", ".join(f"{name} {ms:.1f} ms" for name, ms in self.stages_p50_ms.items()))
+        if self.mongo_stopped_ms:
+            lines.append(f"run {self.run}  latency with MongoDB stopped: overhead p50 "
+                         f"{f['overhead_mongo_stopped_p50_ms']:.1f} ms")
         lines.append(f"run {self.run}  isolation: A alone {self.alone_per_s:,.0f}/s, with "
                      f"broken and slow neighbours {self.with_neighbours_per_s:,.0f}/s, ratio "
                      f"{self.isolation_ratio:.3f} (meanwhile pushes/s: "
