@@ -41,6 +41,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,24 +153,17 @@ class E2EBench:
             else a.rate / 4
         count = max(1, int(rate * a.latency_s))
         fig.latency_rate_per_s = rate
-        label = f"lat-{run}"
-        code = self.destination(f"{self.s.run_id}-{run}-lat", "kafka", label)
-        self.warm_up(run, "kafka", code, label)
-        say(f"run {run}: latency, {count} send()s at {rate:,.0f}/s through Kafka")
-        lo = LATENCY_BASE_N
-        result = self.send(code, lo, count, rate, f"lat-{run}")
+        result, arrivals = self.latency_phase(fig, "lat", rate, count, "latency")
         returned: dict[int, float] = result["returned_at"]
-        self.wait_arrived(f"run {run} latency delivery", label, lo, lo + count, len(returned))
-        arrivals = {n: arr for n, _, arr in self.s.records(self.s.sub_url, label, lo, lo + count)}
         began = result["started"]
         fig.bus_series = [(t - began, (arrivals[n] - t) * 1000) for n, t in returned.items()
                           if n in arrivals]
         fig.bus_ms = [ms for _, ms in fig.bus_series]
-        self._check(fig, "latency", count, result, arrivals)
         self.s.wait_quiet(f"run {run} latency", a.timeout)  # every trace is in MongoDB now
         fig.stages_p50_ms = self.stages(fig, result, arrivals)
 
         say(f"run {run}: baseline, {count} direct POSTs at {rate:,.0f}/s to the subscriber")
+        lo = LATENCY_BASE_N
         base_label = f"direct-{run}"
         direct = self.s.submit(e2e_load.paced_direct,
                                url=self.dispatch.sub("hook", base_label), first=lo,
@@ -188,27 +182,42 @@ class E2EBench:
         """The latency phase again, with the MongoDB server stopped (SIGSTOP) meanwhile: the
         bus's records wait in its local buffers, so this is its overhead without the CPU the
         MongoDB server takes on this machine."""
+        result, arrivals = self.latency_phase(fig, "nomongo", rate, count,
+                                              "latency with MongoDB stopped",
+                                              during=self.mongo_stopped(fig.run))
+        fig.mongo_stopped_ms = [(arrivals[n] - t) * 1000
+                                for n, t in result["returned_at"].items() if n in arrivals]
+        self.s.wait_quiet(f"run {fig.run} records after MongoDB's stop", self.args.timeout)
+
+    def latency_phase(self, fig: E2ERun, tag: str, rate: float, count: int, what: str,
+                      during: contextlib.AbstractContextManager[None] | None = None
+                      ) -> tuple[dict[str, Any], dict[int, float]]:
+        """`count` send()s at `rate` through a new Kafka destination, sent and awaited
+        `during` a condition: the load's result and the arrival time of each message."""
         run = fig.run
-        label = f"nomongo-{run}"
-        code = self.destination(f"{self.s.run_id}-{run}-nomongo", "kafka", label)
+        label = f"{tag}-{run}"
+        code = self.destination(f"{self.s.run_id}-{run}-{tag}", "kafka", label)
         self.warm_up(run, "kafka", code, label)
-        self.s.wait_quiet(f"run {run} before stopping MongoDB", self.args.timeout)
+        say(f"run {run}: {what}, {count} send()s at {rate:,.0f}/s through Kafka")
         lo = LATENCY_BASE_N
-        say(f"run {run}: latency with MongoDB stopped, {count} send()s at {rate:,.0f}/s")
+        with during or contextlib.nullcontext():
+            result = self.send(code, lo, count, rate, label)
+            self.wait_arrived(f"run {run} {what} delivery", label, lo, lo + count,
+                              len(result["returned_at"]))
+        arrivals = {n: arr for n, _, arr in self.s.records(self.s.sub_url, label, lo, lo + count)}
+        self._check(fig, what, count, result, arrivals)
+        return result, arrivals
+
+    @contextlib.contextmanager
+    def mongo_stopped(self, run: int) -> Iterator[None]:
+        """The MongoDB server stopped (SIGSTOP) once the records so far are written."""
+        self.s.wait_quiet(f"run {run} before stopping MongoDB", self.args.timeout)
         mongo = self.s.cpu_pids["mongo"]
         os.kill(mongo, signal.SIGSTOP)
         try:
-            result = self.send(code, lo, count, rate, label)
-            self.wait_arrived(f"run {run} latency delivery, MongoDB stopped", label, lo,
-                              lo + count, len(result["returned_at"]))
+            yield
         finally:
             os.kill(mongo, signal.SIGCONT)
-        returned: dict[int, float] = result["returned_at"]
-        arrivals = {n: arr for n, _, arr in self.s.records(self.s.sub_url, label, lo, lo + count)}
-        fig.mongo_stopped_ms = [(arrivals[n] - t) * 1000 for n, t in returned.items()
-                                if n in arrivals]
-        self._check(fig, "latency with MongoDB stopped", count, result, arrivals)
-        self.s.wait_quiet(f"run {run} records after MongoDB's stop", self.args.timeout)
 
     def stages(self, fig: E2ERun, result: dict[str, Any],
                arrivals: dict[int, float]) -> dict[str, float]:
