@@ -8,18 +8,34 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 
+from admin.invalid_docs import LIST_RESPONSES, add_invalid_document_routes, valid_items
 from admin.operations import add_operation_routes
+from admin.params import (
+    AppName,
+    BizIdQuery,
+    DestinationCode,
+    DestinationQuery,
+    Limit,
+    StoredId,
+    SubscriptionName,
+)
 from admin.schemas import AppIn, DestinationIn, RuntimeIn, SubscriptionIn
 from admin.security import AsAdmin, AsOperator, AsViewer
 from admin.service import AdminService
 from admin.ui import add_ui_routes
 from admin.users_routes import add_user_routes
 from msgbus.auth import hash_api_key, new_api_key
-from msgbus.errors import NotFound
+from msgbus.errors import InvalidStoredDocument, NotFound
 from msgbus.http import add_readiness, service_app
-from msgbus.models import Destination, Subscription, new_signing_secret, utcnow
+from msgbus.models import (
+    Destination,
+    Subscription,
+    new_signing_secret,
+    subscription_id,
+    utcnow,
+)
 from msgbus.users import Principal
 
 
@@ -38,18 +54,21 @@ def create_app(service: AdminService) -> FastAPI:
 
     add_readiness(app, readiness, required=("mongo",), service="admin")
 
-    @app.get("/v1/destinations")
-    async def list_destinations(_: AsViewer) -> list[dict[str, Any]]:
-        return [d.model_dump(mode="json") for d in await store.list_destinations()]
+    @app.get("/v1/destinations", responses=LIST_RESPONSES)
+    async def list_destinations(_: AsViewer, response: Response) -> list[dict[str, Any]]:
+        loaded = await store.load_destinations()
+        return [d.model_dump(mode="json") for d in valid_items(response, loaded)]
 
     @app.put("/v1/destinations/{code}")
-    async def put_destination(code: str, body: DestinationIn, who: AsAdmin) -> dict[str, Any]:
+    async def put_destination(code: DestinationCode, body: DestinationIn,
+                              who: AsAdmin) -> dict[str, Any]:
         fields = body.model_dump()
         try:  # a broker switch is remembered: dispatchers drain the previous broker
             existing = await store.get_destination(code)
-            destination = existing.with_broker(body.broker, utcnow()).model_copy(
-                update={k: v for k, v in fields.items() if k != "broker"})
-        except NotFound:
+            switched = existing.with_broker(body.broker, utcnow())
+            destination = Destination.model_validate(
+                switched.model_dump() | {k: v for k, v in fields.items() if k != "broker"})
+        except (NotFound, InvalidStoredDocument):  # new, or replacing one that is invalid
             destination = Destination(code=code, **fields)
         await store.save_destination(destination)
         await audit(who, "destination.put", code, body.model_dump(mode="json"))
@@ -66,21 +85,26 @@ def create_app(service: AdminService) -> FastAPI:
                                                                      exclude_none=True))
         return await service.runtime_view()
 
-    @app.get("/v1/subscriptions")
-    async def list_subscriptions(_: AsViewer, destination: str | None = None
-                                 ) -> list[dict[str, Any]]:
-        subs = await store.list_subscriptions(destination)
-        return [s.model_dump(mode="json", exclude={"signing_secrets"}) for s in subs]
+    @app.get("/v1/subscriptions", responses=LIST_RESPONSES)
+    async def list_subscriptions(_: AsViewer, response: Response,
+                                 destination: DestinationQuery = None) -> list[dict[str, Any]]:
+        loaded = await store.load_subscriptions(destination)
+        return [s.model_dump(mode="json", exclude={"signing_secrets"})
+                for s in valid_items(response, loaded)]
 
     @app.put("/v1/destinations/{code}/subscriptions/{name}")
-    async def put_subscription(code: str, name: str, body: SubscriptionIn,
-                               who: AsAdmin) -> dict[str, Any]:
+    async def put_subscription(code: DestinationCode, name: SubscriptionName,
+                               body: SubscriptionIn, who: AsAdmin) -> dict[str, Any]:
         await store.get_destination(code)
+        sub_id = subscription_id(code, name)
         try:
-            existing = await store.get_subscription(f"{code}/{name}")
-            sub = existing.model_copy(update={**dict(body), "updated_at": utcnow()})
+            existing = await store.get_subscription(sub_id)
+            sub = Subscription.model_validate(
+                existing.model_dump() | body.model_dump() | {"updated_at": utcnow()})
         except NotFound:
             sub = Subscription(destination=code, name=name, **body.model_dump())
+        except InvalidStoredDocument:
+            sub = await service.replacement_subscription(code, name, body)
         await store.save_subscription(sub)
         await audit(who, "subscription.put", sub.id, body.model_dump(mode="json"))
         # The signing secrets are shown to whoever configures the subscriber.
@@ -98,20 +122,23 @@ def create_app(service: AdminService) -> FastAPI:
         return sub
 
     @app.post("/v1/destinations/{code}/subscriptions/{name}/pause")
-    async def pause_subscription(code: str, name: str, who: AsOperator) -> dict[str, Any]:
+    async def pause_subscription(code: DestinationCode, name: SubscriptionName,
+                                 who: AsOperator) -> dict[str, Any]:
         """Dispatchers stop pushing within seconds; messages wait in the broker."""
         sub = await change_subscription(code, name, who, "subscription.pause",
                                         lambda _: {"paused": True})
         return sub.model_dump(mode="json", exclude={"signing_secrets"})
 
     @app.post("/v1/destinations/{code}/subscriptions/{name}/resume")
-    async def resume_subscription(code: str, name: str, who: AsOperator) -> dict[str, Any]:
+    async def resume_subscription(code: DestinationCode, name: SubscriptionName,
+                                  who: AsOperator) -> dict[str, Any]:
         sub = await change_subscription(code, name, who, "subscription.resume",
                                         lambda _: {"paused": False})
         return sub.model_dump(mode="json", exclude={"signing_secrets"})
 
     @app.post("/v1/destinations/{code}/subscriptions/{name}/secrets/rotate")
-    async def rotate_secret(code: str, name: str, who: AsAdmin) -> dict[str, Any]:
+    async def rotate_secret(code: DestinationCode, name: SubscriptionName,
+                            who: AsAdmin) -> dict[str, Any]:
         """A new signing secret; pushes are signed with it and the previous one until
         `.../secrets/previous` is deleted, so the subscriber can switch without a gap."""
         sub = await change_subscription(code, name, who, "subscription.secret_rotate",
@@ -120,7 +147,8 @@ def create_app(service: AdminService) -> FastAPI:
         return {"signing_secrets": sub.signing_secrets}
 
     @app.delete("/v1/destinations/{code}/subscriptions/{name}/secrets/previous")
-    async def drop_previous_secret(code: str, name: str, who: AsAdmin) -> dict[str, Any]:
+    async def drop_previous_secret(code: DestinationCode, name: SubscriptionName,
+                                   who: AsAdmin) -> dict[str, Any]:
         sub = await change_subscription(code, name, who, "subscription.secret_drop",
                                         lambda old: {"signing_secrets":
                                                      old.signing_secrets[:1]})
@@ -133,12 +161,15 @@ def create_app(service: AdminService) -> FastAPI:
         return {"name": body.name, "destinations": body.destinations, "api_key": key,
                 "note": "the key is shown only once; msgbus stores only its hash"}
 
-    @app.get("/v1/apps")
-    async def list_apps(_: AsViewer) -> list[dict[str, Any]]:
-        return await store.list_apps()
+    @app.get("/v1/apps", responses=LIST_RESPONSES)
+    async def list_apps(_: AsViewer, response: Response) -> list[dict[str, Any]]:
+        """Producer apps without their key hashes: name, destinations, how many keys."""
+        return [{"name": a.name, "destinations": a.destinations, "keys": len(a.key_hashes),
+                 "created_at": a.created_at, "revoked_at": a.revoked_at}
+                for a in valid_items(response, await store.load_apps())]
 
     @app.post("/v1/apps/{name}/keys", status_code=201)
-    async def add_app_key(name: str, who: AsAdmin) -> dict[str, Any]:
+    async def add_app_key(name: AppName, who: AsAdmin) -> dict[str, Any]:
         """A further key (to rotate without a gap: deploy it, then revoke the old ones)."""
         key = new_api_key()
         await store.add_app_key(name, hash_api_key(key))
@@ -147,23 +178,25 @@ def create_app(service: AdminService) -> FastAPI:
                 "note": "the key is shown only once; msgbus stores only its hash"}
 
     @app.delete("/v1/apps/{name}/keys", status_code=204)
-    async def revoke_app_keys(name: str, who: AsAdmin) -> None:
+    async def revoke_app_keys(name: AppName, who: AsAdmin) -> None:
         """Every key of the app stops working within 30 s (the receivers' key cache)."""
         await store.revoke_app_keys(name)
         await audit(who, "app.keys_revoke", name)
 
     @app.get("/v1/messages")
-    async def find_messages(_: AsViewer, biz_id: str | None = None, destination: str | None = None,
+    async def find_messages(_: AsViewer, biz_id: BizIdQuery = None,
+                            destination: DestinationQuery = None,
                             since: datetime | None = None, until: datetime | None = None,
-                            limit: int = 100) -> list[dict[str, Any]]:
+                            limit: Limit = 100) -> list[dict[str, Any]]:
         found = await store.find_messages(biz_id=biz_id, destination=destination, since=since,
-                                          until=until, limit=min(limit, 1000))
+                                          until=until, limit=limit)
         return [service.message_summary(doc) for doc in found]
 
     @app.get("/v1/messages/{message_id}")
-    async def message_detail(message_id: str, _: AsViewer) -> dict[str, Any]:
+    async def message_detail(message_id: StoredId, _: AsViewer) -> dict[str, Any]:
         return await service.message_timeline(message_id)
 
+    add_invalid_document_routes(app, service)
     add_operation_routes(app, store, service.users)
     add_user_routes(app, service)
     add_ui_routes(app, service)

@@ -5,11 +5,13 @@ operator; every action is audited with who asked."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from fastapi import FastAPI
+from fastapi import FastAPI, Path, Query, Response
 
+from admin.invalid_docs import LIST_RESPONSES, valid_items
+from admin.params import DestinationCode, GeneratedId, Limit, SubscriptionName
 from admin.schemas import DiscardIn, OperatorIn, RedriveIn, ReplayIn
 from admin.security import AsOperator, AsViewer
 from msgbus.delivery.sender import make_sender
@@ -32,6 +34,10 @@ TRANSITIONS: dict[str, tuple[ReplayState, tuple[ReplayState, ...]]] = {
     "cancel": (ReplayState.CANCELLED,
                (ReplayState.PLANNED, ReplayState.RUNNING, ReplayState.PAUSED)),
 }
+
+
+ReplayAction = Annotated[str, Path(pattern="^(" + "|".join(TRANSITIONS) + ")$",
+                                  description="one of " + ", ".join(TRANSITIONS))]
 
 
 def replay_view(job: dict[str, Any]) -> dict[str, Any]:
@@ -68,15 +74,15 @@ def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore) -> N
     replays = ReplayStore(store)
 
     @app.get("/v1/destinations/{code}/subscriptions/{name}/parked")
-    async def list_parked(code: str, name: str, _: AsViewer,
-                          limit: int = 100) -> list[dict[str, Any]]:
+    async def list_parked(code: DestinationCode, name: SubscriptionName, _: AsViewer,
+                          limit: Limit = 100) -> list[dict[str, Any]]:
         """Deliveries the retry policy gave up on (dead letters), oldest first."""
         sub = await store.get_subscription(subscription_id(code, name))
-        found = await claims.parked(sub.id, max(1, min(limit, 1000)))
+        found = await claims.parked(sub.id, limit)
         return [{k: v for k, v in d.items() if k != "_id"} for d in found]
 
     @app.post("/v1/destinations/{code}/subscriptions/{name}/parked/redrive")
-    async def redrive_parked(code: str, name: str, body: RedriveIn,
+    async def redrive_parked(code: DestinationCode, name: SubscriptionName, body: RedriveIn,
                              who: AsOperator) -> dict[str, Any]:
         """Parked deliveries (all, or those of `message_ids`) are retried again at once, their
         policy's attempt count and age starting afresh."""
@@ -88,7 +94,7 @@ def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore) -> N
         return {"subscription": sub.id, "redriven": count, "requested_by": by}
 
     @app.post("/v1/destinations/{code}/subscriptions/{name}/parked/discard")
-    async def discard_parked(code: str, name: str, body: DiscardIn,
+    async def discard_parked(code: DestinationCode, name: SubscriptionName, body: DiscardIn,
                              who: AsOperator) -> dict[str, Any]:
         """Parked deliveries (all, or those of `message_ids`) are dropped for good, with a
         reason; they stay in the trace as `discarded`."""
@@ -99,7 +105,8 @@ def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore) -> N
         return {"subscription": sub.id, "discarded": count, "reason": body.reason}
 
     @app.post("/v1/destinations/{code}/subscriptions/{name}/test")
-    async def test_push(code: str, name: str, who: AsOperator) -> dict[str, Any]:
+    async def test_push(code: DestinationCode, name: SubscriptionName,
+                        who: AsOperator) -> dict[str, Any]:
         """Push a signed test message to the subscriber now (not through a broker, not
         recorded on any trace); answers what the subscriber said and how fast."""
         sub = await store.get_subscription(subscription_id(code, name))
@@ -134,17 +141,19 @@ def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore) -> N
                           {"planned": planned, "spec": spec.model_dump(mode="json"), "by": by})
         return replay_view(job)
 
-    @app.get("/v1/replays")
-    async def list_replays(_: AsViewer,
-                           limit: int = 50) -> list[dict[str, Any]]:
-        return [replay_view(j) for j in await replays.recent(max(1, min(limit, 500)))]
+    @app.get("/v1/replays", responses=LIST_RESPONSES)
+    async def list_replays(_: AsViewer, response: Response,
+                           limit: Annotated[int, Query(ge=1, le=500)] = 50
+                           ) -> list[dict[str, Any]]:
+        loaded = await replays.load_recent(limit)
+        return [replay_view(j) for j in valid_items(response, loaded)]
 
     @app.get("/v1/replays/{replay_id}")
-    async def get_replay(replay_id: str, _: AsViewer) -> dict[str, Any]:
+    async def get_replay(replay_id: GeneratedId, _: AsViewer) -> dict[str, Any]:
         return replay_view(await replays.get(replay_id))
 
     @app.post("/v1/replays/{replay_id}/{action}")
-    async def change_replay(replay_id: str, action: str, who: AsOperator,
+    async def change_replay(replay_id: GeneratedId, action: ReplayAction, who: AsOperator,
                             body: OperatorIn | None = None) -> dict[str, Any]:
         if action not in TRANSITIONS:
             raise NotFound(f"unknown replay action {action!r}; one of "

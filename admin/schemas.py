@@ -2,32 +2,43 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field, HttpUrl
 
-from msgbus.models import NAME_PATTERN, BrokerKind, MessageFilter, ReplaySpec, RetryPolicy
+from msgbus.models import (
+    APP_DESTINATION_PATTERN,
+    NAME_PATTERN,
+    BrokerKind,
+    ConfigModel,
+    MessageFilter,
+    ReplaySpec,
+    RetryPolicy,
+)
 from msgbus.users import MIN_PASSWORD_LENGTH, Role
 
 
-class DestinationIn(BaseModel):
+class DestinationIn(ConfigModel):
     broker: BrokerKind = BrokerKind.DIRECT
     description: str = Field(default="", max_length=2000)
     owner: str = Field(default="", max_length=200, description="the team that owns it")
     partitions: int = Field(default=4, ge=1, le=256)
     record_rate_per_s: float = Field(
-        default=0, ge=0, description="MongoDB record writes/s of each receiver; 0: unlimited")
+        default=0, ge=0, le=10_000_000,
+        description="MongoDB record writes/s of each receiver; 0: unlimited")
 
 
-class RuntimeIn(BaseModel):
+class RuntimeIn(ConfigModel):
     """A change of the runtime settings: fields left out keep their value."""
 
     record_rate_per_s: float | None = Field(
-        default=None, ge=0,
+        default=None, ge=0, le=10_000_000,
         description="MongoDB record writes/s of each receiver, all destinations; 0: unlimited")
-    active_clusters: dict[BrokerKind, str] | None = Field(
+    active_clusters: dict[BrokerKind, Annotated[str, Field(max_length=100)]] | None = Field(
         default=None, description="Per broker kind, the cluster receivers publish to")
 
 
-class SubscriptionIn(BaseModel):
+class SubscriptionIn(ConfigModel):
     url: HttpUrl
     max_concurrency: int = Field(default=16, ge=1, le=1024)
     timeout_ms: int = Field(default=5000, ge=10, le=300_000)
@@ -35,12 +46,14 @@ class SubscriptionIn(BaseModel):
     paused: bool = False
     max_in_flight: int | None = Field(default=None, ge=1, le=100_000)
     ordered_by_biz_id: bool = False
-    filters: list[MessageFilter] = Field(default_factory=list)
+    filters: list[MessageFilter] = Field(default_factory=list, max_length=100)
 
 
 class AppIn(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
-    destinations: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    destinations: list[Annotated[str, Field(pattern=APP_DESTINATION_PATTERN)]] = Field(
+        default_factory=lambda: ["*"], min_length=1, max_length=10_000,
+        description="destination codes it may send to; '*' for every one")
 
 
 OPERATOR_PATTERN = r"^[\w.@+-]{1,100}$"

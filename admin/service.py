@@ -6,11 +6,13 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from admin.schemas import RuntimeIn
+from pydantic import ValidationError
+
+from admin.schemas import RuntimeIn, SubscriptionIn
 from admin.security import Authenticator, Sessions
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.errors import InvalidInput
-from msgbus.models import BrokerKind, RuntimeConfig, utcnow
+from msgbus.models import BrokerKind, RuntimeConfig, Subscription, utcnow
 from msgbus.settings import AdminSettings
 from msgbus.store import MongoStore
 from msgbus.store.users import UserStore
@@ -38,6 +40,19 @@ class AdminService:
         key = new_api_key()
         await self.store.create_app(name, hash_api_key(key), destinations)
         return key
+
+    async def replacement_subscription(self, code: str, name: str,
+                                       body: SubscriptionIn) -> Subscription:
+        """The subscription `body` defines, in place of a stored one that does not validate:
+        its signing secrets (which the subscriber verifies pushes with) and creation time are
+        kept when they still validate."""
+        fresh = Subscription(destination=code, name=name, **body.model_dump())
+        stored = await self.store.subscriptions.find_one({"_id": fresh.id}) or {}
+        kept = {k: stored[k] for k in ("signing_secrets", "created_at") if k in stored}
+        try:
+            return Subscription.model_validate(fresh.model_dump() | kept)
+        except ValidationError:
+            return fresh
 
     async def runtime_view(self) -> dict[str, Any]:
         """The runtime settings, with the clusters each broker kind has to choose from."""

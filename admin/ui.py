@@ -26,9 +26,10 @@ from admin.dashboard import DashboardData
 from admin.operations import TRANSITIONS
 from admin.security import SESSION_COOKIE
 from admin.service import AdminService
-from msgbus.errors import MsgbusError, NotFound, Unauthorized
+from msgbus.errors import InvalidStoredDocument, MsgbusError, NotFound, Unauthorized
 from msgbus.models import DeliveryStatus, RetryPolicy, subscription_id, utcnow
 from msgbus.store.claims import DeliveryClaims
+from msgbus.store.documents import CONFIG_PARSERS
 from msgbus.store.replays import ReplayStore
 from msgbus.users import Principal, Role, check_password
 
@@ -124,8 +125,11 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
         subs: dict[str, list[Any]] = {}
         for sub in await store.list_subscriptions():
             subs.setdefault(sub.destination, []).append(sub)
+        invalid = [d for collection in CONFIG_PARSERS
+                   for d in await store.invalid_documents(collection)]
         return await page(request, "destinations.html", who, page="Destinations",
-                          destinations=await store.list_destinations(), subscriptions=subs)
+                          destinations=await store.list_destinations(), subscriptions=subs,
+                          invalid=invalid)
 
     @app.get("/ui/messages", include_in_schema=False, response_model=None)
     async def messages_page(request: Request, message_id: str = "", biz_id: str = "",
@@ -227,13 +231,17 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
         if (who := await viewer(request)) is None:
             return to_login()
         await store.get_destination(code)
-        sub = None if name == "new" else await store.get_subscription(
-            subscription_id(code, name))
+        sub, invalid = None, None
+        if name != "new":
+            try:
+                sub = await store.get_subscription(subscription_id(code, name))
+            except InvalidStoredDocument as exc:  # the form replaces it
+                invalid = exc.message
         policy = sub.retry_policy if sub is not None else RetryPolicy()
         filters = [f.model_dump() for f in sub.filters] if sub is not None else []
         return await page(request, "subscription.html", who, page="Destinations", code=code,
-                          name=None if sub is None else name, sub=sub,
-                          retry_policy=json.dumps(policy.model_dump()),
+                          name=None if sub is None and invalid is None else name, sub=sub,
+                          invalid=invalid, retry_policy=json.dumps(policy.model_dump()),
                           filters=json.dumps(filters))
 
     @app.get("/ui/audit", include_in_schema=False, response_model=None)

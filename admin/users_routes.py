@@ -10,17 +10,18 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
+from admin.invalid_docs import LIST_RESPONSES, valid_items
+from admin.params import GeneratedId, Limit, TargetQuery, UserName
 from admin.schemas import LoginIn, TokenIn, UserIn
 from admin.security import SESSION_COOKIE, AsAdmin, AsViewer
 from admin.service import AdminService
 from msgbus.errors import Forbidden, InvalidInput, Unauthorized
-from msgbus.users import USERNAME_PATTERN, Principal, Role, check_password, hash_password
+from msgbus.users import Principal, Role, check_password, hash_password
 
 
 def _user_view(doc: dict[str, Any]) -> dict[str, Any]:
@@ -57,19 +58,20 @@ def add_user_routes(app: FastAPI, service: AdminService) -> None:
     async def logout(response: Response) -> None:
         response.delete_cookie(SESSION_COOKIE)
 
-    @app.get("/v1/users")
-    async def list_users(_: AsAdmin) -> list[dict[str, Any]]:
-        return [_user_view(u) for u in await users.list_users()]
+    @app.get("/v1/users", responses=LIST_RESPONSES)
+    async def list_users(_: AsAdmin, response: Response) -> list[dict[str, Any]]:
+        return [_user_view(u) for u in valid_items(response, await users.load_users())]
 
     @app.put("/v1/users/{name}")
-    async def put_user(name: str, body: UserIn, who: AsAdmin) -> dict[str, Any]:
-        existing = await users.find_user(name)
-        if existing is None:
-            if not re.match(USERNAME_PATTERN, name):
-                raise InvalidInput(f"a user name matches {USERNAME_PATTERN}", field="name")
+    async def put_user(name: UserName, body: UserIn, who: AsAdmin) -> dict[str, Any]:
+        state = await users.user_state(name)
+        if state != "valid":  # a new user, or one in place of a stored one that is invalid
             if body.password is None or body.role is None:
-                raise InvalidInput("a new user needs a password and a role", field="password")
-            doc = await users.create_user(name, hash_password(body.password), body.role)
+                what = "a new user" if state == "missing" else (
+                    "replacing a stored user that does not validate")
+                raise InvalidInput(f"{what} needs a password and a role", field="password")
+            doc = await users.create_user(name, hash_password(body.password), body.role,
+                                          replace_invalid=state == "invalid")
             await users.audit(who, "user.create", name, {"role": body.role.value})
             return _user_view(doc)
         fields: dict[str, Any] = {}
@@ -86,7 +88,7 @@ def add_user_routes(app: FastAPI, service: AdminService) -> None:
         return _user_view(doc)
 
     @app.delete("/v1/users/{name}", status_code=204)
-    async def delete_user(name: str, who: AsAdmin) -> None:
+    async def delete_user(name: UserName, who: AsAdmin) -> None:
         if name == who.name:
             raise Forbidden("you cannot delete yourself")
         await users.delete_user(name)
@@ -106,16 +108,17 @@ def add_user_routes(app: FastAPI, service: AdminService) -> None:
         return {"token": token, "token_id": doc["token_id"], "name": body.name,
                 "role": role.value, "note": "the token is shown only once"}
 
-    @app.get("/v1/tokens")
-    async def list_tokens(who: AsViewer) -> list[dict[str, Any]]:
-        return await users.list_tokens(None if who.role is Role.ADMIN else who.name)
+    @app.get("/v1/tokens", responses=LIST_RESPONSES)
+    async def list_tokens(who: AsViewer, response: Response) -> list[dict[str, Any]]:
+        loaded = await users.load_tokens(None if who.role is Role.ADMIN else who.name)
+        return valid_items(response, loaded)
 
     @app.delete("/v1/tokens/{token_id}", status_code=204)
-    async def revoke_token(token_id: str, who: AsViewer) -> None:
+    async def revoke_token(token_id: GeneratedId, who: AsViewer) -> None:
         await users.revoke_token(token_id, None if who.role is Role.ADMIN else who.name)
         await users.audit(who, "token.revoke", token_id)
 
     @app.get("/v1/audit")
-    async def audit_log(_: AsViewer, limit: int = 100, before: datetime | None = None,
-                        target: str | None = None) -> list[dict[str, Any]]:
-        return await users.audit_log(max(1, min(limit, 1000)), before, target)
+    async def audit_log(_: AsViewer, limit: Limit = 100, before: datetime | None = None,
+                        target: TargetQuery = None) -> list[dict[str, Any]]:
+        return await users.audit_log(limit, before, target)

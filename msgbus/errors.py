@@ -8,6 +8,7 @@
     │   └── InvalidConfig         destination/subscription definition is invalid (422)
     ├── NotFound                unknown destination, subscription, message (404)
     ├── Conflict                already exists (409)
+    │   └── InvalidStoredDocument a stored document no longer validates; fix or delete it
     ├── Unauthorized            missing or wrong credentials (401)
     ├── Forbidden               authenticated but not allowed (403)
     ├── Unavailable             a dependency is down or a local buffer is full (503)
@@ -73,6 +74,13 @@ class NotFound(MsgbusError):
 class Conflict(MsgbusError):
     status_code = 409
     code = "conflict"
+
+
+class InvalidStoredDocument(Conflict):
+    """What is stored under this id does not validate (an old version's, edited by hand):
+    the request cannot use it until an operator replaces or deletes it."""
+
+    code = "invalid_stored_document"
 
 
 class Unauthorized(MsgbusError):

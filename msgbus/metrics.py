@@ -61,6 +61,11 @@ RECORD_RATE_LIMIT = Gauge(
     "msgbus_record_rate_limit_per_second",
     "The MongoDB record write rate in force (0 = unlimited), globally ('*') or per destination",
     ["destination"], multiprocess_mode="livemax")
+CONFIG_INVALID_DOCUMENTS = Gauge(
+    "msgbus_config_invalid_documents",
+    "Stored configuration documents that do not validate and are skipped (listed by the "
+    "admin's GET /v1/invalid-documents), by collection", ["collection"],
+    multiprocess_mode="livemax")
 PUSHES = Counter(
     "msgbus_pushes_total",
     "Pushes to subscribers by outcome: delivered, failed (to be retried), parked (given up)",

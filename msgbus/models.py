@@ -7,13 +7,16 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, HttpUrl, field_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 CODE_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 _CODE_RE = re.compile(CODE_PATTERN)
+# what a producer app may send to: a destination code, or "*" for every one
+APP_DESTINATION_PATTERN = r"^(\*|[a-z0-9][a-z0-9_.-]{0,99})$"
+MAX_RETRY_DELAY_S = 30 * 24 * 3600.0
 
 JSON_CONTENT_TYPE = "application/json"
 DEFAULT_CLUSTER = "default"  # the cluster MSGBUS_KAFKA_BOOTSTRAP / MSGBUS_RABBITMQ_URL define
@@ -71,37 +74,49 @@ class Envelope:
     redelivered: bool = False
 
 
-class RetryPolicy(BaseModel):
+class ConfigModel(BaseModel):
+    """Base of what operators configure. Numbers are finite: Python's JSON parser takes the
+    literals NaN and Infinity, which would otherwise reach timers and rate limits."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class RetryPolicy(ConfigModel):
     """How the compensator retries a failed delivery (delays in seconds, RocketMQ-style)."""
 
-    delays_s: list[float] = Field(default_factory=lambda: list(DEFAULT_RETRY_DELAYS_S))
-    max_attempts: int | None = Field(default=None, ge=1, description="None: until success")
-    max_age_s: float | None = Field(default=None, gt=0)
-    permanent_status_codes: list[int] = Field(default_factory=list)
+    delays_s: list[Annotated[float, Field(ge=0, le=MAX_RETRY_DELAY_S)]] = Field(
+        default_factory=lambda: list(DEFAULT_RETRY_DELAYS_S), max_length=100)
+    max_attempts: int | None = Field(default=None, ge=1, le=1_000_000,
+                                     description="None: until success")
+    max_age_s: float | None = Field(default=None, gt=0, le=10 * 365 * 24 * 3600.0)
+    permanent_status_codes: list[Annotated[int, Field(ge=100, le=599)]] = Field(
+        default_factory=list, max_length=500)
 
 
 FILTER_FIELD_PATTERN = r"^(biz_id|header:[A-Za-z0-9_.-]+|body:[^.\s][^\s]*)$"
 
 
-class MessageFilter(BaseModel):
+class MessageFilter(ConfigModel):
     """Deliver only messages whose `field` has one of `values` (compared as text).
 
     `field` is `biz_id`, `header:<name>` (a message header, e.g. `header:tag`) or
     `body:<dotted.path>` (a field of a JSON body, e.g. `body:order.country`; list items by
     index, `body:items.0.sku`). A message without the field does not match."""
 
-    field: Annotated[str, Field(pattern=FILTER_FIELD_PATTERN)]
-    values: list[str] = Field(min_length=1, max_length=1000)
+    field: Annotated[str, Field(pattern=FILTER_FIELD_PATTERN, max_length=1000)]
+    values: list[Annotated[str, Field(max_length=10_000)]] = Field(min_length=1,
+                                                                  max_length=1000)
 
 
-class Destination(BaseModel):
+class Destination(ConfigModel):
     code: Annotated[str, Field(pattern=CODE_PATTERN)]
     broker: BrokerKind = BrokerKind.DIRECT
-    description: str = ""
+    description: str = Field(default="", max_length=2000)
     owner: str = Field(default="", max_length=200, description="the team that owns it")
     partitions: int = Field(default=4, ge=1, le=256, description="Kafka topic partitions")
     record_rate_per_s: float = Field(
-        default=0, ge=0, description="MongoDB record writes/s of each receiver; 0: unlimited")
+        default=0, ge=0, le=10_000_000,
+        description="MongoDB record writes/s of each receiver; 0: unlimited")
     # Set when `broker` changes: dispatchers keep consuming the previous broker for a while,
     # so that messages already in it are still delivered.
     previous_broker: BrokerKind | None = None
@@ -125,15 +140,15 @@ class Destination(BaseModel):
         return kinds
 
 
-class RuntimeConfig(BaseModel):
+class RuntimeConfig(ConfigModel):
     """Bus-wide knobs that operators change at runtime through the admin API; services follow
     them within one registry refresh."""
 
     record_rate_per_s: float | None = Field(
-        default=None, ge=0,
+        default=None, ge=0, le=10_000_000,
         description="MongoDB record writes/s of each receiver, all destinations; 0: unlimited;"
                     " None: each receiver's MSGBUS_RECEIVER_RECORD_RATE_PER_S")
-    active_clusters: dict[BrokerKind, str] = Field(
+    active_clusters: dict[BrokerKind, Annotated[str, Field(max_length=100)]] = Field(
         default_factory=dict,
         description="Per broker kind, the cluster receivers publish to (default: the first "
                     "configured)")
@@ -147,7 +162,7 @@ def new_signing_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
 
 
-class Subscription(BaseModel):
+class Subscription(ConfigModel):
     destination: Annotated[str, Field(pattern=CODE_PATTERN)]
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     url: HttpUrl
@@ -165,10 +180,11 @@ class Subscription(BaseModel):
                     "only after the previous succeeded or was parked (failures are retried "
                     "in place by the dispatcher); different biz_ids run in parallel")
     filters: list[MessageFilter] = Field(
-        default_factory=list,
+        default_factory=list, max_length=100,
         description="All must match for a message to be pushed; the others are recorded as "
                     "skipped")
-    signing_secrets: list[str] = Field(default_factory=lambda: [new_signing_secret()])
+    signing_secrets: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=lambda: [new_signing_secret()], max_length=10)
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 
@@ -242,7 +258,7 @@ REPLAY_FINAL_STATES = (ReplayState.CANCELLED, ReplayState.DONE)
 MAX_REPLAY_RATE_PER_S = 10_000.0
 
 
-class ReplaySpec(BaseModel):
+class ReplaySpec(ConfigModel):
     """What a replay re-delivers: the messages of `destination` created in [since, until), to
     the named subscriptions (all of the destination's when omitted), optionally only those of
     one biz_id and only deliveries now in one of `statuses`; at most `rate_per_s` pushes/s."""
@@ -253,7 +269,7 @@ class ReplaySpec(BaseModel):
                                   "destination when the job is created")
     since: datetime
     until: datetime
-    biz_id: str | None = None
+    biz_id: str | None = Field(default=None, max_length=256)
     statuses: list[DeliveryStatus] | None = Field(
         default=None, description="only deliveries in one of these states (e.g. failed, "
                                   "parked); None: every message in the range")
@@ -266,3 +282,29 @@ class ReplaySpec(BaseModel):
         if since is not None and until <= since:
             raise ValueError("until must be after since")
         return until
+
+
+class ReplayJob(BaseModel):
+    """A replay job as stored (`replays` collection; `_id` is its id)."""
+
+    replay_id: str = Field(alias="_id")
+    spec: ReplaySpec
+    subscriptions: list[str]
+    state: ReplayState
+    planned: int = Field(ge=0)
+    done: int = Field(ge=0)
+    position: dict[str, Any] | None
+    created_at: datetime
+    requested_by: str
+
+
+class ProducerApp(BaseModel):
+    """A producer app as stored (`apps` collection; `_id` is its name): the SHA-256 of each of
+    its API keys and the destinations it may send to."""
+
+    name: Annotated[str, Field(alias="_id", pattern=NAME_PATTERN)]
+    key_hashes: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]]
+    destinations: list[Annotated[str, Field(pattern=APP_DESTINATION_PATTERN)]] = Field(
+        min_length=1)
+    created_at: datetime
+    revoked_at: datetime | None = None

@@ -3,6 +3,8 @@ refreshed from MongoDB.
 
 Services read configuration from here on their hot paths; a change made through the admin API
 reaches them within `refresh_s` (or at once for a destination the registry has not seen yet).
+A stored document that does not validate is left out (the store reports it once per change):
+the rest of the configuration is served as usual.
 
 With a `snapshot` path, every configuration loaded is also saved there (owner-only: it holds
 the subscriptions' signing secrets), and a service that starts while MongoDB is down serves
@@ -24,7 +26,7 @@ import orjson
 from pydantic import ValidationError
 from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 
-from msgbus.errors import NotFound
+from msgbus.errors import InvalidStoredDocument, NotFound, Unavailable
 from msgbus.models import Destination, RuntimeConfig, Subscription
 from msgbus.store import MongoStore
 from msgbus.tasks import cancel_and_wait
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 MISS_RETRY_S = 1.0
 MAX_REMEMBERED_MISSES = 10_000
+MISCONFIGURED_RETRY_AFTER_S = 30
 
 ChangeListener = Callable[[], Awaitable[None]]
 
@@ -156,7 +159,13 @@ class Registry:
                 self._misses.clear()
             self._misses[code] = now + MISS_RETRY_S
             with contextlib.suppress(NotFound):
-                found = await self._store.get_destination(code)
+                try:
+                    found = await self._store.get_destination(code)
+                except InvalidStoredDocument as exc:
+                    # not the sender's fault, and fixed by an operator: the sender keeps the
+                    # message and tries again
+                    raise Unavailable(f"destination {code!r} is misconfigured ({exc.message})",
+                                      retry_after_s=MISCONFIGURED_RETRY_AFTER_S) from exc
                 self._destinations[code] = found
                 return found
         raise NotFound(f"unknown destination {code!r}", field="destination")

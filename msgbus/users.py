@@ -14,7 +14,11 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, Field
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 TOKEN_PREFIX = "mbt_"
@@ -43,6 +47,29 @@ class Principal:
     role: Role
     via: str  # "session", "token", "bootstrap" (the shared admin token) or "cli"
     session_id: str | None = None
+
+
+class UserRecord(BaseModel):
+    """A user as stored (`users` collection; `_id` is the name)."""
+
+    name: Annotated[str, Field(alias="_id", pattern=USERNAME_PATTERN)]
+    password_hash: str = Field(pattern=r"^scrypt\$")
+    role: Role
+    disabled: bool = False
+    created_at: datetime
+    updated_at: datetime
+
+
+class TokenRecord(BaseModel):
+    """An API token as stored (`api_tokens` collection; `_id` is the token's SHA-256)."""
+
+    token_hash: Annotated[str, Field(alias="_id", pattern=r"^[0-9a-f]{64}$")]
+    token_id: str
+    user: str
+    name: str
+    role: Role
+    created_at: datetime
+    last_used_at: datetime | None = None
 
 
 def hash_password(password: str) -> str:

@@ -13,12 +13,13 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Protocol
 
 from pymongo.errors import PyMongoError
 
 from msgbus.auth import bearer_token, hash_api_key
 from msgbus.errors import Forbidden, Unauthorized, Unavailable
+from msgbus.models import ProducerApp
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Producer:
 
 
 class AppLookup(Protocol):
-    async def find_app_by_key_hash(self, key_hash: str) -> dict[str, Any] | None: ...
+    async def find_app_by_key_hash(self, key_hash: str) -> ProducerApp | None: ...
 
 
 class ProducerAuthenticator:
@@ -100,7 +101,7 @@ class ProducerAuthenticator:
 
     async def _fetch(self, key_hash: str) -> Producer | None:
         try:
-            doc = await self._store.find_app_by_key_hash(key_hash)
+            app = await self._store.find_app_by_key_hash(key_hash)
         except PyMongoError as exc:
             if self._outage is None:
                 self._outage = f"{type(exc).__name__}: {exc}"
@@ -112,13 +113,13 @@ class ProducerAuthenticator:
                         self._outage)
             self._outage = None
         now = time.monotonic()
-        if doc is None:
+        if app is None:
             self._known.pop(key_hash, None)
             if len(self._misses) >= MAX_REMEMBERED_MISSES:
                 self._misses.clear()  # random keys must not grow memory without bound
             self._misses[key_hash] = now + self._ttl_s
             return None
-        producer = Producer(str(doc["_id"]), frozenset(doc.get("destinations") or ()))
+        producer = Producer(app.name, frozenset(app.destinations))
         self._known[key_hash] = (now + self._ttl_s, producer)
         return producer
 

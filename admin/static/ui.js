@@ -22,14 +22,16 @@ async function call(method, path, body) {
   return answer;
 }
 
-// <button data-post="<API path>" [data-body='{...}'] [data-confirm="..."] [data-then="<url>"]
-//  [data-show="#element"]>: POST, then show the answer in data-show, go to data-then, or reload.
+// <button data-post="<API path>" [data-method="DELETE"] [data-body='{...}'] [data-confirm="..."]
+//  [data-then="<url>"] [data-show="#element"]>: POST (or data-method), then show the answer in
+//  data-show, go to data-then, or reload.
 document.addEventListener("click", async (event) => {
   const button = event.target.closest("[data-post]");
   if (!button) return;
   event.preventDefault();
   if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
-  const answer = await call("POST", button.dataset.post, JSON.parse(button.dataset.body || "{}"));
+  const method = button.dataset.method || "POST";
+  const answer = await call(method, button.dataset.post, JSON.parse(button.dataset.body || "{}"));
   if (answer === null) return;
   if (button.dataset.show) {
     document.querySelector(button.dataset.show).textContent = JSON.stringify(answer, null, 2);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -12,9 +13,15 @@ from msgbus.models import (
     DeliveryStatus,
     Destination,
     Envelope,
+    ProducerApp,
+    ReplayJob,
+    RuntimeConfig,
     Subscription,
     delivery_id,
 )
+from msgbus.users import TokenRecord, UserRecord
+
+RUNTIME_ID = "bus"  # the one document of the runtime collection
 
 
 def message_doc(envelope: Envelope, subscriptions: list[str]) -> dict[str, Any]:
@@ -125,3 +132,24 @@ def subscription_doc(subscription: Subscription) -> dict[str, Any]:
 def subscription_from_doc(doc: dict[str, Any]) -> Subscription:
     doc = {k: v for k, v in doc.items() if k != "_id"}
     return Subscription.model_validate(doc)
+
+
+def runtime_doc(config: RuntimeConfig) -> dict[str, Any]:
+    return config.model_dump(mode="json") | {"_id": RUNTIME_ID, "updated_at": config.updated_at}
+
+
+def runtime_from_doc(doc: dict[str, Any]) -> RuntimeConfig:
+    return RuntimeConfig.model_validate({k: v for k, v in doc.items() if k != "_id"})
+
+
+# Each collection of configuration, and how its readers parse a document: what a write must
+# read back as, and what the admin's GET /v1/invalid-documents checks.
+CONFIG_PARSERS: dict[str, Callable[[dict[str, Any]], object]] = {
+    "destinations": destination_from_doc,
+    "subscriptions": subscription_from_doc,
+    "runtime": runtime_from_doc,
+    "apps": ProducerApp.model_validate,
+    "users": UserRecord.model_validate,
+    "api_tokens": TokenRecord.model_validate,
+    "replays": ReplayJob.model_validate,
+}

@@ -32,19 +32,29 @@ from msgbus.models import (
     DeliveryStatus,
     Destination,
     Envelope,
+    ProducerApp,
     RuntimeConfig,
     Subscription,
     delivery_id,
     utcnow,
 )
 from msgbus.store import documents as docs
+from msgbus.store.checked import (
+    InvalidDocument,
+    InvalidDocumentLog,
+    Loaded,
+    parse_or_report,
+    read_each,
+    read_one,
+    storable,
+)
 from msgbus.store.idsets import find_by_ids
 from msgbus.tasks import run_on
 
 log = logging.getLogger(__name__)
 
 _DUPLICATE_KEY = 11000
-RUNTIME_ID = "bus"  # the one document of the runtime collection
+MAX_INVALID_LISTED = 1000
 _DOCS_CHUNK = 64  # records turned into documents between two yields to the event loop
 
 INDEXES: dict[str, list[IndexModel]] = {
@@ -109,6 +119,7 @@ class MongoStore:
         self.apps = self.db["apps"]
         self.runtime = self.db["runtime"]
         self._ping: asyncio.Task[Any] | None = None
+        self.invalid_log = InvalidDocumentLog()  # stored documents that do not validate
 
     async def ensure_indexes(self) -> None:
         # obsolete ones first: MongoDB refuses a second index on the same keys
@@ -141,89 +152,147 @@ class MongoStore:
     # --- configuration -------------------------------------------------------------------
 
     async def save_destination(self, destination: Destination) -> None:
-        doc = docs.destination_doc(destination)
+        doc = storable(docs.destination_doc(destination), docs.destination_from_doc)
         await self.destinations.replace_one({"_id": doc["_id"]}, doc, upsert=True)
 
     async def get_destination(self, code: str) -> Destination:
         doc = await self.destinations.find_one({"_id": code})
         if doc is None:
             raise NotFound(f"unknown destination {code!r}", field="destination")
-        return docs.destination_from_doc(doc)
+        return read_one(doc, "destinations", docs.destination_from_doc, self.invalid_log)
+
+    async def load_destinations(self) -> Loaded[Destination]:
+        """Every destination that validates, and those left out (reported)."""
+        found = [d async for d in self.destinations.find().sort("_id", ASCENDING)]
+        loaded = read_each(found, "destinations", docs.destination_from_doc, self.invalid_log)
+        self.invalid_log.whole_collection("destinations", loaded.invalid)
+        return loaded
 
     async def list_destinations(self) -> list[Destination]:
-        cursor = self.destinations.find().sort("_id", ASCENDING)
-        return [docs.destination_from_doc(d) async for d in cursor]
+        return (await self.load_destinations()).items
 
     async def save_subscription(self, subscription: Subscription) -> None:
-        doc = docs.subscription_doc(subscription)
+        doc = storable(docs.subscription_doc(subscription), docs.subscription_from_doc)
         await self.subscriptions.replace_one({"_id": doc["_id"]}, doc, upsert=True)
 
-    async def list_subscriptions(self, destination: str | None = None) -> list[Subscription]:
+    async def load_subscriptions(self, destination: str | None = None) -> Loaded[Subscription]:
+        """The subscriptions (of `destination`, or all) that validate, and those left out."""
         query = {} if destination is None else {"destination": destination}
-        cursor = self.subscriptions.find(query).sort("_id", ASCENDING)
-        return [docs.subscription_from_doc(d) async for d in cursor]
+        found = [d async for d in self.subscriptions.find(query).sort("_id", ASCENDING)]
+        loaded = read_each(found, "subscriptions", docs.subscription_from_doc,
+                           self.invalid_log)
+        if destination is None:
+            self.invalid_log.whole_collection("subscriptions", loaded.invalid)
+        return loaded
+
+    async def list_subscriptions(self, destination: str | None = None) -> list[Subscription]:
+        return (await self.load_subscriptions(destination)).items
 
     async def get_subscription(self, sub_id: str) -> Subscription:
         doc = await self.subscriptions.find_one({"_id": sub_id})
         if doc is None:
             raise NotFound(f"unknown subscription {sub_id!r}", field="subscription")
-        return docs.subscription_from_doc(doc)
+        return read_one(doc, "subscriptions", docs.subscription_from_doc, self.invalid_log)
 
     async def get_runtime(self) -> RuntimeConfig:
-        doc = await self.runtime.find_one({"_id": RUNTIME_ID})
-        if doc is None:
-            return RuntimeConfig()
-        return RuntimeConfig.model_validate({k: v for k, v in doc.items() if k != "_id"})
+        """The runtime knobs; the defaults while none are stored or what is stored does not
+        validate (reported)."""
+        doc = await self.runtime.find_one({"_id": docs.RUNTIME_ID})
+        loaded = read_each([doc] if doc else [], "runtime", docs.runtime_from_doc,
+                           self.invalid_log)
+        self.invalid_log.whole_collection("runtime", loaded.invalid)
+        return loaded.items[0] if loaded.items else RuntimeConfig()
 
     async def save_runtime(self, config: RuntimeConfig) -> None:
-        doc = config.model_dump(mode="json") | {"_id": RUNTIME_ID,
-                                                "updated_at": config.updated_at}
-        await self.runtime.replace_one({"_id": RUNTIME_ID}, doc, upsert=True)
+        doc = storable(docs.runtime_doc(config), docs.runtime_from_doc)
+        await self.runtime.replace_one({"_id": docs.RUNTIME_ID}, doc, upsert=True)
+
+    # --- documents that do not validate --------------------------------------------------
+
+    async def invalid_documents(self, collection: str,
+                                limit: int = MAX_INVALID_LISTED) -> list[InvalidDocument]:
+        """The documents of a configuration collection that do not validate (its newest
+        `limit` documents are checked: configuration collections are small, replays grow)."""
+        parse = docs.CONFIG_PARSERS[collection]
+        cursor = self.db[collection].find().sort("_id", DESCENDING).limit(limit)
+        loaded = read_each([d async for d in cursor], collection, parse, self.invalid_log)
+        return loaded.invalid
+
+    async def delete_invalid_document(self, collection: str, doc_id: str) -> None:
+        """Deletes a document that does not validate; one that does is refused (409): it is
+        changed or deleted through its own API, which audits and cleans up after it."""
+        doc = await self.db[collection].find_one({"_id": doc_id})
+        if doc is None:
+            raise NotFound(f"no {collection} document {doc_id!r}", field="id")
+        parsed = parse_or_report(doc, collection, docs.CONFIG_PARSERS[collection],
+                                 self.invalid_log)
+        if not isinstance(parsed, InvalidDocument):
+            raise Conflict(f"the {collection} document {doc_id!r} is valid: change or delete "
+                           "it through its own API", field="id")
+        await self.db[collection].delete_one({"_id": doc_id})
 
     # --- producer apps -------------------------------------------------------------------
 
     async def create_app(self, name: str, key_hash: str, destinations: Sequence[str]) -> None:
+        doc = storable({"_id": name, "key_hashes": [key_hash],
+                        "destinations": list(destinations), "created_at": utcnow()},
+                       ProducerApp.model_validate)
         try:
-            await self.apps.insert_one({
-                "_id": name, "key_hashes": [key_hash], "destinations": list(destinations),
-                "created_at": utcnow(),
-            })
+            await self.apps.insert_one(doc)
         except DuplicateKeyError as exc:
-            raise Conflict(f"producer app {name!r} already exists", field="name") from exc
+            existing = await self.apps.find_one({"_id": name})
+            if existing is None or not isinstance(parse_or_report(
+                    existing, "apps", ProducerApp.model_validate, self.invalid_log),
+                    InvalidDocument):
+                raise Conflict(f"producer app {name!r} already exists", field="name") from exc
+            await self.apps.replace_one({"_id": name}, doc)  # it did not validate
 
     async def replace_app_keys(self, name: str, key_hash: str,
                                destinations: Sequence[str]) -> None:
-        """Create the app, or revoke all its keys and give it this one."""
-        await self.apps.update_one(
-            {"_id": name},
-            {"$set": {"key_hashes": [key_hash], "destinations": list(destinations)},
-             "$setOnInsert": {"created_at": utcnow()}},
-            upsert=True)
+        """Create the app, or revoke all its keys and give it this one (also the way to
+        replace an app whose stored document does not validate)."""
+        existing = await self.apps.find_one({"_id": name}, {"created_at": 1})
+        created_at = (existing or {}).get("created_at")
+        doc = storable({"_id": name, "key_hashes": [key_hash],
+                        "destinations": list(destinations),
+                        "created_at": created_at if isinstance(created_at, datetime)
+                        else utcnow()}, ProducerApp.model_validate)
+        await self.apps.replace_one({"_id": name}, doc, upsert=True)
 
-    async def list_apps(self) -> list[dict[str, Any]]:
-        """Producer apps without their key hashes: name, destinations, how many keys."""
-        return [{"name": a["_id"], "destinations": a.get("destinations", []),
-                 "keys": len(a.get("key_hashes", [])), "created_at": a.get("created_at"),
-                 "revoked_at": a.get("revoked_at")}
-                async for a in self.apps.find({}).sort("_id", ASCENDING)]
+    async def load_apps(self) -> Loaded[ProducerApp]:
+        found = [a async for a in self.apps.find({}).sort("_id", ASCENDING)]
+        loaded = read_each(found, "apps", ProducerApp.model_validate, self.invalid_log)
+        self.invalid_log.whole_collection("apps", loaded.invalid)
+        return loaded
+
+    async def _app(self, name: str) -> ProducerApp:
+        doc = await self.apps.find_one({"_id": name})
+        if doc is None:
+            raise NotFound(f"unknown producer app {name!r}", field="name")
+        return read_one(doc, "apps", ProducerApp.model_validate, self.invalid_log)
 
     async def add_app_key(self, name: str, key_hash: str) -> None:
         """Another key for the app (the old ones keep working until revoked)."""
-        result = await self.apps.update_one({"_id": name}, {
+        await self._app(name)  # an app that does not validate is replaced, not extended
+        await self.apps.update_one({"_id": name}, {
             "$push": {"key_hashes": key_hash}, "$set": {"revoked_at": None}})
-        if result.matched_count == 0:
-            raise NotFound(f"unknown producer app {name!r}", field="name")
 
     async def revoke_app_keys(self, name: str) -> None:
         """Every key of the app stops working (receivers notice within their key cache's
-        lifetime, 30 s)."""
+        lifetime, 30 s). Works on an app whose document does not validate, too."""
         result = await self.apps.update_one({"_id": name}, {
             "$set": {"key_hashes": [], "revoked_at": utcnow()}})
         if result.matched_count == 0:
             raise NotFound(f"unknown producer app {name!r}", field="name")
 
-    async def find_app_by_key_hash(self, key_hash: str) -> dict[str, Any] | None:
-        return await self.apps.find_one({"key_hashes": key_hash})
+    async def find_app_by_key_hash(self, key_hash: str) -> ProducerApp | None:
+        """The app holding this key; None also when its document does not validate (its keys
+        do not work until it is fixed: reported, never guessed at)."""
+        doc = await self.apps.find_one({"key_hashes": key_hash})
+        if doc is None:
+            return None
+        parsed = parse_or_report(doc, "apps", ProducerApp.model_validate, self.invalid_log)
+        return None if isinstance(parsed, InvalidDocument) else parsed
 
     # --- records (receiver) --------------------------------------------------------------
 

@@ -16,11 +16,31 @@ from pymongo import ASCENDING, DESCENDING
 
 from msgbus.errors import Conflict, NotFound
 from msgbus.ids import uuid7
-from msgbus.models import DeliveryStatus, ReplaySpec, ReplayState, delivery_id, utcnow
+from msgbus.models import (
+    DeliveryStatus,
+    ReplayJob,
+    ReplaySpec,
+    ReplayState,
+    delivery_id,
+    utcnow,
+)
+from msgbus.store.checked import (
+    InvalidDocument,
+    Loaded,
+    parse_or_report,
+    read_each,
+    read_one,
+    storable,
+)
 from msgbus.store.idsets import find_by_ids
 from msgbus.store.mongo import MongoStore
 
 COUNT_PAGE = 1000  # messages per read of a dry run that counts pending deliveries
+
+
+def _checked_job(job: dict[str, Any]) -> dict[str, Any]:
+    ReplayJob.model_validate(job)
+    return job
 
 
 def message_range_query(spec: ReplaySpec) -> dict[str, Any]:
@@ -33,6 +53,7 @@ def message_range_query(spec: ReplaySpec) -> dict[str, Any]:
 
 class ReplayStore:
     def __init__(self, store: MongoStore) -> None:
+        self._invalid_log = store.invalid_log
         self._jobs = store.db["replays"]
         self._messages = store.messages
         self._deliveries = store.deliveries
@@ -71,13 +92,13 @@ class ReplayStore:
     async def create(self, spec: ReplaySpec, sub_ids: list[str], planned: int,
                      requested_by: str) -> dict[str, Any]:
         now = utcnow()
-        job = {"_id": uuid7(), "spec": spec.model_dump(mode="python"),
-               "subscriptions": sub_ids, "state": ReplayState.PLANNED.value,
-               "planned": planned, "done": 0, "delivered": 0, "failed": 0,
-               "position": None, "created_at": now, "updated_at": now,
-               "requested_by": requested_by, "lease_owner": None, "lease_until": None,
-               "audit": [{"at": now, "by": requested_by, "action": "created",
-                          "planned": planned}]}
+        job = storable({
+            "_id": uuid7(), "spec": spec.model_dump(mode="python"), "subscriptions": sub_ids,
+            "state": ReplayState.PLANNED.value, "planned": planned, "done": 0, "delivered": 0,
+            "failed": 0, "position": None, "created_at": now, "updated_at": now,
+            "requested_by": requested_by, "lease_owner": None, "lease_until": None,
+            "audit": [{"at": now, "by": requested_by, "action": "created", "planned": planned}],
+        }, ReplayJob.model_validate)
         await self._jobs.insert_one(job)
         return job
 
@@ -85,11 +106,21 @@ class ReplayStore:
         job = await self._jobs.find_one({"_id": job_id})
         if job is None:
             raise NotFound(f"unknown replay {job_id!r}", field="replay_id")
+        read_one(job, "replays", ReplayJob.model_validate, self._invalid_log)
         return job
 
-    async def recent(self, limit: int) -> list[dict[str, Any]]:
+    def _valid(self, job: dict[str, Any]) -> bool:
+        checked = parse_or_report(job, "replays", ReplayJob.model_validate, self._invalid_log)
+        return not isinstance(checked, InvalidDocument)
+
+    async def load_recent(self, limit: int) -> Loaded[dict[str, Any]]:
+        """The newest `limit` jobs that validate, and those among them left out."""
         cursor = self._jobs.find({}).sort("created_at", DESCENDING).limit(limit)
-        return [j async for j in cursor]
+        return read_each([j async for j in cursor], "replays", _checked_job,
+                         self._invalid_log)
+
+    async def recent(self, limit: int) -> list[dict[str, Any]]:
+        return (await self.load_recent(limit)).items
 
     async def transition(self, job_id: str, allowed_from: Sequence[ReplayState],
                          to: ReplayState, by: str) -> dict[str, Any]:
@@ -119,7 +150,9 @@ class ReplayStore:
         free = {"state": ReplayState.RUNNING.value,
                 "$or": [{"lease_until": None}, {"lease_until": {"$lt": now}},
                         {"lease_owner": owner}]}
-        async for job in self._jobs.find(free, {"_id": 1}).sort("created_at", ASCENDING):
+        async for job in self._jobs.find(free).sort("created_at", ASCENDING):
+            if not self._valid(job):
+                continue  # reported; the jobs after it still run
             result = await self._jobs.update_one(
                 {**free, "_id": job["_id"]},
                 {"$set": {"lease_owner": owner,

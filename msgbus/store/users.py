@@ -16,12 +16,42 @@ from pymongo.errors import DuplicateKeyError
 from msgbus.errors import Conflict, NotFound
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
+from msgbus.store.checked import (
+    InvalidDocument,
+    Loaded,
+    parse_or_report,
+    read_each,
+    read_one,
+    storable,
+)
 from msgbus.store.mongo import MongoStore
-from msgbus.users import Principal, Role, hash_api_token, new_api_token
+from msgbus.users import (
+    Principal,
+    Role,
+    TokenRecord,
+    UserRecord,
+    hash_api_token,
+    new_api_token,
+)
+
+
+def _without_password_hash(doc: dict[str, Any]) -> dict[str, Any]:
+    UserRecord.model_validate(doc)
+    return {k: v for k, v in doc.items() if k != "password_hash"}
+
+
+def _token_view(doc: dict[str, Any]) -> dict[str, Any]:
+    TokenRecord.model_validate(doc)
+    return {k: v for k, v in doc.items() if k != "_id"}
 
 
 class UserStore:
+    """Users and tokens whose stored documents do not validate are treated as absent (they
+    cannot log in or authenticate), reported, and listed by the admin to be fixed (a PUT of
+    the user replaces it) or deleted."""
+
     def __init__(self, store: MongoStore) -> None:
+        self._invalid_log = store.invalid_log
         self._users = store.db["users"]
         self._tokens = store.db["api_tokens"]
         self._audit = store.db["audit"]
@@ -35,10 +65,17 @@ class UserStore:
     async def count_users(self) -> int:
         return int(await self._users.count_documents({}))
 
-    async def create_user(self, name: str, password_hash: str, role: Role) -> dict[str, Any]:
+    async def create_user(self, name: str, password_hash: str, role: Role, *,
+                          replace_invalid: bool = False) -> dict[str, Any]:
+        """A new user; with `replace_invalid`, also in place of a stored user document that
+        does not validate."""
         now = utcnow()
-        doc = {"_id": name, "password_hash": password_hash, "role": role.value,
-               "created_at": now, "updated_at": now, "disabled": False}
+        doc = storable({"_id": name, "password_hash": password_hash, "role": role.value,
+                        "created_at": now, "updated_at": now, "disabled": False},
+                       UserRecord.model_validate)
+        if replace_invalid and await self._users.find_one({"_id": name}) is not None:
+            await self._users.replace_one({"_id": name}, doc)
+            return doc
         try:
             await self._users.insert_one(doc)
         except DuplicateKeyError as exc:
@@ -49,19 +86,40 @@ class UserStore:
         doc = await self._users.find_one({"_id": name})
         if doc is None:
             raise NotFound(f"unknown user {name!r}", field="name")
+        read_one(doc, "users", UserRecord.model_validate, self._invalid_log)
         return doc
 
     async def find_user(self, name: str) -> dict[str, Any] | None:
-        return await self._users.find_one({"_id": name})
+        """The user's document; None for an unknown user or one whose document does not
+        validate (reported)."""
+        doc = await self._users.find_one({"_id": name})
+        if doc is None or isinstance(self._check_user(doc), InvalidDocument):
+            return None
+        return doc
 
-    async def list_users(self) -> list[dict[str, Any]]:
-        return [u async for u in self._users.find({}, {"password_hash": 0}).sort("_id", 1)]
+    async def user_state(self, name: str) -> str:
+        """"missing", "invalid" (stored, but does not validate) or "valid"."""
+        doc = await self._users.find_one({"_id": name})
+        if doc is None:
+            return "missing"
+        return "invalid" if isinstance(self._check_user(doc), InvalidDocument) else "valid"
+
+    def _check_user(self, doc: dict[str, Any]) -> object:
+        return parse_or_report(doc, "users", UserRecord.model_validate, self._invalid_log)
+
+    async def load_users(self) -> Loaded[dict[str, Any]]:
+        """The users that validate (without their password hashes), and those left out."""
+        found = [u async for u in self._users.find({}).sort("_id", 1)]
+        loaded = read_each(found, "users", _without_password_hash, self._invalid_log)
+        self._invalid_log.whole_collection("users", loaded.invalid)
+        return loaded
 
     async def update_user(self, name: str, **fields: Any) -> dict[str, Any]:
-        result = await self._users.update_one({"_id": name},
-                                              {"$set": {**fields, "updated_at": utcnow()}})
-        if result.matched_count == 0:
-            raise NotFound(f"unknown user {name!r}", field="name")
+        existing = await self.get_user(name)
+        changed = {**existing, **fields, "updated_at": utcnow()}
+        storable(changed, UserRecord.model_validate)
+        await self._users.update_one({"_id": name}, {"$set": {**fields,
+                                                              "updated_at": changed["updated_at"]}})
         return await self.get_user(name)
 
     async def delete_user(self, name: str) -> None:
@@ -76,8 +134,9 @@ class UserStore:
         """A new token of `user` acting with `role`; returns (the token, shown once; its
         record)."""
         token = new_api_token()
-        doc = {"_id": hash_api_token(token), "token_id": uuid7(), "user": user, "name": name,
-               "role": role.value, "created_at": utcnow(), "last_used_at": None}
+        doc = storable({"_id": hash_api_token(token), "token_id": uuid7(), "user": user,
+                        "name": name, "role": role.value, "created_at": utcnow(),
+                        "last_used_at": None}, TokenRecord.model_validate)
         await self._tokens.insert_one(doc)
         return token, doc
 
@@ -87,16 +146,28 @@ class UserStore:
         doc = await self._tokens.find_one({"_id": hash_api_token(token)})
         if doc is None:
             return None
-        user = await self.find_user(doc["user"])
+        record = parse_or_report(doc, "api_tokens", TokenRecord.model_validate,
+                                 self._invalid_log)
+        if isinstance(record, InvalidDocument):
+            return None
+        user = await self.find_user(record.user)
         if user is None or user.get("disabled"):
             return None
-        role = min(Role(doc["role"]), Role(user["role"]), key=lambda r: r.rank)
+        role = min(record.role, Role(user["role"]), key=lambda r: r.rank)
         return Principal(name=user["_id"], role=role, via="token")
 
-    async def list_tokens(self, user: str | None = None) -> list[dict[str, Any]]:
+    async def load_tokens(self, user: str | None = None) -> Loaded[dict[str, Any]]:
+        """The tokens (of `user`, or all) that validate, without their hashes, and those left
+        out."""
         query = {} if user is None else {"user": user}
-        return [{k: v for k, v in t.items() if k != "_id"}
-                async for t in self._tokens.find(query).sort("created_at", 1)]
+        found = [t async for t in self._tokens.find(query).sort("created_at", 1)]
+        loaded = read_each(found, "api_tokens", _token_view, self._invalid_log)
+        if user is None:
+            self._invalid_log.whole_collection("api_tokens", loaded.invalid)
+        return loaded
+
+    async def list_tokens(self, user: str | None = None) -> list[dict[str, Any]]:
+        return (await self.load_tokens(user)).items
 
     async def revoke_token(self, token_id: str, user: str | None = None) -> dict[str, Any]:
         query: dict[str, Any] = {"token_id": token_id}

@@ -161,7 +161,7 @@ def test_admin_users_bad_input_is_a_clear_4xx(bus: RunningBus) -> None:
     assert no_role.status_code == 400 and "role" in no_role.json()["message"]
     bad_name = bus.admin.put("/v1/users/Bad Name", json={"password": "long enough pw",
                                                          "role": "viewer"})
-    assert bad_name.status_code == 400 and bad_name.json()["field"] == "name"
+    assert bad_name.status_code == 422 and bad_name.json()["field"] == "name"
 
 
 def test_admin_session_expires(bus: RunningBus) -> None:

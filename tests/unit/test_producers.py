@@ -15,6 +15,7 @@ from pymongo.errors import AutoReconnect
 
 from msgbus.auth import hash_api_key
 from msgbus.errors import Unauthorized, Unavailable
+from msgbus.models import ProducerApp, utcnow
 from receiver.producers import Producer, ProducerAuthenticator
 
 KEY, OTHER_KEY = "mbk_known", "mbk_other"
@@ -22,15 +23,17 @@ KEY, OTHER_KEY = "mbk_known", "mbk_other"
 
 class FakeAppStore:
     def __init__(self) -> None:
-        self.apps: dict[str, dict[str, Any]] = {}
+        self.apps: dict[str, ProducerApp] = {}
         self.down = False
         self.lookups = 0
         self.gate: asyncio.Event | None = None  # when set, lookups wait for it
 
     def add(self, key: str, name: str, destinations: list[str]) -> None:
-        self.apps[hash_api_key(key)] = {"_id": name, "destinations": destinations}
+        self.apps[hash_api_key(key)] = ProducerApp.model_validate({
+            "_id": name, "key_hashes": [hash_api_key(key)], "destinations": destinations,
+            "created_at": utcnow()})
 
-    async def find_app_by_key_hash(self, key_hash: str) -> dict[str, Any] | None:
+    async def find_app_by_key_hash(self, key_hash: str) -> ProducerApp | None:
         self.lookups += 1
         if self.gate is not None:
             await self.gate.wait()
