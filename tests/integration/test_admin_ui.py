@@ -236,3 +236,41 @@ def test_admin_ui_lists_and_shows_a_message_still_pending_for_a_paused_subscript
         assert f"{code}/billing: pending" in page.locator("#timeline").inner_text()
     finally:
         page.close()
+
+
+def test_admin_ui_lists_invalid_documents_and_fixes_or_deletes_them(
+        bus: RunningBus, browser: object) -> None:
+    """A subscription and a destination stored by hand in a form that does not validate: the
+    destinations page lists both; the subscription's form replaces it, a button deletes the
+    destination, and the list is empty again."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:6]
+    code, broken = f"ui-fix-{tag}", f"ui-broken-{tag}"
+    bus.create_destination(code, "direct")
+    bus.query(bus.store.subscriptions.insert_one(
+        {"_id": f"{code}/hooks", "destination": code, "name": "hooks", "url": "not a url"}))
+    bus.query(bus.store.destinations.insert_one({"_id": broken, "broker": "carrier-pigeon"}))
+    url = bus.serve_subscriber(RecordingSubscriber())
+    page: Any = _logged_in_page(bus, browser)
+    page.on("dialog", lambda dialog: dialog.accept())
+    try:
+        rows = page.locator("#invalid-documents tr.invalid-document")
+        assert rows.count() == 2
+        page.screenshot(path=str(ARTIFACTS / "invalid-documents.png"), full_page=True)
+        sub_row = page.locator(f"tr[data-id='{code}/hooks']")
+        assert "url" in sub_row.inner_text()
+        sub_row.get_by_role("link", name="fix").click()
+        page.wait_for_url(f"**/ui/subscriptions/{code}/hooks")
+        assert "does not validate" in page.locator("#invalid-stored").inner_text()
+        page.locator("#subscription-form input[name=url]").fill(url)
+        page.locator("#subscription-form").get_by_role("button", name="Replace").click()
+        page.wait_for_function("document.querySelector('#invalid-stored') === null")
+        assert [s["url"] for s in bus.admin.get(
+            "/v1/subscriptions", params={"destination": code}).json()] == [url]
+
+        page.goto("/ui/destinations")
+        page.locator(f"tr[data-id='{broken}']").get_by_role("button", name="Delete").click()
+        page.wait_for_function("document.querySelector('#invalid-documents') === null")
+        assert bus.admin.get("/v1/invalid-documents").json()["count"] == 0
+    finally:
+        page.close()
