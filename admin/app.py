@@ -5,7 +5,6 @@ change is written to the audit log (`GET /v1/audit`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from fastapi import FastAPI, Response
@@ -32,6 +31,7 @@ from msgbus.http import add_readiness, service_app
 from msgbus.models import (
     Destination,
     Subscription,
+    Timestamp,
     new_signing_secret,
     subscription_id,
     utcnow,
@@ -186,7 +186,7 @@ def create_app(service: AdminService) -> FastAPI:
     @app.get("/v1/messages")
     async def find_messages(_: AsViewer, biz_id: BizIdQuery = None,
                             destination: DestinationQuery = None,
-                            since: datetime | None = None, until: datetime | None = None,
+                            since: Timestamp | None = None, until: Timestamp | None = None,
                             limit: Limit = 100) -> list[dict[str, Any]]:
         found = await store.find_messages(biz_id=biz_id, destination=destination, since=since,
                                           until=until, limit=limit)

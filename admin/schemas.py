@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field, HttpUrl
+from pydantic import BaseModel, Field, HttpUrl, StrictBool, StrictFloat, StrictInt
 
 from msgbus.models import (
     APP_DESTINATION_PATTERN,
@@ -22,8 +22,8 @@ class DestinationIn(ConfigModel):
     broker: BrokerKind = BrokerKind.DIRECT
     description: str = Field(default="", max_length=2000)
     owner: str = Field(default="", max_length=200, description="the team that owns it")
-    partitions: int = Field(default=4, ge=1, le=256)
-    record_rate_per_s: float = Field(
+    partitions: StrictInt = Field(default=4, ge=1, le=256)
+    record_rate_per_s: StrictFloat = Field(
         default=0, ge=0, le=10_000_000,
         description="MongoDB record writes/s of each receiver; 0: unlimited")
 
@@ -31,7 +31,7 @@ class DestinationIn(ConfigModel):
 class RuntimeIn(ConfigModel):
     """A change of the runtime settings: fields left out keep their value."""
 
-    record_rate_per_s: float | None = Field(
+    record_rate_per_s: StrictFloat | None = Field(
         default=None, ge=0, le=10_000_000,
         description="MongoDB record writes/s of each receiver, all destinations; 0: unlimited")
     active_clusters: dict[BrokerKind, Annotated[str, Field(max_length=100)]] | None = Field(
@@ -40,12 +40,12 @@ class RuntimeIn(ConfigModel):
 
 class SubscriptionIn(ConfigModel):
     url: HttpUrl
-    max_concurrency: int = Field(default=16, ge=1, le=1024)
-    timeout_ms: int = Field(default=5000, ge=10, le=300_000)
+    max_concurrency: StrictInt = Field(default=16, ge=1, le=1024)
+    timeout_ms: StrictInt = Field(default=5000, ge=10, le=300_000)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
-    paused: bool = False
-    max_in_flight: int | None = Field(default=None, ge=1, le=100_000)
-    ordered_by_biz_id: bool = False
+    paused: StrictBool = False
+    max_in_flight: StrictInt | None = Field(default=None, ge=1, le=100_000)
+    ordered_by_biz_id: StrictBool = False
     filters: list[MessageFilter] = Field(default_factory=list, max_length=100)
 
 
@@ -56,14 +56,15 @@ class AppIn(BaseModel):
         description="destination codes it may send to; '*' for every one")
 
 
-OPERATOR_PATTERN = r"^[\w.@+-]{1,100}$"
+# ASCII spelled out: \w is ASCII in JSON Schema (ECMA-262), Unicode in pydantic (Rust)
+OPERATOR_PATTERN = r"^[A-Za-z0-9_.@+-]{1,100}$"
 
 
 class ReplayIn(ReplaySpec):
     """A replay job. With `dry_run` only its count comes back; otherwise the job is created in
     state `planned` with that count, to be started (`POST /v1/replays/{id}/start`)."""
 
-    dry_run: bool = False
+    dry_run: StrictBool = False
     requested_by: str | None = Field(
         default=None, pattern=OPERATOR_PATTERN,
         description="who asks, for the audit record when the shared bootstrap token is used "
@@ -92,7 +93,7 @@ class UserIn(BaseModel):
 
     password: str | None = Field(default=None, min_length=MIN_PASSWORD_LENGTH, max_length=1024)
     role: Role | None = None
-    disabled: bool | None = None
+    disabled: StrictBool | None = None
 
 
 class TokenIn(BaseModel):

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from admin.schemas import RuntimeIn, SubscriptionIn
 from admin.security import Authenticator, Sessions
 from msgbus.auth import hash_api_key, new_api_key
-from msgbus.errors import InvalidInput
+from msgbus.errors import InvalidConfig
 from msgbus.models import BrokerKind, RuntimeConfig, Subscription, utcnow
 from msgbus.settings import AdminSettings
 from msgbus.store import MongoStore
@@ -72,7 +72,7 @@ class AdminService:
             for kind, cluster in change.active_clusters.items():
                 known = conn.clusters(kind)
                 if cluster not in known:
-                    raise InvalidInput(
+                    raise InvalidConfig(
                         f"{kind.value} has no cluster {cluster!r}; configured: "
                         f"{', '.join(known) or 'none'}", field="active_clusters")
             update["active_clusters"] = runtime.active_clusters | change.active_clusters

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -21,6 +20,7 @@ from admin.schemas import LoginIn, TokenIn, UserIn
 from admin.security import SESSION_COOKIE, AsAdmin, AsViewer
 from admin.service import AdminService
 from msgbus.errors import Forbidden, InvalidInput, Unauthorized
+from msgbus.models import Timestamp
 from msgbus.users import Principal, Role, check_password, hash_password
 
 
@@ -119,6 +119,6 @@ def add_user_routes(app: FastAPI, service: AdminService) -> None:
         await users.audit(who, "token.revoke", token_id)
 
     @app.get("/v1/audit")
-    async def audit_log(_: AsViewer, limit: Limit = 100, before: datetime | None = None,
+    async def audit_log(_: AsViewer, limit: Limit = 100, before: Timestamp | None = None,
                         target: TargetQuery = None) -> list[dict[str, Any]]:
         return await users.audit_log(limit, before, target)

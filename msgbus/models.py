@@ -9,7 +9,17 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+)
 
 CODE_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -74,9 +84,23 @@ class Envelope:
     redelivered: bool = False
 
 
+def _not_a_number(value: object) -> object:
+    if isinstance(value, int | float) or (isinstance(value, str) and _NUMBER_RE.match(value)):
+        raise ValueError("a date-time is RFC 3339 text (e.g. 2026-11-26T10:00:00Z), not a number")
+    return value
+
+
+_NUMBER_RE = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+# A date-time of an API: pydantic would also take a number (or numeric text) as a Unix time,
+# which the OpenAPI document's `format: date-time` does not allow.
+Timestamp = Annotated[datetime, BeforeValidator(_not_a_number)]
+
+
 class ConfigModel(BaseModel):
     """Base of what operators configure. Numbers are finite: Python's JSON parser takes the
-    literals NaN and Infinity, which would otherwise reach timers and rate limits."""
+    literals NaN and Infinity, which would otherwise reach timers and rate limits. Booleans and
+    numbers are strict (StrictBool, StrictInt, StrictFloat): pydantic would otherwise take 0 for
+    false, true for 1 and "5" for 5, which the OpenAPI document does not allow."""
 
     model_config = ConfigDict(allow_inf_nan=False)
 
@@ -84,16 +108,18 @@ class ConfigModel(BaseModel):
 class RetryPolicy(ConfigModel):
     """How the compensator retries a failed delivery (delays in seconds, RocketMQ-style)."""
 
-    delays_s: list[Annotated[float, Field(ge=0, le=MAX_RETRY_DELAY_S)]] = Field(
+    delays_s: list[Annotated[StrictFloat, Field(ge=0, le=MAX_RETRY_DELAY_S)]] = Field(
         default_factory=lambda: list(DEFAULT_RETRY_DELAYS_S), max_length=100)
-    max_attempts: int | None = Field(default=None, ge=1, le=1_000_000,
+    max_attempts: StrictInt | None = Field(default=None, ge=1, le=1_000_000,
                                      description="None: until success")
-    max_age_s: float | None = Field(default=None, gt=0, le=10 * 365 * 24 * 3600.0)
-    permanent_status_codes: list[Annotated[int, Field(ge=100, le=599)]] = Field(
+    max_age_s: StrictFloat | None = Field(default=None, gt=0, le=10 * 365 * 24 * 3600.0)
+    permanent_status_codes: list[Annotated[StrictInt, Field(ge=100, le=599)]] = Field(
         default_factory=list, max_length=500)
 
 
-FILTER_FIELD_PATTERN = r"^(biz_id|header:[A-Za-z0-9_.-]+|body:[^.\s][^\s]*)$"
+# no \s: JSON Schema's (ECMA-262) and pydantic's (Rust) differ on which characters it takes
+FILTER_FIELD_PATTERN = (r"^(biz_id|header:[A-Za-z0-9_.-]+"
+                        r"|body:[^.\x00-\x20\x7f-\xa0][^\x00-\x20\x7f-\xa0]*)$")
 
 
 class MessageFilter(ConfigModel):
@@ -113,8 +139,9 @@ class Destination(ConfigModel):
     broker: BrokerKind = BrokerKind.DIRECT
     description: str = Field(default="", max_length=2000)
     owner: str = Field(default="", max_length=200, description="the team that owns it")
-    partitions: int = Field(default=4, ge=1, le=256, description="Kafka topic partitions")
-    record_rate_per_s: float = Field(
+    partitions: StrictInt = Field(default=4, ge=1, le=256,
+                                  description="Kafka topic partitions")
+    record_rate_per_s: StrictFloat = Field(
         default=0, ge=0, le=10_000_000,
         description="MongoDB record writes/s of each receiver; 0: unlimited")
     # Set when `broker` changes: dispatchers keep consuming the previous broker for a while,
@@ -144,7 +171,7 @@ class RuntimeConfig(ConfigModel):
     """Bus-wide knobs that operators change at runtime through the admin API; services follow
     them within one registry refresh."""
 
-    record_rate_per_s: float | None = Field(
+    record_rate_per_s: StrictFloat | None = Field(
         default=None, ge=0, le=10_000_000,
         description="MongoDB record writes/s of each receiver, all destinations; 0: unlimited;"
                     " None: each receiver's MSGBUS_RECEIVER_RECORD_RATE_PER_S")
@@ -166,15 +193,15 @@ class Subscription(ConfigModel):
     destination: Annotated[str, Field(pattern=CODE_PATTERN)]
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     url: HttpUrl
-    max_concurrency: int = Field(default=16, ge=1, le=1024)
-    timeout_ms: int = Field(default=5000, ge=10, le=300_000)
+    max_concurrency: StrictInt = Field(default=16, ge=1, le=1024)
+    timeout_ms: StrictInt = Field(default=5000, ge=10, le=300_000)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
-    paused: bool = False
-    max_in_flight: int | None = Field(
+    paused: StrictBool = False
+    max_in_flight: StrictInt | None = Field(
         default=None, ge=1, le=100_000,
         description="Messages taken from the broker and not yet done (pushing, waiting for "
                     "a slot or for their turn); default max(64, 4 * max_concurrency)")
-    ordered_by_biz_id: bool = Field(
+    ordered_by_biz_id: StrictBool = Field(
         default=False,
         description="Messages with the same biz_id are pushed in the order received, the next "
                     "only after the previous succeeded or was parked (failures are retried "
@@ -267,13 +294,13 @@ class ReplaySpec(ConfigModel):
     subscriptions: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(
         default=None, description="subscription names; None: every subscription of the "
                                   "destination when the job is created")
-    since: datetime
-    until: datetime
+    since: Timestamp
+    until: Timestamp
     biz_id: str | None = Field(default=None, max_length=256)
     statuses: list[DeliveryStatus] | None = Field(
         default=None, description="only deliveries in one of these states (e.g. failed, "
                                   "parked); None: every message in the range")
-    rate_per_s: float = Field(default=100.0, gt=0, le=MAX_REPLAY_RATE_PER_S)
+    rate_per_s: StrictFloat = Field(default=100.0, gt=0, le=MAX_REPLAY_RATE_PER_S)
 
     @field_validator("until")
     @classmethod
