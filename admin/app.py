@@ -59,7 +59,9 @@ def create_app(service: AdminService) -> FastAPI:
         loaded = await store.load_destinations()
         return [d.model_dump(mode="json") for d in valid_items(response, loaded)]
 
-    @app.put("/v1/destinations/{code}")
+    @app.put("/v1/destinations/{code}", openapi_extra={"responses": {"200": {"links": {
+        "its_subscriptions": {"operationId": "list_subscriptions",
+                              "parameters": {"destination": "$request.path.code"}}}}}})
     async def put_destination(code: DestinationCode, body: DestinationIn,
                               who: AsAdmin) -> dict[str, Any]:
         fields = body.model_dump()
@@ -85,7 +87,7 @@ def create_app(service: AdminService) -> FastAPI:
                                                                      exclude_none=True))
         return await service.runtime_view()
 
-    @app.get("/v1/subscriptions", responses=LIST_RESPONSES)
+    @app.get("/v1/subscriptions", responses=LIST_RESPONSES, operation_id="list_subscriptions")
     async def list_subscriptions(_: AsViewer, response: Response,
                                  destination: DestinationQuery = None) -> list[dict[str, Any]]:
         loaded = await store.load_subscriptions(destination)

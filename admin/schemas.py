@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field, HttpUrl, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, Field, HttpUrl, StrictBool, StrictFloat
 
 from msgbus.models import (
     APP_DESTINATION_PATTERN,
     NAME_PATTERN,
     BrokerKind,
     ConfigModel,
+    Integer,
     MessageFilter,
     ReplaySpec,
     RetryPolicy,
@@ -22,7 +23,7 @@ class DestinationIn(ConfigModel):
     broker: BrokerKind = BrokerKind.DIRECT
     description: str = Field(default="", max_length=2000)
     owner: str = Field(default="", max_length=200, description="the team that owns it")
-    partitions: StrictInt = Field(default=4, ge=1, le=256)
+    partitions: Integer = Field(default=4, ge=1, le=256)
     record_rate_per_s: StrictFloat = Field(
         default=0, ge=0, le=10_000_000,
         description="MongoDB record writes/s of each receiver; 0: unlimited")
@@ -35,16 +36,18 @@ class RuntimeIn(ConfigModel):
         default=None, ge=0, le=10_000_000,
         description="MongoDB record writes/s of each receiver, all destinations; 0: unlimited")
     active_clusters: dict[BrokerKind, Annotated[str, Field(max_length=100)]] | None = Field(
-        default=None, description="Per broker kind, the cluster receivers publish to")
+        default=None, description="Per broker kind, the cluster receivers publish to: one of "
+                                  "the clusters GET /v1/runtime lists")
 
 
 class SubscriptionIn(ConfigModel):
-    url: HttpUrl
-    max_concurrency: StrictInt = Field(default=16, ge=1, le=1024)
-    timeout_ms: StrictInt = Field(default=5000, ge=10, le=300_000)
+    url: HttpUrl = Field(description="http or https; at most 2,083 characters also in the form "
+                                     "it is stored in (percent-encoded, '/' after a bare host)")
+    max_concurrency: Integer = Field(default=16, ge=1, le=1024)
+    timeout_ms: Integer = Field(default=5000, ge=10, le=300_000)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     paused: StrictBool = False
-    max_in_flight: StrictInt | None = Field(default=None, ge=1, le=100_000)
+    max_in_flight: Integer | None = Field(default=None, ge=1, le=100_000)
     ordered_by_biz_id: StrictBool = False
     filters: list[MessageFilter] = Field(default_factory=list, max_length=100)
 

@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import orjson
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 
 from msgbus.auth import bearer_token, same_secret
 from msgbus.errors import Forbidden, Unauthorized
@@ -30,6 +31,15 @@ from msgbus.users import Principal, Role
 SESSION_COOKIE = "msgbus_session"
 CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+# The credentials as the OpenAPI document shows them (either one); Authenticator reads them.
+BEARER_AUTH = HTTPBearer(
+    scheme_name="bearerAuth", auto_error=False,
+    description="the bootstrap token (MSGBUS_ADMIN_TOKEN) or a user's API token (mbt_...)")
+SESSION_AUTH = APIKeyCookie(
+    name=SESSION_COOKIE, scheme_name="sessionCookie", auto_error=False,
+    description=f"the session of POST /v1/session; a change also needs the {CSRF_HEADER} "
+                "header")
 
 
 class Sessions:
@@ -109,11 +119,14 @@ class Authenticator:
             raise Forbidden(f"missing or wrong CSRF token (send {CSRF_HEADER})")
 
 
-def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
+def require(role: Role) -> Callable[..., Awaitable[Principal]]:
     """A FastAPI dependency: the request's principal, if its role allows `role` (the app's
     `state.authenticator` authenticates it)."""
 
-    async def dependency(request: Request) -> Principal:
+    async def dependency(
+            request: Request,
+            _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER_AUTH)],
+            _session: Annotated[str | None, Security(SESSION_AUTH)]) -> Principal:
         authenticator: Authenticator = request.app.state.authenticator
         principal = await authenticator.principal(request)
         if not principal.role.allows(role):

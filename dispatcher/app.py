@@ -2,16 +2,50 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dispatcher.service import DispatcherService
-from msgbus.auth import bearer_token, same_secret
-from msgbus.brokers.direct import INTERNAL_PATH
+from msgbus.apidoc import OWN_ERRORS
+from msgbus.auth import same_secret
+from msgbus.brokers.direct import BATCH_CONTENT_TYPE, INTERNAL_PATH
 from msgbus.codec import decode_batch
-from msgbus.errors import Unauthorized, Unavailable
+from msgbus.errors import InvalidMessage, Unauthorized, Unavailable
 from msgbus.http import add_readiness, service_app
+from msgbus.models import Envelope
+
+INTERNAL_AUTH = HTTPBearer(scheme_name="internalToken", auto_error=False,
+                           description="the bus's internal token (MSGBUS_INTERNAL_TOKEN)")
+
+
+def _error_ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/responses/{name}"}
+
+
+DIRECT_OPERATION: dict[str, Any] = {
+    "summary": "Hand messages to this dispatcher's subscriptions (the direct path)",
+    "description": "For receivers only: a batch of envelopes as msgbus.codec.encode_batch "
+                   "writes it. 202: every subscription of each message's destination queued it.",
+    "requestBody": {"required": True, "content": {  # the receivers send the first; any goes
+        media_type: {"schema": {"type": "string", "format": "binary"}}
+        for media_type in (BATCH_CONTENT_TYPE, "application/octet-stream")}},
+    "responses": {"401": _error_ref("Unauthorized"), "422": _error_ref("Invalid"),
+                  "503": _error_ref("Unavailable")},
+    OWN_ERRORS: True,
+}
+
+
+def decode_envelopes(body: bytes) -> list[Envelope]:
+    if not body:
+        raise InvalidMessage("an empty batch", field="body")
+    try:
+        return decode_batch(body)
+    # the bytes come from the network: whatever they are, they are refused, never a 500
+    except (ValueError, KeyError, TypeError, OverflowError, OSError) as exc:
+        raise InvalidMessage(f"not a batch of msgbus envelopes ({type(exc).__name__})",
+                             field="body") from exc
 
 
 def create_app(service: DispatcherService) -> FastAPI:
@@ -19,11 +53,15 @@ def create_app(service: DispatcherService) -> FastAPI:
 
     app = service_app("msgbus dispatcher", service)
 
-    @app.post(INTERNAL_PATH, status_code=202, include_in_schema=False)
-    async def direct(request: Request) -> dict[str, int]:
-        if not same_secret(bearer_token(request.headers.get("authorization")), token):
+    @app.post(INTERNAL_PATH, status_code=202, openapi_extra=DIRECT_OPERATION)
+    async def direct(
+            request: Request,
+            credentials: Annotated[HTTPAuthorizationCredentials | None, Security(INTERNAL_AUTH)],
+    ) -> dict[str, int]:
+        given = None if credentials is None else credentials.credentials
+        if not same_secret(given, token):
             raise Unauthorized("internal endpoint: bad token")
-        envelopes = decode_batch(await request.body())
+        envelopes = decode_envelopes(await request.body())
         accepted_all = True
         for envelope in envelopes:
             accepted_all = service.supervisor.offer_direct(envelope) and accepted_all

@@ -56,7 +56,8 @@ def decode(data: bytes) -> Envelope:
     (size,) = _LEN.unpack_from(data, 3)
     meta = orjson.loads(data[7 : 7 + size])
     created = _dt(meta["t"])
-    assert created is not None
+    if created is None:
+        raise InvalidMessage("an msgbus envelope without its creation time")
     return Envelope(
         message_id=meta["id"],
         destination=meta["d"],

@@ -1,5 +1,6 @@
-"""Shared FastAPI plumbing: the app of a service, JSON errors from the error hierarchy, the
-/metrics response and request timing."""
+"""Shared FastAPI plumbing: the app of a service, JSON errors from the error hierarchy (their
+description in the OpenAPI document is in `msgbus.apidoc`), the /metrics response and request
+timing."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from fastapi.responses import JSONResponse
 from prometheus_client import Histogram
 from pymongo.errors import PyMongoError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from msgbus import __version__, metrics
+from msgbus.apidoc import describe_in_openapi
 from msgbus.errors import MsgbusError, Unavailable
 
 
@@ -43,9 +46,24 @@ def install_error_handlers(
         return mongo_error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = exc.headers
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "allow": allowed_methods(request)}
         return JSONResponse({"error": "http_error", "message": str(exc.detail)},
-                              status_code=exc.status_code, headers=exc.headers)
+                            status_code=exc.status_code, headers=headers)
+
+
+def allowed_methods(request: Request) -> str:
+    """The Allow header of a 405: the methods of every route of the request's path. Starlette
+    names only those of the first route that matched the path, when several routes serve it
+    (GET and POST /v1/apps are two routes)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 def error_response(exc: MsgbusError) -> JSONResponse:
@@ -109,7 +127,8 @@ def service_app(
     before_metrics: Callable[[], object] | None = None,
 ) -> FastAPI:
     """A service's FastAPI app: starts and closes `service` with the server, answers errors
-    as JSON and serves /metrics (after `before_metrics` refreshes any gauges)."""
+    as JSON (its OpenAPI document says which, `describe_errors`, and links its operations,
+    `describe_links`) and serves /metrics (after `before_metrics` refreshes any gauges)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -121,6 +140,7 @@ def service_app(
 
     app = FastAPI(title=title, version=__version__, lifespan=lifespan)
     install_error_handlers(app, on_error=on_error)
+    describe_in_openapi(app)
 
     @app.get("/metrics", include_in_schema=False)
     async def _metrics() -> Response:

@@ -15,9 +15,9 @@ from pydantic import (
     ConfigDict,
     Field,
     HttpUrl,
+    Strict,
     StrictBool,
     StrictFloat,
-    StrictInt,
     field_validator,
 )
 
@@ -96,10 +96,18 @@ _NUMBER_RE = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
 Timestamp = Annotated[datetime, BeforeValidator(_not_a_number)]
 
 
+def _whole_float_as_int(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer as JSON Schema has it: 114 or 114.0, never true or "114".
+Integer = Annotated[int, BeforeValidator(_whole_float_as_int), Strict()]
+
+
 class ConfigModel(BaseModel):
     """Base of what operators configure. Numbers are finite: Python's JSON parser takes the
     literals NaN and Infinity, which would otherwise reach timers and rate limits. Booleans and
-    numbers are strict (StrictBool, StrictInt, StrictFloat): pydantic would otherwise take 0 for
+    numbers are strict (StrictBool, Integer, StrictFloat): pydantic would otherwise take 0 for
     false, true for 1 and "5" for 5, which the OpenAPI document does not allow."""
 
     model_config = ConfigDict(allow_inf_nan=False)
@@ -110,10 +118,10 @@ class RetryPolicy(ConfigModel):
 
     delays_s: list[Annotated[StrictFloat, Field(ge=0, le=MAX_RETRY_DELAY_S)]] = Field(
         default_factory=lambda: list(DEFAULT_RETRY_DELAYS_S), max_length=100)
-    max_attempts: StrictInt | None = Field(default=None, ge=1, le=1_000_000,
+    max_attempts: Integer | None = Field(default=None, ge=1, le=1_000_000,
                                      description="None: until success")
     max_age_s: StrictFloat | None = Field(default=None, gt=0, le=10 * 365 * 24 * 3600.0)
-    permanent_status_codes: list[Annotated[StrictInt, Field(ge=100, le=599)]] = Field(
+    permanent_status_codes: list[Annotated[Integer, Field(ge=100, le=599)]] = Field(
         default_factory=list, max_length=500)
 
 
@@ -139,7 +147,7 @@ class Destination(ConfigModel):
     broker: BrokerKind = BrokerKind.DIRECT
     description: str = Field(default="", max_length=2000)
     owner: str = Field(default="", max_length=200, description="the team that owns it")
-    partitions: StrictInt = Field(default=4, ge=1, le=256,
+    partitions: Integer = Field(default=4, ge=1, le=256,
                                   description="Kafka topic partitions")
     record_rate_per_s: StrictFloat = Field(
         default=0, ge=0, le=10_000_000,
@@ -193,11 +201,11 @@ class Subscription(ConfigModel):
     destination: Annotated[str, Field(pattern=CODE_PATTERN)]
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     url: HttpUrl
-    max_concurrency: StrictInt = Field(default=16, ge=1, le=1024)
-    timeout_ms: StrictInt = Field(default=5000, ge=10, le=300_000)
+    max_concurrency: Integer = Field(default=16, ge=1, le=1024)
+    timeout_ms: Integer = Field(default=5000, ge=10, le=300_000)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     paused: StrictBool = False
-    max_in_flight: StrictInt | None = Field(
+    max_in_flight: Integer | None = Field(
         default=None, ge=1, le=100_000,
         description="Messages taken from the broker and not yet done (pushing, waiting for "
                     "a slot or for their turn); default max(64, 4 * max_concurrency)")

@@ -12,6 +12,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from msgbus.apidoc import OWN_ERRORS, describe_errors
+from msgbus.apidoc import error_response_doc as _error
 from msgbus.models import CODE_PATTERN
 from msgbus.settings import ReceiverSettings
 from receiver.parsing import (
@@ -97,25 +99,10 @@ def _schemas(settings: ReceiverSettings) -> dict[str, Any]:
                              "results": {"type": "array",
                                          "items": _ref("schemas", "BatchResult"),
                                          "description": "one per message, in request order"}}},
-        "Error": {"type": "object", "required": ["error", "message"], "properties": {
-            "error": {"type": "string", "description": "machine-readable code, e.g. "
-                                                       "invalid_message, buffer_full"},
-            "message": {"type": "string", "description": "what is wrong, for a human"},
-            "field": {"type": ["string", "null"],
-                      "description": "the field or header at fault, when there is one"}}},
     }
 
 
-def _error(description: str, *, retry_after: bool = False) -> dict[str, Any]:
-    response: dict[str, Any] = {
-        "description": description,
-        "content": {"application/json": {"schema": _ref("schemas", "Error")}}}
-    if retry_after:
-        response["headers"] = {"Retry-After": _ref("headers", "RetryAfter")}
-    return response
-
-
-_RESPONSES = {
+_RESPONSES = {  # the receiver's own words for msgbus.http.STANDARD_ERRORS, and two more
     "BadRequest": _error("The body is not valid JSON, or not a batch object"),
     "Unauthorized": _error("Missing, unknown or revoked API key"),
     "Forbidden": _error("The producer app may not send to this destination"),
@@ -174,6 +161,7 @@ def _single_operation() -> dict[str, Any]:
         },
         "security": [{"bearerAuth": []}],
         "tags": ["ingest"],
+        OWN_ERRORS: True,
     }
 
 
@@ -199,6 +187,7 @@ def _batch_operation() -> dict[str, Any]:
         },
         "security": [{"bearerAuth": []}],
         "tags": ["ingest"],
+        OWN_ERRORS: True,
     }
 
 
@@ -216,12 +205,9 @@ def receiver_openapi(app: FastAPI, settings: ReceiverSettings) -> dict[str, Any]
     paths = {path: ingest.get(path) or generated[path] for path in route_paths
              if isinstance(path, str) and (path in ingest or path in generated)}
     document["paths"] = {**paths, **generated, **ingest}
-    components = document.setdefault("components", {})
-    components["schemas"] = {**components.get("schemas", {}), **_schemas(settings)}
-    components["responses"] = _RESPONSES
-    components["headers"] = {"RetryAfter": {
-        "description": "seconds to wait before retrying", "required": True,
-        "schema": {"type": "integer", "minimum": 0}}}
+    components = describe_errors(document)["components"]
+    components["schemas"].update(_schemas(settings))
+    components["responses"].update(_RESPONSES)
     components["securitySchemes"] = {"bearerAuth": {
         "type": "http", "scheme": "bearer",
         "description": "the producer app's API key (mbk_...), from the admin API"}}
