@@ -21,7 +21,6 @@ from bson.codec_options import CodecOptions
 from bson.errors import BSONError
 from pydantic import ValidationError
 
-from msgbus import metrics
 from msgbus.errors import InvalidConfig, InvalidStoredDocument
 
 log = logging.getLogger(__name__)
@@ -100,6 +99,10 @@ class InvalidDocumentLog:
         self._count(collection)
 
     def _count(self, collection: str) -> None:
+        # imported here: the store is imported by `msgbus receiver` before it sets up
+        # prometheus_client's multiprocess mode, which must come before its first import
+        from msgbus import metrics
+
         known = sum(1 for c, _ in self._known if c == collection)
         metrics.CONFIG_INVALID_DOCUMENTS.labels(collection).set(known)
 

@@ -10,6 +10,7 @@ A failure prints schemathesis' report: each case with a curl command that reprod
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -275,3 +277,32 @@ def test_the_admin_links_its_operations(targets: dict[str, Target]) -> None:
         "name": "$response.body#/name"}
     assert targets_of("PUT /v1/destinations/{code}")["GET /v1/subscriptions"] == {
         "destination": "$request.path.code"}
+
+
+# Header values no generator sends: latin-1 bytes that are not ASCII, control characters, 64 KiB
+ODD_HEADER_VALUES = [b"Bearer \xe9t\xe9", b"Bearer a\x01b", b"Bearer " + b"x" * 65_536,
+                     b"\xff\xfe", b"Basic Zm9vOmJhcg=="]
+AUTHENTICATED = {"receiver": ("POST", "/v1/destinations/fuzz-dest/messages"),
+                 "admin": ("GET", "/v1/destinations"),
+                 "dispatcher": ("POST", "/internal/v1/deliveries")}
+
+
+def _raw_status(url: str, method: str, path: str, header: bytes) -> int:
+    """The status of a request sent byte for byte (HTTP clients refuse to send such headers)."""
+    address = urlsplit(url)
+    request = (f"{method} {path} HTTP/1.1\r\nHost: {address.netloc}\r\n".encode()
+               + b"Authorization: " + header + b"\r\nContent-Type: application/json\r\n"
+               + b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
+    with socket.create_connection((address.hostname, address.port), timeout=10) as conn:
+        conn.sendall(request)
+        status_line = conn.makefile("rb").readline()
+    return int(status_line.split()[1])
+
+
+@pytest.mark.parametrize("service", list(AUTHENTICATED))
+@pytest.mark.parametrize("header", ODD_HEADER_VALUES, ids=lambda h: repr(h[:12]))
+def test_odd_authorization_headers_get_a_4xx(targets: dict[str, Target], service: str,
+                                             header: bytes) -> None:
+    method, path = AUTHENTICATED[service]
+    status = _raw_status(targets[service].url, method, path, header)
+    assert 400 <= status < 500, status
