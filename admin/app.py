@@ -20,6 +20,7 @@ from admin.params import (
     StoredId,
     SubscriptionName,
 )
+from admin.pushers import add_pusher_routes
 from admin.schemas import AppIn, DestinationIn, RuntimeIn, SubscriptionIn
 from admin.security import AsAdmin, AsOperator, AsViewer
 from admin.service import AdminService
@@ -199,7 +200,8 @@ def create_app(service: AdminService) -> FastAPI:
         return await service.message_timeline(message_id)
 
     add_invalid_document_routes(app, service)
-    add_operation_routes(app, store, service.users)
+    add_pusher_routes(app, store)
+    add_operation_routes(app, store, service.users, service.shares)
     add_user_routes(app, service)
     add_ui_routes(app, service)
     return app

@@ -4,6 +4,7 @@ operator; every action is audited with who asked."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Annotated, Any
 
@@ -15,7 +16,8 @@ from admin.params import DestinationCode, GeneratedId, Limit, SubscriptionName
 from admin.schemas import DiscardIn, OperatorIn, RedriveIn, ReplayIn
 from admin.security import AsOperator, AsViewer
 from msgbus.delivery.sender import make_sender
-from msgbus.errors import InvalidInput, NotFound
+from msgbus.delivery.shares import CapShares
+from msgbus.errors import InvalidInput, NotFound, Unavailable
 from msgbus.ids import uuid7
 from msgbus.models import Envelope, ReplaySpec, ReplayState, subscription_id
 from msgbus.store import MongoStore
@@ -25,6 +27,8 @@ from msgbus.store.users import UserStore
 from msgbus.users import Principal
 
 log = logging.getLogger(__name__)
+
+TEST_PUSH_SLOT_WAIT_S = 10.0  # a test push waits this long for a slot of the subscription's cap
 
 # state changes an operator may ask for: target -> the states it may come from
 TRANSITIONS: dict[str, tuple[ReplayState, tuple[ReplayState, ...]]] = {
@@ -69,7 +73,8 @@ def actor(who: Principal, requested_by: str | None) -> str:
     return who.name
 
 
-def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore) -> None:
+def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore,
+                         shares: CapShares) -> None:
     claims = DeliveryClaims(store, owner="admin")
     replays = ReplayStore(store)
 
@@ -108,18 +113,29 @@ def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore) -> N
     async def test_push(code: DestinationCode, name: SubscriptionName,
                         who: AsOperator) -> dict[str, Any]:
         """Push a signed test message to the subscriber now (not through a broker, not
-        recorded on any trace); answers what the subscriber said and how fast."""
+        recorded on any trace, within the subscription's max_concurrency like every push);
+        answers what the subscriber said and how fast."""
         sub = await store.get_subscription(subscription_id(code, name))
         envelope = Envelope(message_id=uuid7(), destination=code,
                             body=orjson.dumps({"msgbus_test": True, "by": who.name}),
                             biz_id="msgbus-test", source_app="msgbus-admin",
                             headers={"test": "true"})
-        sender = make_sender("h1", instance="admin-test")
-        await sender.start()
+        slots = shares.slots(sub.id, sub.max_concurrency)
         try:
+            await asyncio.wait_for(slots.acquire(), TEST_PUSH_SLOT_WAIT_S)
+        except TimeoutError:
+            shares.forget(sub.id)
+            raise Unavailable(f"every slot of {sub.id}'s max_concurrency stayed in use for "
+                              f"{TEST_PUSH_SLOT_WAIT_S:.0f} s; try again", retry_after_s=5
+                              ) from None
+        sender = make_sender("h1", instance="admin-test")
+        try:
+            await sender.start()
             result = await sender.push(envelope, sub, attempt=1)
         finally:
             await sender.close()
+            slots.release()
+            shares.forget(sub.id)
         await users.audit(who, "subscription.test", sub.id, {
             "status_code": result.status_code, "error": result.error})
         return {"message_id": envelope.message_id, "ok": result.ok,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,10 +13,12 @@ from pydantic import ValidationError
 from admin.schemas import RuntimeIn, SubscriptionIn
 from admin.security import Authenticator, Sessions
 from msgbus.auth import hash_api_key, new_api_key
+from msgbus.delivery.shares import CapShares
 from msgbus.errors import InvalidConfig
 from msgbus.models import BrokerKind, RuntimeConfig, Subscription, utcnow
 from msgbus.settings import AdminSettings
 from msgbus.store import MongoStore
+from msgbus.store.shares import ShareStore
 from msgbus.store.users import UserStore
 
 
@@ -28,12 +32,20 @@ class AdminService:
         secret = settings.session_secret.get_secret_value() or secrets.token_urlsafe(32)
         self.auth = Authenticator(self.users, Sessions(secret, settings.session_ttl_s),
                                   settings.token.get_secret_value())
+        conn = settings.connections
+        # test pushes count against the subscription's cap like every other push
+        self.shares = CapShares(ShareStore(self.store),
+                                instance=f"{socket.gethostname()}-{os.getpid()}",
+                                component="admin", heartbeat_s=conn.share_heartbeat_s,
+                                lease_s=conn.share_lease_s)
 
     async def start(self) -> None:
         await self.store.ensure_indexes()
         await self.users.ensure_indexes()
+        self.shares.start()
 
     async def close(self) -> None:
+        await self.shares.close()
         await self.store.close()
 
     async def create_producer_app(self, name: str, destinations: Sequence[str]) -> str:

@@ -24,6 +24,7 @@ from fastapi.templating import Jinja2Templates
 
 from admin.dashboard import DashboardData
 from admin.operations import TRANSITIONS
+from admin.pushers import pushers_of
 from admin.security import SESSION_COOKIE
 from admin.service import AdminService
 from msgbus.errors import InvalidStoredDocument, MsgbusError, NotFound, Unauthorized
@@ -237,11 +238,13 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
                 sub = await store.get_subscription(subscription_id(code, name))
             except InvalidStoredDocument as exc:  # the form replaces it
                 invalid = exc.message
+        pushers = await pushers_of(store, sub.id) if sub is not None else None
         policy = sub.retry_policy if sub is not None else RetryPolicy()
         filters = [f.model_dump() for f in sub.filters] if sub is not None else []
         return await page(request, "subscription.html", who, page="Destinations", code=code,
                           name=None if sub is None and invalid is None else name, sub=sub,
-                          invalid=invalid, retry_policy=json.dumps(policy.model_dump()),
+                          invalid=invalid, pushers=pushers,
+                          retry_policy=json.dumps(policy.model_dump()),
                           filters=json.dumps(filters))
 
     @app.get("/ui/audit", include_in_schema=False, response_model=None)

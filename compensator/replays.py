@@ -19,6 +19,7 @@ from typing import Any
 from msgbus.delivery.attempt import outcome_of, push_through
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.sender import Sender
+from msgbus.delivery.shares import CapShares
 from msgbus.errors import NotFound
 from msgbus.metrics import REPLAY_DONE, REPLAY_PLANNED
 from msgbus.models import DeliveryOutcome, Envelope, ReplaySpec, ReplayState, Subscription
@@ -39,8 +40,9 @@ ERROR_PAUSE_S = 2.0
 
 class ReplayRunner:
     def __init__(self, store: MongoStore, registry: Registry, sender: Sender,
-                 settings: CompensatorSettings, *, owner: str) -> None:
+                 settings: CompensatorSettings, shares: CapShares, *, owner: str) -> None:
         self._store = store
+        self._shares = shares
         self.jobs = ReplayStore(store)
         self._registry = registry
         self._sender = sender
@@ -63,7 +65,7 @@ class ReplayRunner:
                 job = await self.jobs.claim_running(self._owner, BASE_LEASE_S)
                 if job is not None:
                     await ReplayJobRun(job, self.jobs, self._store, self._registry,
-                                       self._sender, owner=self._owner,
+                                       self._sender, self._shares, owner=self._owner,
                                        closing=self._closing).run()
                     continue
             except asyncio.CancelledError:
@@ -80,8 +82,9 @@ class ReplayJobRun:
     cancelled or taken away."""
 
     def __init__(self, job: dict[str, Any], jobs: ReplayStore, store: MongoStore,
-                 registry: Registry, sender: Sender, *, owner: str,
+                 registry: Registry, sender: Sender, shares: CapShares, *, owner: str,
                  closing: asyncio.Event) -> None:
+        self._shares = shares
         self._jobs = jobs
         self._store = store
         self._registry = registry
@@ -174,7 +177,7 @@ class ReplayJobRun:
         limiter = self._limiters.get(sub.id)
         if limiter is None:
             limiter = self._limiters[sub.id] = SubscriptionLimiter(
-                sub.id, sub.max_concurrency, component="replay")
+                sub.id, self._shares.slots(sub.id, sub.max_concurrency), component="replay")
         if not await limiter.acquire(self._closing):
             return None
         result = await push_through(limiter, self._sender, envelope, sub, 1)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from msgbus.delivery.attempt import outcome_of, push_through
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.sender import Sender
+from msgbus.delivery.shares import CapShares
 from msgbus.metrics import RETRIES
 from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
 from msgbus.settings import CompensatorSettings
@@ -33,8 +34,9 @@ ERROR_PAUSE_S = 1.0
 class SubscriptionRetrier:
     def __init__(self, subscription_id: str, current: Callable[[], Subscription | None],
                  claims: DeliveryClaims, store: MongoStore, sender: Sender,
-                 settings: CompensatorSettings) -> None:
+                 settings: CompensatorSettings, shares: CapShares) -> None:
         self.subscription_id = subscription_id
+        self._shares = shares
         self._current = current  # the subscription as configured now (None: deleted)
         self._claims = claims
         self._store = store
@@ -80,8 +82,8 @@ class SubscriptionRetrier:
 
     def _limiter_for(self, sub: Subscription) -> SubscriptionLimiter:
         if self._limiter is None or self._limit_size != sub.max_concurrency:
-            self._limiter = SubscriptionLimiter(sub.id, sub.max_concurrency,
-                                                component="compensator")
+            self._limiter = SubscriptionLimiter(
+                sub.id, self._shares.slots(sub.id, sub.max_concurrency), component="compensator")
             self._limit_size = sub.max_concurrency
         return self._limiter
 

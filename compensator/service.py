@@ -13,11 +13,13 @@ from compensator.replays import ReplayRunner
 from compensator.retrier import SubscriptionRetrier
 from compensator.sweeper import Sweeper
 from msgbus.delivery.sender import make_sender
+from msgbus.delivery.shares import CapShares
 from msgbus.registry import Registry
 from msgbus.settings import CompensatorSettings
 from msgbus.store import MongoStore
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.pending import PendingSweep
+from msgbus.store.shares import ShareStore
 from msgbus.tasks import close_in_order
 
 log = logging.getLogger(__name__)
@@ -34,8 +36,11 @@ class CompensatorService:
         self.sender = make_sender(settings.http_client, instance=self.instance)
         self.sweeper = Sweeper(self.claims, PendingSweep(self.store), self.registry.subscriptions,
                                settings)
+        self.shares = CapShares(ShareStore(self.store), instance=self.instance,
+                                component="compensator", heartbeat_s=conn.share_heartbeat_s,
+                                lease_s=conn.share_lease_s)
         self.replays = ReplayRunner(self.store, self.registry, self.sender, settings,
-                                    owner=self.instance)
+                                    self.shares, owner=self.instance)
         self.retriers: dict[str, SubscriptionRetrier] = {}
         self._lock = asyncio.Lock()
         self.registry.on_change(self.sync)
@@ -44,6 +49,7 @@ class CompensatorService:
         await self.store.ensure_indexes()
         await self.sender.start()
         await self.registry.start()
+        self.shares.start()
         await self.sync()
         self.sweeper.start()
         self.replays.start()
@@ -54,10 +60,11 @@ class CompensatorService:
             wanted = {sub.id for sub in self.registry.subscriptions()}
             for sub_id in set(self.retriers) - wanted:
                 await self.retriers.pop(sub_id).close()
+                self.shares.forget(sub_id)
             for sub_id in wanted - set(self.retriers):
                 retrier = SubscriptionRetrier(
                     sub_id, functools.partial(self.registry.subscription, sub_id),
-                    self.claims, self.store, self.sender, self.settings)
+                    self.claims, self.store, self.sender, self.settings, self.shares)
                 retrier.start()
                 self.retriers[sub_id] = retrier
 
@@ -65,6 +72,7 @@ class CompensatorService:
         await close_in_order("compensator", (
             ("replays", self.replays.close), ("sweeper", self.sweeper.close),
             ("registry", self.registry.close), ("retry loops", self._close_retriers),
+            ("cap shares", self.shares.close),
             ("sender", self.sender.close), ("MongoDB client", self.store.close)))
 
     async def _close_retriers(self) -> None:

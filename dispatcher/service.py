@@ -15,6 +15,7 @@ from dispatcher.redelivery import REMEMBERED, DeliveredCheck
 from dispatcher.supervisor import WorkerSupervisor
 from msgbus.brokerhealth import BrokerHealthMonitor
 from msgbus.delivery.sender import make_sender
+from msgbus.delivery.shares import CapShares
 from msgbus.delivery.trace import QUEUE as TRACE_QUEUE
 from msgbus.delivery.trace import TraceWriter
 from msgbus.localqueue import LocalQueue
@@ -22,6 +23,7 @@ from msgbus.models import BrokerKind, Subscription
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
 from msgbus.store import MongoStore
+from msgbus.store.shares import ShareStore
 from msgbus.tasks import CloseStep, cancel_and_wait, close_in_order
 
 log = logging.getLogger(__name__)
@@ -49,8 +51,11 @@ class DispatcherService:
                                  batch_size=settings.trace_batch_size)
         self.sender = make_sender(settings.http_client, instance=self.instance)
         self.delivered = DeliveredCheck(self.store, after_s=settings.check_delivered_after_s)
+        self.shares = CapShares(ShareStore(self.store), instance=self.instance,
+                                component="dispatcher", heartbeat_s=conn.share_heartbeat_s,
+                                lease_s=conn.share_lease_s)
         self.supervisor = WorkerSupervisor(settings, self.registry, self.sender, self.trace,
-                                           self.delivered)
+                                           self.delivered, self.shares)
         self.backlog = BacklogMonitor(self.store, self.supervisor.paused_partitions,
                                       interval_s=settings.backlog_interval_s)
         self.broker_health: BrokerHealthMonitor | None = None
@@ -77,6 +82,7 @@ class DispatcherService:
         await self._write_leftover_trace()
         self.trace.start()
         await self.registry.start()
+        self.shares.start()
         await self.supervisor.start()
         self.backlog.start()
         if self.broker_health is not None:
@@ -120,7 +126,8 @@ class DispatcherService:
         if self.broker_health is not None:
             steps.append(("broker health", self.broker_health.close))
         steps += [("backlog gauges", self.backlog.close), ("registry", self.registry.close),
-                  ("workers", self.supervisor.close), ("trace writer", self.trace.close),
+                  ("workers", self.supervisor.close), ("cap shares", self.shares.close),
+                  ("trace writer", self.trace.close),
                   ("trace flush", self._flush_trace), ("sender", self.sender.close),
                   ("MongoDB client", self.store.close)]
         await close_in_order("dispatcher", steps)

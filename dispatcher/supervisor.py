@@ -16,6 +16,7 @@ from dispatcher.redelivery import DeliveredCheck
 from dispatcher.worker import SubscriptionWorker, is_for
 from msgbus.brokers.base import SubscriptionConsumer
 from msgbus.delivery.sender import Sender
+from msgbus.delivery.shares import CapShares
 from msgbus.delivery.trace import TraceWriter
 from msgbus.models import BrokerKind, Envelope, Subscription, utcnow
 from msgbus.registry import Registry
@@ -52,8 +53,9 @@ def make_consumers(settings: DispatcherSettings, kinds: list[BrokerKind],
 
 class WorkerSupervisor:
     def __init__(self, settings: DispatcherSettings, registry: Registry, sender: Sender,
-                 trace: TraceWriter, delivered: DeliveredCheck) -> None:
+                 trace: TraceWriter, delivered: DeliveredCheck, shares: CapShares) -> None:
         self._settings = settings
+        self._shares = shares
         self._registry = registry
         self._sender = sender
         self._trace = trace
@@ -96,10 +98,13 @@ class WorkerSupervisor:
             for sub_id, (sub, kinds) in wanted.items():
                 if sub_id not in self._workers:
                     await self._start(sub, kinds)
+            for sub_id in self._shares.subscription_ids() - set(self._workers):
+                self._shares.forget(sub_id)  # paused or gone: its share goes to the others
 
     async def _start(self, sub: Subscription, kinds: list[BrokerKind]) -> None:
         consumers = make_consumers(self._settings, kinds, sub)
         worker = SubscriptionWorker(sub, consumers, self._sender, self._trace, self._delivered,
+                                    slots=self._shares.slots(sub.id, sub.max_concurrency),
                                     direct_queue_size=self._settings.direct_queue_size)
         try:
             await worker.start()

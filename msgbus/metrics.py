@@ -66,6 +66,11 @@ CONFIG_INVALID_DOCUMENTS = Gauge(
     "Stored configuration documents that do not validate and are skipped (listed by the "
     "admin's GET /v1/invalid-documents), by collection", ["collection"],
     multiprocess_mode="livemax")
+CAP_SHARE = Gauge(
+    "msgbus_subscription_cap_share",
+    "The pushes this process may have in flight to the subscription: its share of the "
+    "subscription's max_concurrency, which all processes pushing to it split",
+    ["subscription", "component"], multiprocess_mode="livesum")
 PUSHES = Counter(
     "msgbus_pushes_total",
     "Pushes to subscribers by outcome: delivered, failed (to be retried), parked (given up)",

@@ -42,6 +42,11 @@ class ConnectionSettings(BaseSettings):
     internal_token: SecretStr = SecretStr("")
     state_dir: Path = Path(".msgbus")
     config_refresh_s: float = 2.0
+    # Dispatchers and compensators split each subscription's max_concurrency between them
+    # (msgbus/delivery/shares.py): how often each renews its lease and settles its shares, and
+    # how long a process that stops renewing keeps its share before the others may take it.
+    share_heartbeat_s: float = Field(default=1.0, gt=0)
+    share_lease_s: float = Field(default=5.0, gt=0)
 
     def clusters(self, kind: BrokerKind) -> dict[str, list[str]]:
         """The configured clusters of a broker kind, name -> node addresses, in order."""

@@ -1,6 +1,7 @@
 """`SubscriptionLimiter`: what stands between a message and a push to its subscriber — the
-circuit breaker and the subscription's concurrency limit (a semaphore of `max_concurrency`
-slots), with their metrics. The dispatcher and the compensator each hold one per subscription."""
+circuit breaker and this process's slots of the subscription's concurrency cap (its share of
+`max_concurrency`, `msgbus.delivery.shares`), with their metrics. The dispatcher and the
+compensator each hold one per subscription."""
 
 from __future__ import annotations
 
@@ -8,16 +9,17 @@ import asyncio
 import time
 
 from msgbus.delivery.breaker import CircuitBreaker
+from msgbus.delivery.slots import AdjustableSlots
 from msgbus.metrics import CIRCUIT_OPEN, IN_FLIGHT, SLOT_WAIT
 from msgbus.models import AttemptResult
 
 
 class SubscriptionLimiter:
-    def __init__(self, subscription_id: str, max_concurrency: int, *, component: str) -> None:
+    def __init__(self, subscription_id: str, slots: AdjustableSlots, *, component: str) -> None:
         """`component`: who pushes ("dispatcher", "compensator", "replay"); each has a
         circuit of its own, shown apart (they may run in one process, as in `msgbus up`)."""
         self.subscription_id = subscription_id
-        self._slots = asyncio.Semaphore(max_concurrency)
+        self._slots = slots
         self._breaker = CircuitBreaker(subscription_id)
         self._gauge = IN_FLIGHT.labels(subscription_id)
         self._slot_wait = SLOT_WAIT.labels(subscription_id)

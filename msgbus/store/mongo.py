@@ -84,6 +84,7 @@ INDEXES: dict[str, list[IndexModel]] = {
     ],
     "subscriptions": [IndexModel([("destination", ASCENDING)])],
     "apps": [IndexModel([("key_hashes", ASCENDING)])],
+    "instances": [IndexModel([("expires_at", ASCENDING)])],  # the live ones (cap shares)
 }
 # Indexes earlier versions created that no query uses any more: dropped by `ensure_indexes`,
 # since every index costs each write of its collection (on the test server ~0.05-0.15 ms of

@@ -203,6 +203,7 @@ class Deployment:
         self.extra_env: dict[str, str] = {}  # more MSGBUS_* variables of every process
         # MSGBUS_COMPENSATOR_* of the compensator `start()` runs
         self.compensator_settings: dict[str, str] = {"scan_interval_s": "0.5"}
+        self.subscriber_factory: Callable[[], RecordingSubscriber] = RecordingSubscriber
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
         return self.loop.run(coro, timeout_s)
@@ -228,7 +229,7 @@ class Deployment:
         for code, broker in self.destinations.items():
             await self.store.save_destination(Destination(code=code, broker=broker))
             for name in self.subscription_names:
-                subscriber = RecordingSubscriber()
+                subscriber = self.subscriber_factory()
                 server = await self._subscriber_servers.start(
                     make_server(subscriber, services.HOST, 0), f"subscriber-{code}-{name}")
                 url = f"http://{services.HOST}:{server.port}/hook"
@@ -271,6 +272,10 @@ class Deployment:
         process = BusProcess(service, name, port, env, self.work_dir)
         self.processes.append(process)
         return process
+
+    def add_dispatcher(self, name: str) -> BusProcess:
+        """Another dispatcher (not started), with a state directory of its own."""
+        return self._process("dispatcher", name, self.work_dir / name)
 
     def add_receiver(self, name: str) -> BusProcess:
         """A receiver with a state (and so buffer) directory of its own."""

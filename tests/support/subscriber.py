@@ -3,6 +3,7 @@ push it gets and answers with a status the test chooses."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
@@ -78,3 +79,47 @@ class ScriptedSubscriber(RecordingSubscriber):
             self.pushes.append(Push(headers, body, status))
             self.answered.append((message_id, status, time.monotonic()))
         await respond(send, status, b"ok")
+
+
+@dataclass
+class PeakSubscriber(RecordingSubscriber):
+    """Answers each push after `delay_s`, and records the most pushes it ever had at once
+    (`peak`) and when each push began. The first push of a message whose id `fails_first`
+    picks is answered 500 (the retry then succeeds)."""
+
+    delay_s: float = 0.1
+    fails_first: Any = None  # Callable[[str], bool]
+    in_flight: int = 0
+    peak: int = 0
+    began: list[float] = field(default_factory=list)
+    _seen: set[str] = field(default_factory=set)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if await answer_lifespan(scope, receive, send):
+            return
+        body = await read_body(receive)
+        headers = request_headers(scope)
+        message_id = headers["ce-id"]
+        first = message_id not in self._seen
+        self._seen.add(message_id)
+        status = 500 if first and self.fails_first and self.fails_first(message_id) else 200
+        self.in_flight += 1  # one event loop serves every push: no lock needed for these
+        self.peak = max(self.peak, self.in_flight)
+        self.began.append(time.monotonic())
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.in_flight -= 1
+        with self._lock:
+            self.pushes.append(Push(headers, body, status))
+        await respond(send, status, b"ok")
+
+    def busiest_second(self) -> int:
+        """The most pushes that began within any one second."""
+        times = sorted(self.began)
+        most, start = 0, 0
+        for end, at in enumerate(times):
+            while at - times[start] >= 1.0:
+                start += 1
+            most = max(most, end - start + 1)
+        return most

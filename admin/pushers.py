@@ -1,0 +1,41 @@
+"""Who pushes to a subscription: the live dispatcher, compensator and admin processes, each
+one's share of the subscription's max_concurrency (`msgbus.delivery.shares`), what it asked
+for, what it had in flight when it last wrote its share, and its last heartbeat.
+
+`GET /v1/destinations/{code}/subscriptions/{name}/pushers` (viewer); the subscription's page
+in the UI shows the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from admin.params import DestinationCode, SubscriptionName
+from admin.security import AsViewer
+from msgbus.models import subscription_id, utcnow
+from msgbus.store import MongoStore
+from msgbus.store.shares import ShareStore
+
+
+async def pushers_of(store: MongoStore, sub_id: str) -> dict[str, Any]:
+    shares = ShareStore(store)
+    now = utcnow()
+    live = await shares.live_instances(now)
+    doc = (await shares.read([sub_id])).get(sub_id) or {}
+    pushers = [{"instance": e["instance"], "component": e.get("component"),
+                "share": e.get("held", 0), "demand": e.get("demand", 0),
+                "in_flight": e.get("in_use"), "share_changed_at": e.get("at"),
+                "heartbeat_at": live[e["instance"]].get("heartbeat_at")}
+               for e in doc.get("entries", []) if e.get("instance") in live]
+    return {"subscription": sub_id, "cap": doc.get("cap"),
+            "pushers": sorted(pushers, key=lambda p: p["instance"])}
+
+
+def add_pusher_routes(app: FastAPI, store: MongoStore) -> None:
+    @app.get("/v1/destinations/{code}/subscriptions/{name}/pushers")
+    async def list_pushers(code: DestinationCode, name: SubscriptionName,
+                           _: AsViewer) -> dict[str, Any]:
+        """The processes pushing to the subscription now and their shares of its cap."""
+        sub = await store.get_subscription(subscription_id(code, name))
+        return await pushers_of(store, sub.id)

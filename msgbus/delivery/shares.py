@@ -1,0 +1,237 @@
+"""`CapShares`: one concurrency cap per subscription, whatever the number of processes that
+push to it (dispatchers, compensators with their retries and replays).
+
+Each process holds a share of each subscription's `max_concurrency` and never has more pushes
+in flight than its share (`AdjustableSlots`): no MongoDB round trip per push. The shares live
+in MongoDB (`msgbus.store.shares`); every `heartbeat_s` a process
+1. renews its lease (`instances`: alive until `lease_s` from now),
+2. reads the subscriptions' share documents, drops the entries of dead instances,
+3. works out its fair share from everyone's demand (`fair_shares`: nobody gets more than it
+   asks for, what one does not need goes to the others), and
+4. takes it (`decide`): a smaller share at once; a larger one only out of the room the others'
+   recorded shares leave, so the recorded shares never add up to more than the cap, and a
+   process's pushes in flight never exceed what it recorded.
+A process that waits for a slot asks at once instead of at the next heartbeat. A dead process's
+share comes free when its lease ends. Hermes negotiates a subscription's rate the same way
+(consumers' shares by recent use, through ZooKeeper); this does it for concurrency, through
+MongoDB, with compare-and-swap writes instead of a leader.
+
+When MongoDB cannot be reached, a process keeps its shares until its own lease would have
+ended, then falls back to the cap divided by the number of processes it last saw pushing to
+the subscription (each of them does the same), at least one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pymongo.errors import PyMongoError
+
+from msgbus.delivery.slots import AdjustableSlots
+from msgbus.metrics import CAP_SHARE
+from msgbus.store.shares import ShareStore
+from msgbus.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+ROTATE_S = 10.0  # when the cap is smaller than the processes wanting it, who gets one moves on
+SWAP_TRIES = 3
+MIN_BEAT_GAP_SHARE = 0.2  # of heartbeat_s: asks for slots wake the loop at most this often
+
+
+def fair_shares(cap: int, demands: dict[str, int], order: list[str]) -> dict[str, int]:
+    """The cap split by demand (max-min fair, whole slots): first nobody gets more than it asks
+    for, and the slots that do not divide evenly go in `order`; then what nobody asks for is
+    dealt round in `order`, so that a process that is idle now can push its next message at
+    once instead of asking first."""
+    shares = dict.fromkeys(demands, 0)
+    wanting = [name for name in order if demands.get(name, 0) > 0]
+    room = cap
+    while room > 0 and wanting:
+        each = max(1, room // len(wanting))
+        for name in list(wanting):
+            given = min(each, demands[name] - shares[name], room)
+            shares[name] += given
+            room -= given
+            if shares[name] >= demands[name]:
+                wanting.remove(name)
+            if room == 0:
+                break
+    for turn in range(room if order else 0):
+        shares[order[turn % len(order)]] += 1
+    return shares
+
+
+def rotation(names: Iterable[str], now_s: float) -> list[str]:
+    """`names` in an order every process works out alike, shifted every ROTATE_S."""
+    ordered = sorted(names)
+    if not ordered:
+        return ordered
+    shift = int(now_s // ROTATE_S) % len(ordered)
+    return ordered[shift:] + ordered[:shift]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    held: int  # what this process records: at least what it has in use
+    limit: int  # how many pushes it may start having in flight
+
+
+def decide(cap: int, fair: int, others_held: int, in_use: int) -> Decision:
+    """This process's share, given its fair share and what the others hold now."""
+    limit = max(0, min(fair, cap - others_held))
+    return Decision(held=max(limit, in_use), limit=limit)
+
+
+def demand_changed(recorded: int, now: int) -> bool:
+    """Worth a write: from or to zero, or by a quarter (the others' fair shares depend on it;
+    every small change is not worth a MongoDB write)."""
+    if (recorded == 0) != (now == 0):
+        return True
+    return abs(now - recorded) >= max(1, recorded // 4)
+
+
+class CapShares:
+    def __init__(self, store: ShareStore, *, instance: str, component: str,
+                 heartbeat_s: float, lease_s: float) -> None:
+        self._store = store
+        self.instance = f"{component}:{instance}"
+        self._component = component
+        self._heartbeat_s = heartbeat_s
+        self._lease_s = lease_s
+        self._slots: dict[str, AdjustableSlots] = {}
+        self._caps: dict[str, int] = {}
+        self._leaving: set[str] = set()  # subscriptions whose entry is to be removed
+        self._pushers_seen: dict[str, int] = {}  # processes pushing to each, last seen
+        self._wake = asyncio.Event()
+        self._lease_until = 0.0  # monotonic: when this process's lease ends unless renewed
+        self._outage: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def slots(self, sub_id: str, cap: int) -> AdjustableSlots:
+        """This process's slots of the subscription (one object, whichever part asks)."""
+        self._caps[sub_id] = cap
+        self._leaving.discard(sub_id)
+        found = self._slots.get(sub_id)
+        if found is None:
+            found = self._slots[sub_id] = AdjustableSlots(
+                0, on_wait=functools.partial(self._asked, sub_id))
+        return found
+
+    def _asked(self, sub_id: str) -> None:
+        """A push waits for a slot: with none at all, ask now rather than at the next beat."""
+        slots = self._slots.get(sub_id)
+        if slots is not None and slots.limit == 0:
+            self._wake.set()
+
+    def subscription_ids(self) -> set[str]:
+        return set(self._slots)
+
+    def forget(self, sub_id: str) -> None:
+        """Nothing here pushes to the subscription any more: its share goes back."""
+        if self._slots.pop(sub_id, None) is not None:
+            self._caps.pop(sub_id, None)
+            self._leaving.add(sub_id)
+            self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=f"cap-shares-{self._component}")
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._task)
+        with contextlib.suppress(PyMongoError, TimeoutError):
+            await asyncio.wait_for(self._store.leave(self.instance), self._heartbeat_s)
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._heartbeat_s)
+            self._wake.clear()
+            try:
+                await self.beat()
+                self._mongo_back()
+            except (PyMongoError, TimeoutError) as exc:
+                self._mongo_lost(exc)
+            except Exception:  # a bug must not end the shares: the cap would freeze
+                log.exception("cap shares: a heartbeat failed")
+            await asyncio.sleep(self._heartbeat_s * MIN_BEAT_GAP_SHARE)
+
+    async def beat(self) -> None:
+        """One heartbeat: renew the lease, then settle every subscription's share."""
+        started = time.monotonic()
+        now = await self._store.beat(self.instance, self._component, self._lease_s,
+                                     {"subscriptions": sorted(self._slots)})
+        self._lease_until = started + self._lease_s
+        live = set(await self._store.live_instances(now))
+        sub_ids = sorted(set(self._slots) | self._leaving)
+        docs = await self._store.read(sub_ids)
+        for sub_id in sub_ids:
+            doc = docs.get(sub_id)
+            for _ in range(SWAP_TRIES):
+                if await self._settle(sub_id, doc, live, now):
+                    break
+                doc = (await self._store.read([sub_id])).get(sub_id)
+
+    async def _settle(self, sub_id: str, doc: dict[str, Any] | None, live: set[str],
+                      now: datetime) -> bool:
+        """Takes this process's share of one subscription; False when another wrote first."""
+        version = int(doc["version"]) if doc else 0
+        entries = [e for e in (doc or {}).get("entries", []) if e.get("instance") in live]
+        mine = next((e for e in entries if e["instance"] == self.instance), None)
+        others = [e for e in entries if e["instance"] != self.instance]
+        stale = doc is not None and len(entries) != len(doc.get("entries", []))
+        slots = self._slots.get(sub_id)
+        if slots is None:  # leaving
+            if mine is None and not stale:
+                self._leaving.discard(sub_id)
+                return True
+            done = await self._store.swap(sub_id, version, int((doc or {}).get("cap", 0)),
+                                          others)
+            if done:
+                self._leaving.discard(sub_id)
+            return done
+        cap = self._caps[sub_id]
+        demand = min(cap, slots.in_use + slots.waiting)
+        demands = {e["instance"]: int(e.get("demand", 0)) for e in others} | {
+            self.instance: demand}
+        fair = fair_shares(cap, demands, rotation(demands, now.timestamp()))[self.instance]
+        decision = decide(cap, fair, sum(int(e.get("held", 0)) for e in others), slots.in_use)
+        self._pushers_seen[sub_id] = len(others) + 1
+        recorded_demand = int(mine.get("demand", 0)) if mine else -1
+        if (mine is None or stale or int(mine.get("held", 0)) != decision.held
+                or demand_changed(recorded_demand, demand) or (doc or {}).get("cap") != cap):
+            entry = {"instance": self.instance, "component": self._component,
+                     "held": decision.held, "demand": demand, "in_use": slots.in_use,
+                     "at": now}
+            if not await self._store.swap(sub_id, version, cap, [*others, entry]):
+                return False
+        slots.set_limit(decision.limit)
+        CAP_SHARE.labels(sub_id, self._component).set(decision.limit)
+        return True
+
+    def _mongo_back(self) -> None:
+        if self._outage is not None:
+            log.warning("cap shares: MongoDB answers again (the outage was: %s)", self._outage)
+            self._outage = None
+
+    def _mongo_lost(self, exc: Exception) -> None:
+        if self._outage is None:
+            self._outage = f"{type(exc).__name__}: {exc}"
+            log.warning("cap shares: MongoDB unreachable (%s); keeping the shares until the "
+                        "lease ends, then the cap divided by the processes last seen",
+                        self._outage)
+        if time.monotonic() < self._lease_until:
+            return
+        for sub_id, slots in self._slots.items():
+            seen = self._pushers_seen.get(sub_id)  # never seen: one slot, the safe guess
+            fallback = 1 if seen is None else max(1, self._caps[sub_id] // seen)
+            slots.set_limit(fallback)
+            CAP_SHARE.labels(sub_id, self._component).set(fallback)

@@ -1,0 +1,78 @@
+"""Processes sharing one subscription's concurrency cap through MongoDB: the pushes in flight
+of all of them together never exceed the cap, the cap gets used, and a process that dies
+without a word gives its share back when its lease ends. (The same with dispatchers and
+compensators as OS processes and a real subscriber: test_cap_across_processes.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from msgbus.delivery.shares import CapShares
+from msgbus.store import MongoStore
+from msgbus.store.shares import ShareStore
+from tests.support.loop import eventually
+
+SUB = "orders/billing"
+CAP = 6
+PUSH_S = 0.02  # what one push takes
+HEARTBEAT_S, LEASE_S = 0.1, 1.0
+
+
+@dataclass
+class InFlight:
+    now: int = 0
+    peak: int = 0
+    done: int = 0
+    over_cap: list[int] = field(default_factory=list)
+
+
+async def _push_forever(shares: CapShares, counter: InFlight) -> None:
+    slots = shares.slots(SUB, CAP)
+    while True:
+        await slots.acquire()
+        counter.now += 1
+        counter.peak = max(counter.peak, counter.now)
+        if counter.now > CAP:
+            counter.over_cap.append(counter.now)
+        try:
+            await asyncio.sleep(PUSH_S)
+        finally:
+            counter.now -= 1
+            counter.done += 1
+            slots.release()
+
+
+async def test_processes_never_exceed_the_cap_together_and_a_dead_ones_share_returns(
+        store: MongoStore) -> None:
+    counter = InFlight()
+    processes = [CapShares(ShareStore(store), instance=f"p{i}", component="dispatcher",
+                           heartbeat_s=HEARTBEAT_S, lease_s=LEASE_S) for i in range(3)]
+    pushers: dict[str, list[asyncio.Task[None]]] = {}
+    for process in processes:
+        process.start()
+        pushers[process.instance] = [asyncio.create_task(_push_forever(process, counter))
+                                     for _ in range(CAP)]  # each would take the whole cap
+    survivors, dead = processes[:2], processes[2]
+    try:
+        await eventually(lambda: counter.peak == CAP, 10, "the whole cap in use")
+        await eventually(lambda: all(p.slots(SUB, CAP).limit > 0 for p in processes), 10,
+                         "a share for every process")
+        # kill -9: its pushes and heartbeats stop, and it never says goodbye
+        for task in [*pushers.pop(dead.instance), dead._task]:
+            assert task is not None
+            task.cancel()
+        await eventually(
+            lambda: sum(p.slots(SUB, CAP).limit for p in survivors) == CAP,
+            10 * LEASE_S, "the dead process's share back with the others")
+        done_before = counter.done
+        await eventually(lambda: counter.done > done_before + 10 * CAP, 10, "pushes go on")
+        assert counter.over_cap == []
+    finally:
+        for task in (t for ts in pushers.values() for t in ts):
+            task.cancel()
+        for process in survivors:
+            await process.close()
+        with contextlib.suppress(BaseException):
+            await dead.close()
