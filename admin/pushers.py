@@ -1,5 +1,5 @@
 """Who pushes to a subscription: the live dispatcher, compensator and admin processes, each
-one's share of the subscription's max_concurrency (`msgbus.delivery.shares`), what it asked
+one's share of the subscription's max_concurrency (and of its max_rate_per_s), what it asked
 for, what it had in flight when it last wrote its share, and its last heartbeat.
 
 `GET /v1/destinations/{code}/subscriptions/{name}/pushers` (viewer); the subscription's page
@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from admin.params import DestinationCode, SubscriptionName
 from admin.security import AsViewer
+from msgbus.delivery.shares import RATE_SUFFIX
 from msgbus.models import subscription_id, utcnow
 from msgbus.store import MongoStore
 from msgbus.store.shares import ShareStore
@@ -22,13 +23,16 @@ async def pushers_of(store: MongoStore, sub_id: str) -> dict[str, Any]:
     shares = ShareStore(store)
     now = utcnow()
     live = await shares.live_instances(now)
-    doc = (await shares.read([sub_id])).get(sub_id) or {}
+    docs = await shares.read([sub_id, sub_id + RATE_SUFFIX])
+    cap, rate = docs.get(sub_id) or {}, docs.get(sub_id + RATE_SUFFIX) or {}
+    rate_shares = {e.get("instance"): e.get("held", 0) for e in rate.get("entries", [])}
     pushers = [{"instance": e["instance"], "component": e.get("component"),
                 "share": e.get("held", 0), "demand": e.get("demand", 0),
-                "in_flight": e.get("in_use"), "share_changed_at": e.get("at"),
+                "in_flight": e.get("in_use"), "rate_share": rate_shares.get(e["instance"]),
+                "share_changed_at": e.get("at"),
                 "heartbeat_at": live[e["instance"]].get("heartbeat_at")}
-               for e in doc.get("entries", []) if e.get("instance") in live]
-    return {"subscription": sub_id, "cap": doc.get("cap"),
+               for e in cap.get("entries", []) if e.get("instance") in live]
+    return {"subscription": sub_id, "cap": cap.get("cap"), "max_rate_per_s": rate.get("cap"),
             "pushers": sorted(pushers, key=lambda p: p["instance"])}
 
 

@@ -44,6 +44,10 @@ class SubscriptionIn(ConfigModel):
     url: HttpUrl = Field(description="http or https; at most 2,083 characters also in the form "
                                      "it is stored in (percent-encoded, '/' after a bare host)")
     max_concurrency: Integer = Field(default=16, ge=1, le=1024)
+    max_rate_per_s: Integer | None = Field(
+        default=None, ge=1, le=100_000,
+        description="at most this many pushes begin in any second, from all processes; "
+                    "None: no limit")
     timeout_ms: Integer = Field(default=5000, ge=10, le=300_000)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     paused: StrictBool = False

@@ -43,7 +43,7 @@ class SubscriptionRetrier:
         self._sender = sender
         self._settings = settings
         self._limiter: SubscriptionLimiter | None = None
-        self._limit_size = 0
+        self._limits: tuple[int, int | None] = (0, None)
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -81,10 +81,9 @@ class SubscriptionRetrier:
             await asyncio.wait_for(self._closing.wait(), seconds)
 
     def _limiter_for(self, sub: Subscription) -> SubscriptionLimiter:
-        if self._limiter is None or self._limit_size != sub.max_concurrency:
-            self._limiter = SubscriptionLimiter(
-                sub.id, self._shares.slots(sub.id, sub.max_concurrency), component="compensator")
-            self._limit_size = sub.max_concurrency
+        if self._limiter is None or self._limits != (sub.max_concurrency, sub.max_rate_per_s):
+            self._limiter = self._shares.limiter(sub, "compensator")
+            self._limits = (sub.max_concurrency, sub.max_rate_per_s)
         return self._limiter
 
     async def retry_due(self, sub: Subscription) -> int:

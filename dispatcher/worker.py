@@ -18,7 +18,6 @@ from msgbus.delivery.attempt import outcome_of, push_through
 from msgbus.delivery.filters import matches
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.sender import Sender
-from msgbus.delivery.slots import AdjustableSlots
 from msgbus.delivery.trace import TraceWriter
 from msgbus.metrics import SKIPPED
 from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, Subscription, utcnow
@@ -43,14 +42,14 @@ class SubscriptionWorker:
     def __init__(
         self, subscription: Subscription, consumers: list[SubscriptionConsumer],
         sender: Sender, trace: TraceWriter, delivered: DeliveredCheck, *,
-        slots: AdjustableSlots, direct_queue_size: int,
+        limiter: SubscriptionLimiter, direct_queue_size: int,
     ) -> None:
         self.subscription = subscription
         self._consumers = consumers
         self._sender = sender
         self._trace = trace
         self._delivered = delivered
-        self._limiter = SubscriptionLimiter(subscription.id, slots, component="dispatcher")
+        self._limiter = limiter
         self._direct: asyncio.Queue[Envelope] = asyncio.Queue(maxsize=direct_queue_size)
         self._loops: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[None]] = set()

@@ -71,6 +71,10 @@ CAP_SHARE = Gauge(
     "The pushes this process may have in flight to the subscription: its share of the "
     "subscription's max_concurrency, which all processes pushing to it split",
     ["subscription", "component"], multiprocess_mode="livesum")
+RATE_SHARE = Gauge(
+    "msgbus_subscription_rate_share",
+    "The pushes per second this process may begin to the subscription: its share of the "
+    "subscription's max_rate_per_s", ["subscription", "component"], multiprocess_mode="livesum")
 PUSHES = Counter(
     "msgbus_pushes_total",
     "Pushes to subscribers by outcome: delivered, failed (to be retried), parked (given up)",

@@ -202,6 +202,10 @@ class Subscription(ConfigModel):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     url: HttpUrl
     max_concurrency: Integer = Field(default=16, ge=1, le=1024)
+    max_rate_per_s: Integer | None = Field(
+        default=None, ge=1, le=100_000,
+        description="At most this many pushes begin in any second, from all processes "
+                    "together (dispatchers, retries, replays); None: no limit")
     timeout_ms: Integer = Field(default=5000, ge=10, le=300_000)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     paused: StrictBool = False

@@ -9,17 +9,20 @@ import asyncio
 import time
 
 from msgbus.delivery.breaker import CircuitBreaker
-from msgbus.delivery.slots import AdjustableSlots
+from msgbus.delivery.slots import AdjustableSlots, RateSlots
 from msgbus.metrics import CIRCUIT_OPEN, IN_FLIGHT, SLOT_WAIT
 from msgbus.models import AttemptResult
 
 
 class SubscriptionLimiter:
-    def __init__(self, subscription_id: str, slots: AdjustableSlots, *, component: str) -> None:
+    def __init__(self, subscription_id: str, slots: AdjustableSlots, *, component: str,
+                 rate: RateSlots | None = None) -> None:
         """`component`: who pushes ("dispatcher", "compensator", "replay"); each has a
-        circuit of its own, shown apart (they may run in one process, as in `msgbus up`)."""
+        circuit of its own, shown apart (they may run in one process, as in `msgbus up`).
+        `rate`: this process's share of the subscription's max_rate_per_s, if it has one."""
         self.subscription_id = subscription_id
         self._slots = slots
+        self._rate = rate
         self._breaker = CircuitBreaker(subscription_id)
         self._gauge = IN_FLIGHT.labels(subscription_id)
         self._slot_wait = SLOT_WAIT.labels(subscription_id)
@@ -42,6 +45,12 @@ class SubscriptionLimiter:
         if closing.is_set():
             return False
         await self._slots.acquire()
+        if self._rate is not None:  # last: the push must begin right after it counts
+            try:
+                await self._rate.acquire()
+            except BaseException:  # cancelled (a close): the slot goes back
+                self._slots.release()
+                raise
         self._slot_wait.observe(time.perf_counter() - started)
         self._gauge.inc()
         return True

@@ -1,5 +1,7 @@
 """`CapShares`: one concurrency cap per subscription, whatever the number of processes that
-push to it (dispatchers, compensators with their retries and replays).
+push to it (dispatchers, compensators with their retries and replays), and one rate limit
+(`max_rate_per_s`) the same way: each is a limit split into shares (`RateSlots` count the pushes
+begun within the last second where `AdjustableSlots` count those in flight).
 
 Each process holds a share of each subscription's `max_concurrency` and never has more pushes
 in flight than its share (`AdjustableSlots`): no MongoDB round trip per push. The shares live
@@ -28,20 +30,23 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from msgbus.delivery.slots import AdjustableSlots
-from msgbus.metrics import CAP_SHARE
+from msgbus.delivery.limiter import SubscriptionLimiter
+from msgbus.delivery.slots import AdjustableSlots, RateSlots, Share
+from msgbus.metrics import CAP_SHARE, RATE_SHARE
+from msgbus.models import Subscription
 from msgbus.store.shares import ShareStore
 from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
+RATE_SUFFIX = "#rate"  # the share document of a subscription's rate: "<subscription id>#rate"
 ROTATE_S = 10.0  # when the cap is smaller than the processes wanting it, who gets one moves on
 SWAP_TRIES = 3
 MIN_BEAT_GAP_SHARE = 0.2  # of heartbeat_s: asks for slots wake the loop at most this often
@@ -107,40 +112,65 @@ class CapShares:
         self._component = component
         self._heartbeat_s = heartbeat_s
         self._lease_s = lease_s
-        self._slots: dict[str, AdjustableSlots] = {}
+        # by limit: a subscription's id (its concurrency) or id + RATE_SUFFIX (its rate)
+        self._slots: dict[str, Share] = {}
         self._caps: dict[str, int] = {}
-        self._leaving: set[str] = set()  # subscriptions whose entry is to be removed
-        self._pushers_seen: dict[str, int] = {}  # processes pushing to each, last seen
+        self._leaving: set[str] = set()  # limits whose entry is to be removed
+        self._pushers_seen: dict[str, int] = {}  # processes sharing each limit, last seen
         self._wake = asyncio.Event()
         self._lease_until = 0.0  # monotonic: when this process's lease ends unless renewed
         self._outage: str | None = None
         self._task: asyncio.Task[None] | None = None
 
     def slots(self, sub_id: str, cap: int) -> AdjustableSlots:
-        """This process's slots of the subscription (one object, whichever part asks)."""
-        self._caps[sub_id] = cap
-        self._leaving.discard(sub_id)
-        found = self._slots.get(sub_id)
-        if found is None:
-            found = self._slots[sub_id] = AdjustableSlots(
-                0, on_wait=functools.partial(self._asked, sub_id))
+        """This process's slots of the subscription's concurrency (one object, whichever part
+        asks)."""
+        found = self._share(sub_id, cap, lambda on_wait: AdjustableSlots(0, on_wait=on_wait))
+        assert isinstance(found, AdjustableSlots)
         return found
 
-    def _asked(self, sub_id: str) -> None:
+    def rate(self, sub_id: str, max_rate_per_s: int) -> RateSlots:
+        """This process's share of the subscription's rate."""
+        found = self._share(sub_id + RATE_SUFFIX, max_rate_per_s,
+                            lambda on_wait: RateSlots(0, on_wait=on_wait))
+        assert isinstance(found, RateSlots)
+        return found
+
+    def limiter(self, sub: Subscription, component: str) -> SubscriptionLimiter:
+        """A limiter of pushes to `sub` within this process's shares of its limits."""
+        rate = None
+        if sub.max_rate_per_s is None:
+            self.forget(sub.id, rate_only=True)
+        else:
+            rate = self.rate(sub.id, sub.max_rate_per_s)
+        return SubscriptionLimiter(sub.id, self.slots(sub.id, sub.max_concurrency),
+                                   component=component, rate=rate)
+
+    def _share(self, key: str, cap: int, make: Callable[[Callable[[], None]], Share]) -> Share:
+        self._caps[key] = cap
+        self._leaving.discard(key)
+        found = self._slots.get(key)
+        if found is None:
+            found = self._slots[key] = make(functools.partial(self._asked, key))
+        return found
+
+    def _asked(self, key: str) -> None:
         """A push waits for a slot: with none at all, ask now rather than at the next beat."""
-        slots = self._slots.get(sub_id)
-        if slots is not None and slots.limit == 0:
+        share = self._slots.get(key)
+        if share is not None and share.limit == 0:
             self._wake.set()
 
     def subscription_ids(self) -> set[str]:
-        return set(self._slots)
+        return {key.removesuffix(RATE_SUFFIX) for key in self._slots}
 
-    def forget(self, sub_id: str) -> None:
-        """Nothing here pushes to the subscription any more: its share goes back."""
-        if self._slots.pop(sub_id, None) is not None:
-            self._caps.pop(sub_id, None)
-            self._leaving.add(sub_id)
-            self._wake.set()
+    def forget(self, sub_id: str, *, rate_only: bool = False) -> None:
+        """Nothing here pushes to the subscription (or limits its rate) any more: its shares
+        go back."""
+        for key in ([] if rate_only else [sub_id]) + [sub_id + RATE_SUFFIX]:
+            if self._slots.pop(key, None) is not None:
+                self._caps.pop(key, None)
+                self._leaving.add(key)
+                self._wake.set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"cap-shares-{self._component}")
@@ -156,7 +186,11 @@ class CapShares:
                 await asyncio.wait_for(self._wake.wait(), self._heartbeat_s)
             self._wake.clear()
             try:
-                await self.beat()
+                # a beat still running when the lease ends would leave this process pushing
+                # with a share the others may have taken back: it ends there
+                now = time.monotonic()
+                ends = self._lease_until if self._lease_until > now else now + self._lease_s
+                await asyncio.wait_for(self.beat(), ends - now)
                 self._mongo_back()
             except (PyMongoError, TimeoutError) as exc:
                 self._mongo_lost(exc)
@@ -168,8 +202,12 @@ class CapShares:
         """One heartbeat: renew the lease, then settle every subscription's share."""
         started = time.monotonic()
         now = await self._store.beat(self.instance, self._component, self._lease_s,
-                                     {"subscriptions": sorted(self._slots)})
+                                     {"subscriptions": sorted(self.subscription_ids())})
         self._lease_until = started + self._lease_s
+        renew_s = time.monotonic() - started
+        if renew_s > self._lease_s / 4:
+            log.warning("cap shares: renewing the lease took %.1f s of its %.1f s", renew_s,
+                        self._lease_s)
         live = set(await self._store.live_instances(now))
         sub_ids = sorted(set(self._slots) | self._leaving)
         docs = await self._store.read(sub_ids)
@@ -214,8 +252,14 @@ class CapShares:
             if not await self._store.swap(sub_id, version, cap, [*others, entry]):
                 return False
         slots.set_limit(decision.limit)
-        CAP_SHARE.labels(sub_id, self._component).set(decision.limit)
+        self._gauge(sub_id, decision.limit)
         return True
+
+    def _gauge(self, key: str, limit: int) -> None:
+        if key.endswith(RATE_SUFFIX):
+            RATE_SHARE.labels(key.removesuffix(RATE_SUFFIX), self._component).set(limit)
+        else:
+            CAP_SHARE.labels(key, self._component).set(limit)
 
     def _mongo_back(self) -> None:
         if self._outage is not None:
@@ -234,4 +278,4 @@ class CapShares:
             seen = self._pushers_seen.get(sub_id)  # never seen: one slot, the safe guess
             fallback = 1 if seen is None else max(1, self._caps[sub_id] // seen)
             slots.set_limit(fallback)
-            CAP_SHARE.labels(sub_id, self._component).set(fallback)
+            self._gauge(sub_id, fallback)

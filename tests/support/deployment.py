@@ -200,6 +200,8 @@ class Deployment:
         self.receivers: list[BusProcess] = []
         self.api_key = ""
         self.subscription_options: dict[str, Any] = {}  # fields of every subscription
+        # more fields of the subscriptions of one destination, by its code
+        self.options_of: dict[str, dict[str, Any]] = {}
         self.extra_env: dict[str, str] = {}  # more MSGBUS_* variables of every process
         # MSGBUS_COMPENSATOR_* of the compensator `start()` runs
         self.compensator_settings: dict[str, str] = {"scan_interval_s": "0.5"}
@@ -235,7 +237,8 @@ class Deployment:
                 url = f"http://{services.HOST}:{server.port}/hook"
                 await self.store.save_subscription(Subscription(
                     destination=code, name=name, url=HttpUrl(url),
-                    **{"max_concurrency": 32, **self.subscription_options}))
+                    **{"max_concurrency": 32, **self.subscription_options,
+                       **self.options_of.get(code, {})}))
                 self.subscriber_of[f"{code}/{name}"] = subscriber
             self.subscribers[code] = self.subscriber_of[f"{code}/{SUBSCRIPTION}"]
         self.api_key = new_api_key()

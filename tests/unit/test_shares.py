@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from msgbus.delivery.shares import decide, demand_changed, fair_shares, rotation
-from msgbus.delivery.slots import AdjustableSlots
+from msgbus.delivery.slots import AdjustableSlots, RateSlots
 
 
 def test_the_cap_is_split_evenly_between_processes_that_want_all_of_it() -> None:
@@ -80,3 +80,14 @@ async def test_a_cancelled_wait_takes_no_slot() -> None:
         await waiter
     slots.set_limit(1)
     assert slots.in_use == 0 and slots.waiting == 0
+
+
+async def test_rate_slots_let_no_more_than_the_limit_begin_within_a_window() -> None:
+    rate = RateSlots(3, window_s=0.2)
+    for _ in range(3):
+        await rate.acquire()
+    fourth = asyncio.ensure_future(rate.acquire())
+    await asyncio.sleep(0)
+    assert not fourth.done() and rate.in_use == 3 and rate.waiting == 1
+    await asyncio.wait_for(fourth, 2)  # once the first has left the window
+    assert rate.in_use <= 3
