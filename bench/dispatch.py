@@ -29,7 +29,16 @@ machine noise hits both sides of every ratio alike):
    neighbours ÷ A alone. B, C and D are paused again once A has everything (no compensator
    runs: their failures are only recorded). Their push rates meanwhile are their request
    counts at the subscriber ÷ A's delivery window.
-4. latency: resume a subscription on an empty destination, warm it up, then send single
+4. replicas: a subscription capped at `--replicas-cap` (32) pushing to a subscriber that answers
+   in 20 ms, a backlog of `--replicas-messages` each: first one dispatcher, then three (two more
+   processes started for this phase, stopped after) on a destination of its own. Rates as in
+   capacity, over the middle 80% of arrivals; the subscriber counts the most pushes it had at
+   once. replicas ratio = three ÷ min(one * 3, cap ÷ 20 ms): what three processes sharing one
+   cap achieve of what they could (the cap shares, msgbus/delivery/shares.py). On two cores
+   three processes do not triple one, so the same three also push a subscription whose cap
+   (3 x the cap) does not bind: the machine's own ceiling for three dispatchers, and
+   replicas ratio to the machine = three ÷ min(that, cap ÷ 20 ms).
+5. latency: resume a subscription on an empty destination, warm it up, then send single
    messages through the receiver at half of this run's dispatcher rate for `--latency-s`
    seconds. Latency = arrival at the subscriber - the moment the load process got the
    receiver's 202 (one machine, one clock; a rare negative value is kept).
@@ -56,11 +65,14 @@ from typing import Any
 from bench import dispatch_load
 from bench.dispatch_report import RunFigures, json_figures, rounded, summarize, table
 from bench.dispatch_stack import DispatchStack, wait_for
+from bench.dispatch_subscriber import PACED_S
+from bench.ingest_stack import stop_process
 from bench.report import out, say
 
 ISOLATION_TIMEOUT_MS = 1000
 WARMUP_MESSAGES = 50
 LATENCY_BASE_N = 1_000_000  # message numbers of the measured latency load start here
+REPLICA_PARTITIONS = 6  # the replicas phase's topics: two each for three dispatchers
 
 
 def window(records: list[tuple[int, float, float]]) -> tuple[float, float]:
@@ -89,7 +101,7 @@ class DispatchBench:
         self.s = stack
 
     def sub(self, kind: str, label: str) -> str:
-        base = self.s.sub_url if kind == "hook" else self.s.neighbours_url
+        base = self.s.sub_url if kind in ("hook", "paced") else self.s.neighbours_url
         return f"{base}/{kind}/{label}"
 
     def wait_delivered(self, what: str, label: str, count: int,
@@ -171,6 +183,35 @@ class DispatchBench:
             fig.neighbour_d_per_s = hits["d"] / span
         self.s.wait_workers_stopped(sub_ids)
 
+    def replicas(self, fig: RunFigures, one: list[str], three: list[str],
+                 free: list[str]) -> None:
+        n = self.args.replicas_messages
+        say(f"run {fig.run}: replicas, one dispatcher, backlog of {n}, cap "
+            f"{self.args.replicas_cap}")
+        fig.replicas_one_per_s, peak_one = self._replica_rate(fig, "rep1", one)
+        more = self.s.start_more_dispatchers(2)
+        try:
+            say(f"run {fig.run}: replicas, three dispatchers, backlog of {n}")
+            fig.replicas_three_per_s, peak_three = self._replica_rate(fig, "rep3", three)
+            say(f"run {fig.run}: replicas, three dispatchers, a cap that does not bind")
+            fig.replicas_free_per_s, _ = self._replica_rate(fig, "repfree", free)
+        finally:
+            for index, process in enumerate(more, start=1):
+                self.s.stopped.add(f"dispatcher-{index}")
+                stop_process(process, f"dispatcher-{index}")
+        fig.replicas_peak = max(peak_one, peak_three)
+        fig.replicas_cap = self.args.replicas_cap
+
+    def _replica_rate(self, fig: RunFigures, kind: str, sub_ids: list[str]) -> tuple[float, int]:
+        label, n = f"{kind}-{fig.run}", self.args.replicas_messages
+        self.s.set_paused(sub_ids, False)
+        self.wait_delivered(f"run {fig.run} {label}", label, n)
+        self.s.set_paused(sub_ids, True)
+        rate = steady_rate_of(self.s.records(self.s.sub_url, label, 0, n))
+        peak = self.s.peak(self.s.sub_url, label)
+        self.s.wait_workers_stopped(sub_ids)
+        return rate, peak
+
     def latency(self, fig: RunFigures, code: str, sub_ids: list[str]) -> None:
         label = f"lat-{fig.run}"
         rate = fig.dispatcher_pushes_per_s / 2
@@ -245,11 +286,17 @@ class DispatchBench:
 
         cap = create("cap", {"a": self.sub("hook", f"cap-{run}")})
         lat = create("lat", {"a": self.sub("hook", f"lat-{run}")})
+        replicas = {kind: self.s.create(
+            f"dispatch-{tag}-{kind}", {"a": self.sub("paced", f"{kind}-{run}")},
+            concurrency=a.replicas_cap * (3 if kind == "repfree" else 1), timeout_ms=5000,
+            partitions=REPLICA_PARTITIONS) for kind in ("rep1", "rep3", "repfree")}
         say(f"run {run}: pre-loading {a.messages} + 2 x {a.iso_messages} messages through the "
             "receiver")
         began = time.monotonic()
         self.s.preload(f"dispatch-{tag}-cap", 0, a.messages)
         alone, mixed = self.isolation_destinations(run, tag)
+        for kind in replicas:
+            self.s.preload(f"dispatch-{tag}-{kind}", 0, a.replicas_messages)
         accepted_s = time.monotonic() - began
         settled_s = self.s.wait_quiet(f"run {run} pre-load", a.timeout * 2)
         say(f"run {run}: pre-load accepted in {accepted_s:.1f} s, published and recorded "
@@ -265,6 +312,8 @@ class DispatchBench:
         for neighbours in ((True, False) if swap else (False, True)):
             self.isolation(fig, mixed if neighbours else alone, neighbours=neighbours)
             self.s.wait_quiet(f"run {run}", a.timeout)
+        self.replicas(fig, replicas["rep1"], replicas["rep3"], replicas["repfree"])
+        self.s.wait_quiet(f"run {run}", a.timeout)
         self.latency(fig, f"dispatch-{tag}-lat", lat)
         self.s.wait_quiet(f"run {run}", a.timeout)
         return fig
@@ -283,6 +332,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--push-concurrency", type=int, default=16,
                         help="every subscription's max_concurrency, and the raw loop's "
                              "requests in flight (the product default is 16)")
+    parser.add_argument("--replicas-messages", type=int, default=6_000,
+                        help="backlog of each side of the replicas phase")
+    parser.add_argument("--replicas-cap", type=int, default=32,
+                        help="max_concurrency of the replicas phase's subscription")
     parser.add_argument("--latency-concurrency", type=int, default=64,
                         help="most requests in flight of the paced load")
     parser.add_argument("--timeout", type=float, default=180.0,
@@ -292,6 +345,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.runs, args.messages, args.iso_messages, args.latency_s = 1, 3000, 2000, 4.0
+        args.replicas_messages = 2000
     if min(args.runs, args.messages, args.iso_messages, args.push_concurrency) < 1 or \
             args.latency_s <= 0:
         parser.error("counts and durations must be positive")
@@ -330,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     config = {"runs": args.runs, "messages": args.messages, "isolation_messages":
               args.iso_messages, "latency_s": args.latency_s,
               "push_concurrency": args.push_concurrency,
+              "replicas_messages": args.replicas_messages, "replicas_cap": args.replicas_cap,
+              "replicas_subscriber_ms": PACED_S * 1000,
               "isolation_timeout_ms": ISOLATION_TIMEOUT_MS, "elapsed_s": elapsed_s}
     figures = json_figures(summary, runs, config)
     out(json.dumps(rounded(figures), separators=(",", ":")))

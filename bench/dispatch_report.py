@@ -7,9 +7,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.dispatch_subscriber import PACED_S
 from bench.report import cell, percentile, spread
 
 GOAL_RATIO_VS_RAW = 0.70
+GOAL_REPLICAS_RATIO = 0.90
 
 # figure -> (table label, format)
 FIGURES: dict[str, tuple[str, str]] = {
@@ -32,6 +34,12 @@ FIGURES: dict[str, tuple[str, str]] = {
     "neighbour_c_per_s": ("  C (500s) pushes/s meanwhile", ",.0f"),
     "neighbour_d_per_s": ("  D (300 ms) pushes/s meanwhile", ",.1f"),
     "neighbour_b_per_s": ("  B (timeouts) pushes/s meanwhile", ",.1f"),
+    "replicas_one_per_s": ("1 dispatcher, one cap, 20 ms subscriber, /s", ",.0f"),
+    "replicas_three_per_s": ("3 dispatchers sharing the cap, /s", ",.0f"),
+    "replicas_ratio": ("3 ÷ min(1 * 3, cap ÷ 20 ms)", ".3f"),
+    "replicas_free_per_s": ("3 dispatchers, a cap that does not bind, /s", ",.0f"),
+    "replicas_machine_ratio": ("3 sharing ÷ min(3 not bound, cap ÷ 20 ms)", ".3f"),
+    "peak_concurrency": ("  most pushes at once (≤ the cap)", ",.0f"),
     "latency_offered_per_s": ("latency load offered, msg/s", ",.0f"),
     "latency_achieved_per_s": ("latency load accepted, msg/s", ",.0f"),
     "p50_ms": ("accepted → subscriber p50 ms", ".1f"),
@@ -60,6 +68,11 @@ class RunFigures:
     neighbour_d_per_s: float = math.nan
     latency_offered_per_s: float = math.nan
     latency_achieved_per_s: float = math.nan
+    replicas_one_per_s: float = math.nan
+    replicas_three_per_s: float = math.nan
+    replicas_free_per_s: float = math.nan  # three dispatchers, a cap 3x as large
+    replicas_peak: int = 0
+    replicas_cap: int = 0
     raw_stack_cpu_ms_per_1k: float = math.nan
     # CPU ms per 1000 pushes of each process of the stack in the capacity phase, by role
     stack_cpu_ms_by_role: dict[str, float] = field(default_factory=dict)
@@ -102,6 +115,24 @@ class RunFigures:
         return self.with_neighbours_steady_per_s / self.alone_steady_per_s
 
     @property
+    def replicas_ratio(self) -> float:
+        """Three dispatchers sharing one cap ÷ what they could do: three times one, or the
+        cap's own limit (cap ÷ the subscriber's answer time), whichever is lower."""
+        possible = min(self.replicas_one_per_s * 3, self.replicas_cap / PACED_S)
+        return self.replicas_three_per_s / possible if possible else math.nan
+
+    @property
+    def replicas_machine_ratio(self) -> float:
+        """Three dispatchers sharing one cap ÷ what three dispatchers push on this machine when
+        the cap does not bind (or the cap's own limit, if lower): the cost of sharing alone."""
+        possible = min(self.replicas_free_per_s, self.replicas_cap / PACED_S)
+        return self.replicas_three_per_s / possible if possible else math.nan
+
+    @property
+    def peak_concurrency(self) -> float:
+        return float(self.replicas_peak)
+
+    @property
     def p50_ms(self) -> float:
         return percentile(self.latencies_ms, 50)
 
@@ -141,6 +172,11 @@ class RunFigures:
             f"(meanwhile B {r.neighbour_b_per_s:,.1f}/s, C {r.neighbour_c_per_s:,.0f}/s, "
             f"D {r.neighbour_d_per_s:,.1f}/s); middle 80% of arrivals: ratio "
             f"{r.isolation_ratio_steady:.3f}",
+            f"run {r.run}  replicas (cap {r.replicas_cap}): one dispatcher "
+            f"{r.replicas_one_per_s:,.0f}/s, three {r.replicas_three_per_s:,.0f}/s, ratio "
+            f"{r.replicas_ratio:.3f}; three with a cap that does not bind "
+            f"{r.replicas_free_per_s:,.0f}/s, ratio to that {r.replicas_machine_ratio:.3f}; "
+            f"most pushes at once {r.replicas_peak}",
             f"run {r.run}  latency at {r.latency_offered_per_s:,.0f} msg/s offered "
             f"({r.latency_achieved_per_s:,.0f} accepted), {len(r.latencies_ms)} messages: "
             f"accepted → subscriber p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, max "
@@ -163,6 +199,10 @@ def table(summary: dict[str, dict[str, float]]) -> list[str]:
     verdict = "met" if ratio >= GOAL_RATIO_VS_RAW else "MISSED"
     lines.append(f"\ngoal: dispatcher ≥ {GOAL_RATIO_VS_RAW:.0%} of the raw loop (median): "
                  f"{ratio:.1%} -> {verdict}")
+    replicas = summary["replicas_ratio"]["median"]
+    verdict = "met" if replicas >= GOAL_REPLICAS_RATIO else "MISSED"
+    lines.append(f"goal: 3 dispatchers ≥ {GOAL_REPLICAS_RATIO:.0%} of min(1 * 3, cap ÷ 20 ms) "
+                 f"(median): {replicas:.1%} -> {verdict}")
     return lines
 
 
@@ -179,8 +219,14 @@ def json_figures(summary: dict[str, dict[str, float]], runs: list[RunFigures],
         "dispatcher_pushes_per_s": medians["dispatcher_pushes_per_s"],
         "raw_pushes_per_s": medians["raw_pushes_per_s"],
         "cpu_ratio": medians["cpu_ratio"],
+        "replicas_ratio": medians["replicas_ratio"],
+        "replicas_machine_ratio": medians["replicas_machine_ratio"],
+        "peak_concurrency": max((r.replicas_peak for r in runs), default=0),
         "goals": {"ratio_vs_raw_push": {"goal": GOAL_RATIO_VS_RAW,
-                                        "met": bool(ratio >= GOAL_RATIO_VS_RAW)}},
+                                        "met": bool(ratio >= GOAL_RATIO_VS_RAW)},
+                  "replicas_ratio": {"goal": GOAL_REPLICAS_RATIO,
+                                     "met": bool(medians["replicas_ratio"]
+                                                 >= GOAL_REPLICAS_RATIO)}},
         "spread": summary,
         "runs": [{k: v for k, v in asdict(r).items() if k not in ("latencies_ms", "answer_ms")}
                  | {name: r.figure(name) for name in FIGURES} for r in runs],

@@ -111,6 +111,7 @@ class DispatchStack:
         self.subscriptions: dict[str, Subscription] = {}
         self._processes: list[tuple[str, subprocess.Popen[bytes], Path]] = []
         self.env: dict[str, str] = {}
+        self.stopped: set[str] = set()  # processes stopped on purpose (the replicas phase)
 
     # ---- start ---------------------------------------------------------------------------
 
@@ -186,9 +187,23 @@ class DispatchStack:
         self._processes.append((name, process, log_path))
         return process
 
+    def start_more_dispatchers(self, count: int) -> list[subprocess.Popen[bytes]]:
+        """`count` more dispatcher processes, each with a state directory of its own, once
+        healthy (the replicas phase; `stop_process` them after)."""
+        started = []
+        for index in range(1, count + 1):
+            name, port = f"dispatcher-{index}", services.free_port()
+            command = [sys.executable, "-m", "msgbus.cli", "dispatcher", "--state-dir",
+                       str(self.workdir / name / "state")]
+            started.append(self._spawn(name, command, MSGBUS_DISPATCHER_HOST=HOST,
+                                       MSGBUS_DISPATCHER_PORT=str(port),
+                                       MSGBUS_DISPATCHER_INSTANCE=name))
+            self._wait_healthy(name, f"http://{HOST}:{port}")
+        return started
+
     def check_alive(self) -> None:
         for name, process, log_path in self._processes:
-            if process.poll() is not None:
+            if process.poll() is not None and name not in self.stopped:
                 raise RuntimeError(f"{name} exited with code {process.returncode}"
                                    + services.log_tail(log_path))
 
@@ -216,7 +231,8 @@ class DispatchStack:
             await store.close()
 
     def create(self, code: str, subscribers: dict[str, str], *, concurrency: int,
-               timeout_ms: int, broker: BrokerKind = BrokerKind.KAFKA) -> list[str]:
+               timeout_ms: int, broker: BrokerKind = BrokerKind.KAFKA,
+               partitions: int = 4) -> list[str]:
         """A destination with paused subscriptions {name: url}; returns their ids."""
         subs = [Subscription(destination=code, name=name, url=HttpUrl(url), paused=True,
                              max_concurrency=concurrency, timeout_ms=timeout_ms)
@@ -225,7 +241,8 @@ class DispatchStack:
         async def save() -> None:
             store = MongoStore(self.mongo_uri, self.mongo_db)
             try:
-                await store.save_destination(Destination(code=code, broker=broker))
+                await store.save_destination(Destination(code=code, broker=broker,
+                                                         partitions=partitions))
                 for sub in subs:
                     await store.save_subscription(sub)
             finally:
@@ -324,6 +341,9 @@ class DispatchStack:
                 hi: int) -> list[tuple[int, float, float]]:
         rows = self.http.get(f"{base_url}/_records/{label}", params={"lo": lo, "hi": hi}).json()
         return [(int(n), float(s), float(a)) for n, s, a in rows]
+
+    def peak(self, base_url: str, label: str) -> int:
+        return int(self.http.get(f"{base_url}/_peak/{label}").json()["peak"])
 
     def hits(self, base_url: str, label: str) -> int:
         return int(self.http.get(f"{base_url}/_hits/{label}").json()["hits"])

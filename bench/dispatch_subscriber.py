@@ -9,6 +9,8 @@ One app answers four kinds of subscriber, chosen by the first path segment:
   timeout and no request is left open for long.
 - `POST /fail/<label>`: answers 500 at once.
 - `POST /slow/<label>`: takes `SLOW_S` (300 ms), then records the message and answers 200.
+- `POST /paced/<label>`: takes `PACED_S` (20 ms), then records the message and answers 200;
+  counts the most requests of the label it had at once (`GET /_peak/<label>` -> `{"peak": n}`).
 
 `GET /_hits/<label>` -> `{"hits": requests received}` (every kind counts its requests);
 `GET /_count/<label>?lo=A&hi=B` and `GET /_records/<label>?lo=A&hi=B` as in bench.subscriber.
@@ -29,6 +31,7 @@ from msgbus.asgi import answer_lifespan, read_body, respond
 
 HOST = "127.0.0.1"
 SLOW_S = 0.3
+PACED_S = 0.02
 HANG_MAX_S = 30.0
 
 
@@ -36,6 +39,8 @@ class DispatchSubscriber:
     def __init__(self) -> None:
         self.recorder = Recorder()
         self.hits: Counter[str] = Counter()
+        self.in_flight: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if await answer_lifespan(scope, receive, send):
@@ -46,6 +51,9 @@ class DispatchSubscriber:
         if scope["method"] == "GET":
             if kind == "_hits":
                 await respond(send, 200, orjson.dumps({"hits": self.hits[label]}),
+                              b"application/json")
+            elif kind == "_peak":
+                await respond(send, 200, orjson.dumps({"peak": self.peak[label]}),
                               b"application/json")
             else:
                 await self.recorder(scope, receive, send)  # _count, _records, 404
@@ -62,6 +70,8 @@ class DispatchSubscriber:
             await asyncio.sleep(SLOW_S)
             self.recorder.record(label, body, time.time())
             await respond(send, 200, b"ok")
+        elif kind == "paced":
+            await self._paced(label, receive, send)
         elif kind == "hang":
             await read_body(receive)
             with contextlib.suppress(TimeoutError):
@@ -70,6 +80,18 @@ class DispatchSubscriber:
                 await respond(send, 504, b"too late")
         else:
             await respond(send, 404, b"not found")
+
+
+    async def _paced(self, label: str, receive: Any, send: Any) -> None:
+        body = await read_body(receive)
+        self.in_flight[label] += 1
+        self.peak[label] = max(self.peak[label], self.in_flight[label])
+        try:
+            await asyncio.sleep(PACED_S)
+        finally:
+            self.in_flight[label] -= 1
+        self.recorder.record(label, body, time.time())
+        await respond(send, 200, b"ok")
 
 
 async def _disconnected(receive: Any) -> None:
