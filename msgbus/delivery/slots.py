@@ -69,8 +69,9 @@ class AdjustableSlots:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.release()  # granted as the wait was cancelled: give it back
-            else:
-                self._waiters.remove(waiter)
+            else:  # `_grant` may have dropped it already
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
             raise
 
     def release(self) -> None:

@@ -91,3 +91,15 @@ async def test_rate_slots_let_no_more_than_the_limit_begin_within_a_window() -> 
     assert not fourth.done() and rate.in_use == 3 and rate.waiting == 1
     await asyncio.wait_for(fourth, 2)  # once the first has left the window
     assert rate.in_use <= 3
+
+
+async def test_a_wait_cancelled_as_slots_free_up_neither_fails_nor_takes_one() -> None:
+    slots = AdjustableSlots(0)
+    waiter = asyncio.ensure_future(slots.acquire())
+    await asyncio.sleep(0)
+    waiter.cancel()
+    slots.set_limit(1)  # drops the cancelled wait before its task has run again
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert slots.in_use == 0
+    await asyncio.wait_for(slots.acquire(), 1)
