@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field, HttpUrl, StrictBool, StrictFloat
+from pydantic import BaseModel, Field, StrictBool, StrictFloat
 
 from msgbus.models import (
     APP_DESTINATION_PATTERN,
@@ -12,9 +12,8 @@ from msgbus.models import (
     BrokerKind,
     ConfigModel,
     Integer,
-    MessageFilter,
     ReplaySpec,
-    RetryPolicy,
+    SubscriptionSettings,
 )
 from msgbus.users import MIN_PASSWORD_LENGTH, Role
 
@@ -40,20 +39,8 @@ class RuntimeIn(ConfigModel):
                                   "the clusters GET /v1/runtime lists")
 
 
-class SubscriptionIn(ConfigModel):
-    url: HttpUrl = Field(description="http or https; at most 2,083 characters also in the form "
-                                     "it is stored in (percent-encoded, '/' after a bare host)")
-    max_concurrency: Integer = Field(default=16, ge=1, le=1024)
-    max_rate_per_s: Integer | None = Field(
-        default=None, ge=1, le=100_000,
-        description="at most this many pushes begin in any second, from all processes; "
-                    "None: no limit")
-    timeout_ms: Integer = Field(default=5000, ge=10, le=300_000)
-    retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
-    paused: StrictBool = False
-    max_in_flight: Integer | None = Field(default=None, ge=1, le=100_000)
-    ordered_by_biz_id: StrictBool = False
-    filters: list[MessageFilter] = Field(default_factory=list, max_length=100)
+class SubscriptionIn(SubscriptionSettings):
+    """A subscription's settings; its destination and name are in the path."""
 
 
 class AppIn(BaseModel):

@@ -197,10 +197,11 @@ def new_signing_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
 
 
-class Subscription(ConfigModel):
-    destination: Annotated[str, Field(pattern=CODE_PATTERN)]
-    name: Annotated[str, Field(pattern=NAME_PATTERN)]
-    url: HttpUrl
+class SubscriptionSettings(ConfigModel):
+    """What an operator sets of a subscription (the admin API's request body)."""
+
+    url: HttpUrl = Field(description="http or https; at most 2,083 characters also in the form "
+                                     "it is stored in (percent-encoded, '/' after a bare host)")
     max_concurrency: Integer = Field(default=16, ge=1, le=1024)
     max_rate_per_s: Integer | None = Field(
         default=None, ge=1, le=100_000,
@@ -222,6 +223,11 @@ class Subscription(ConfigModel):
         default_factory=list, max_length=100,
         description="All must match for a message to be pushed; the others are recorded as "
                     "skipped")
+
+
+class Subscription(SubscriptionSettings):
+    destination: Annotated[str, Field(pattern=CODE_PATTERN)]
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
     signing_secrets: list[Annotated[str, Field(max_length=200)]] = Field(
         default_factory=lambda: [new_signing_secret()], max_length=10)
     created_at: datetime = Field(default_factory=utcnow)
