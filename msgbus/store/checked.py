@@ -12,6 +12,7 @@ BSON, decodes it and parses it exactly as a reader will.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -80,6 +81,7 @@ class InvalidDocumentLog:
 
     def __init__(self) -> None:
         self._known: dict[tuple[str, str], str] = {}  # (collection, id) -> reason
+        _LOGS.add(self)
 
     def seen(self, found: InvalidDocument) -> None:
         key = (found.collection, found.doc_id)
@@ -103,8 +105,16 @@ class InvalidDocumentLog:
         # prometheus_client's multiprocess mode, which must come before its first import
         from msgbus import metrics
 
-        known = sum(1 for c, _ in self._known if c == collection)
-        metrics.CONFIG_INVALID_DOCUMENTS.labels(collection).set(known)
+        # several stores in one process (`msgbus up`, or buses of tests) share the gauge: it
+        # shows the most any of them sees, so one that sees none does not hide another's
+        most = max((log.count(collection) for log in _LOGS), default=0)
+        metrics.CONFIG_INVALID_DOCUMENTS.labels(collection).set(most)
+
+    def count(self, collection: str) -> int:
+        return sum(1 for c, _ in self._known if c == collection)
+
+
+_LOGS: weakref.WeakSet[InvalidDocumentLog] = weakref.WeakSet()
 
 
 def parse_or_report(doc: dict[str, Any], collection: str, parse: Parse[T],
