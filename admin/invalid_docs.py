@@ -20,7 +20,6 @@ from admin.params import ConfigCollection, StoredId
 from admin.security import AsAdmin, AsViewer
 from admin.service import AdminService
 from msgbus.store.checked import Loaded
-from msgbus.store.documents import CONFIG_PARSERS
 
 T = TypeVar("T")
 LEFT_OUT_HEADER = "X-Msgbus-Left-Out"
@@ -44,8 +43,7 @@ def add_invalid_document_routes(app: FastAPI, service: AdminService) -> None:
     @app.get("/v1/invalid-documents")
     async def list_invalid_documents(_: AsViewer) -> dict[str, Any]:
         """Stored configuration that does not validate and that every service skips."""
-        found = [d.to_json() for collection in CONFIG_PARSERS
-                 for d in await store.invalid_documents(collection)]
+        found = [d.to_json() for d in await store.all_invalid_documents()]
         return {"count": len(found), "documents": found}
 
     @app.delete("/v1/invalid-documents/{collection}/{doc_id:path}", status_code=204)

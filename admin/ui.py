@@ -30,7 +30,6 @@ from admin.service import AdminService
 from msgbus.errors import InvalidStoredDocument, MsgbusError, NotFound, Unauthorized
 from msgbus.models import DeliveryStatus, RetryPolicy, subscription_id, utcnow
 from msgbus.store.claims import DeliveryClaims
-from msgbus.store.documents import CONFIG_PARSERS
 from msgbus.store.replays import ReplayStore
 from msgbus.users import Principal, Role, check_password
 
@@ -126,8 +125,7 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
         subs: dict[str, list[Any]] = {}
         for sub in await store.list_subscriptions():
             subs.setdefault(sub.destination, []).append(sub)
-        invalid = [d for collection in CONFIG_PARSERS
-                   for d in await store.invalid_documents(collection)]
+        invalid = await store.all_invalid_documents()
         return await page(request, "destinations.html", who, page="Destinations",
                           destinations=await store.list_destinations(), subscriptions=subs,
                           invalid=invalid)

@@ -128,6 +128,13 @@ def parse_or_report(doc: dict[str, Any], collection: str, parse: Parse[T],
         return found
 
 
+def read_valid(doc: dict[str, Any], collection: str, parse: Parse[T],
+               reported: InvalidDocumentLog) -> T | None:
+    """The parsed document, or None when it does not validate (reported)."""
+    parsed = parse_or_report(doc, collection, parse, reported)
+    return None if isinstance(parsed, InvalidDocument) else parsed
+
+
 def read_each(docs: Iterable[dict[str, Any]], collection: str, parse: Parse[T],
               reported: InvalidDocumentLog) -> Loaded[T]:
     loaded: Loaded[T] = Loaded()

@@ -43,9 +43,9 @@ from msgbus.store.checked import (
     InvalidDocument,
     InvalidDocumentLog,
     Loaded,
-    parse_or_report,
     read_each,
     read_one,
+    read_valid,
     storable,
 )
 from msgbus.store.idsets import find_by_ids
@@ -219,15 +219,19 @@ class MongoStore:
         loaded = read_each([d async for d in cursor], collection, parse, self.invalid_log)
         return loaded.invalid
 
+    async def all_invalid_documents(self) -> list[InvalidDocument]:
+        """Those of every configuration collection."""
+        return [found for collection in docs.CONFIG_PARSERS
+                for found in await self.invalid_documents(collection)]
+
     async def delete_invalid_document(self, collection: str, doc_id: str) -> None:
         """Deletes a document that does not validate; one that does is refused (409): it is
         changed or deleted through its own API, which audits and cleans up after it."""
         doc = await self.db[collection].find_one({"_id": doc_id})
         if doc is None:
             raise NotFound(f"no {collection} document {doc_id!r}", field="id")
-        parsed = parse_or_report(doc, collection, docs.CONFIG_PARSERS[collection],
-                                 self.invalid_log)
-        if not isinstance(parsed, InvalidDocument):
+        if read_valid(doc, collection, docs.CONFIG_PARSERS[collection],
+                      self.invalid_log) is not None:
             raise Conflict(f"the {collection} document {doc_id!r} is valid: change or delete "
                            "it through its own API", field="id")
         await self.db[collection].delete_one({"_id": doc_id})
@@ -242,9 +246,8 @@ class MongoStore:
             await self.apps.insert_one(doc)
         except DuplicateKeyError as exc:
             existing = await self.apps.find_one({"_id": name})
-            if existing is None or not isinstance(parse_or_report(
-                    existing, "apps", ProducerApp.model_validate, self.invalid_log),
-                    InvalidDocument):
+            if existing is None or read_valid(existing, "apps", ProducerApp.model_validate,
+                                              self.invalid_log) is not None:
                 raise Conflict(f"producer app {name!r} already exists", field="name") from exc
             await self.apps.replace_one({"_id": name}, doc)  # it did not validate
 
@@ -292,8 +295,7 @@ class MongoStore:
         doc = await self.apps.find_one({"key_hashes": key_hash})
         if doc is None:
             return None
-        parsed = parse_or_report(doc, "apps", ProducerApp.model_validate, self.invalid_log)
-        return None if isinstance(parsed, InvalidDocument) else parsed
+        return read_valid(doc, "apps", ProducerApp.model_validate, self.invalid_log)
 
     # --- records (receiver) --------------------------------------------------------------
 

@@ -25,11 +25,10 @@ from msgbus.models import (
     utcnow,
 )
 from msgbus.store.checked import (
-    InvalidDocument,
     Loaded,
-    parse_or_report,
     read_each,
     read_one,
+    read_valid,
     storable,
 )
 from msgbus.store.idsets import find_by_ids
@@ -110,8 +109,7 @@ class ReplayStore:
         return job
 
     def _valid(self, job: dict[str, Any]) -> bool:
-        checked = parse_or_report(job, "replays", ReplayJob.model_validate, self._invalid_log)
-        return not isinstance(checked, InvalidDocument)
+        return read_valid(job, "replays", ReplayJob.model_validate, self._invalid_log) is not None
 
     async def load_recent(self, limit: int) -> Loaded[dict[str, Any]]:
         """The newest `limit` jobs that validate, and those among them left out."""

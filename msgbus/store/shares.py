@@ -16,7 +16,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from pymongo import ASCENDING
 from pymongo.errors import DuplicateKeyError
 
 from msgbus.models import utcnow
@@ -51,9 +50,6 @@ class ShareStore:
     async def read(self, sub_ids: list[str]) -> dict[str, dict[str, Any]]:
         cursor = self._shares.find({"_id": {"$in": sub_ids}})
         return {doc["_id"]: doc async for doc in cursor}
-
-    async def read_all(self) -> list[dict[str, Any]]:
-        return [doc async for doc in self._shares.find({}).sort("_id", ASCENDING)]
 
     async def swap(self, sub_id: str, version: int, cap: int,
                    entries: list[dict[str, Any]]) -> bool:

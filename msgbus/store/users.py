@@ -17,11 +17,10 @@ from msgbus.errors import Conflict, NotFound
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
 from msgbus.store.checked import (
-    InvalidDocument,
     Loaded,
-    parse_or_report,
     read_each,
     read_one,
+    read_valid,
     storable,
 )
 from msgbus.store.mongo import MongoStore
@@ -93,7 +92,7 @@ class UserStore:
         """The user's document; None for an unknown user or one whose document does not
         validate (reported)."""
         doc = await self._users.find_one({"_id": name})
-        if doc is None or isinstance(self._check_user(doc), InvalidDocument):
+        if doc is None or self._check_user(doc) is None:
             return None
         return doc
 
@@ -102,10 +101,10 @@ class UserStore:
         doc = await self._users.find_one({"_id": name})
         if doc is None:
             return "missing"
-        return "invalid" if isinstance(self._check_user(doc), InvalidDocument) else "valid"
+        return "invalid" if self._check_user(doc) is None else "valid"
 
-    def _check_user(self, doc: dict[str, Any]) -> object:
-        return parse_or_report(doc, "users", UserRecord.model_validate, self._invalid_log)
+    def _check_user(self, doc: dict[str, Any]) -> UserRecord | None:
+        return read_valid(doc, "users", UserRecord.model_validate, self._invalid_log)
 
     async def load_users(self) -> Loaded[dict[str, Any]]:
         """The users that validate (without their password hashes), and those left out."""
@@ -146,9 +145,8 @@ class UserStore:
         doc = await self._tokens.find_one({"_id": hash_api_token(token)})
         if doc is None:
             return None
-        record = parse_or_report(doc, "api_tokens", TokenRecord.model_validate,
-                                 self._invalid_log)
-        if isinstance(record, InvalidDocument):
+        record = read_valid(doc, "api_tokens", TokenRecord.model_validate, self._invalid_log)
+        if record is None:
             return None
         user = await self.find_user(record.user)
         if user is None or user.get("disabled"):
