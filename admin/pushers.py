@@ -1,12 +1,14 @@
 """Who pushes to a subscription: the live dispatcher, compensator and admin processes, each
 one's share of the subscription's max_concurrency (and of its max_rate_per_s), what it asked
-for, what it had in flight when it last wrote its share, and its last heartbeat.
+for, what it had in flight when it last wrote its share, its last heartbeat, and the state of
+the subscription's circuit there with the last success it saw.
 
 `GET /v1/destinations/{code}/subscriptions/{name}/pushers` (viewer); the subscription's page
 in the UI shows the same."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI
@@ -30,10 +32,20 @@ async def pushers_of(store: MongoStore, sub_id: str) -> dict[str, Any]:
                 "share": e.get("held", 0), "demand": e.get("demand", 0),
                 "in_flight": e.get("in_use"), "rate_share": rate_shares.get(e["instance"]),
                 "share_changed_at": e.get("at"),
-                "heartbeat_at": live[e["instance"]].get("heartbeat_at")}
+                "heartbeat_at": live[e["instance"]].get("heartbeat_at"),
+                **_circuit_seen_by(live[e["instance"]], sub_id)}
                for e in cap.get("entries", []) if e.get("instance") in live]
     return {"subscription": sub_id, "cap": cap.get("cap"), "max_rate_per_s": rate.get("cap"),
+            "circuit_open": any(p["circuit_open"] for p in pushers),
             "pushers": sorted(pushers, key=lambda p: p["instance"])}
+
+
+def _circuit_seen_by(instance: dict[str, Any], sub_id: str) -> dict[str, Any]:
+    report = next((c for c in instance.get("circuits", []) if c.get("subscription") == sub_id),
+                  {})
+    ok_at = float(report.get("ok_at") or 0)
+    return {"circuit_open": bool(report.get("open")),
+            "last_success_at": datetime.fromtimestamp(ok_at, UTC) if ok_at else None}
 
 
 def add_pusher_routes(app: FastAPI, store: MongoStore) -> None:

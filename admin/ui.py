@@ -28,7 +28,7 @@ from admin.pushers import pushers_of
 from admin.security import SESSION_COOKIE
 from admin.service import AdminService
 from msgbus.errors import InvalidStoredDocument, MsgbusError, NotFound, Unauthorized
-from msgbus.models import DeliveryStatus, RetryPolicy, subscription_id, utcnow
+from msgbus.models import CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id, utcnow
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.replays import ReplayStore
 from msgbus.users import Principal, Role, check_password
@@ -238,11 +238,13 @@ def add_ui_routes(app: FastAPI, service: AdminService) -> None:
                 invalid = exc.message
         pushers = await pushers_of(store, sub.id) if sub is not None else None
         policy = sub.retry_policy if sub is not None else RetryPolicy()
+        circuit = sub.circuit if sub is not None else CircuitPolicy()
         filters = [f.model_dump() for f in sub.filters] if sub is not None else []
         return await page(request, "subscription.html", who, page="Destinations", code=code,
                           name=None if sub is None and invalid is None else name, sub=sub,
                           invalid=invalid, pushers=pushers,
                           retry_policy=json.dumps(policy.model_dump()),
+                          circuit=json.dumps(circuit.model_dump()),
                           filters=json.dumps(filters))
 
     @app.get("/ui/audit", include_in_schema=False, response_model=None)

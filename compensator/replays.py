@@ -176,7 +176,7 @@ class ReplayJobRun:
         await self._bucket.take_one()
         limiter = self._limiters.get(sub.id)
         if limiter is None:
-            limiter = self._limiters[sub.id] = self._shares.limiter(sub, "replay")
+            limiter = self._limiters[sub.id] = self._shares.limiter(sub)
         if not await limiter.acquire(self._closing):
             return None
         result = await push_through(limiter, self._sender, envelope, sub, 1)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable
+from typing import Any
 
 from msgbus.delivery.attempt import outcome_of, push_through
 from msgbus.delivery.limiter import SubscriptionLimiter
@@ -43,7 +44,7 @@ class SubscriptionRetrier:
         self._sender = sender
         self._settings = settings
         self._limiter: SubscriptionLimiter | None = None
-        self._limits: tuple[int, int | None] = (0, None)
+        self._limits: tuple[Any, ...] = ()
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -81,9 +82,10 @@ class SubscriptionRetrier:
             await asyncio.wait_for(self._closing.wait(), seconds)
 
     def _limiter_for(self, sub: Subscription) -> SubscriptionLimiter:
-        if self._limiter is None or self._limits != (sub.max_concurrency, sub.max_rate_per_s):
-            self._limiter = self._shares.limiter(sub, "compensator")
-            self._limits = (sub.max_concurrency, sub.max_rate_per_s)
+        limits = (sub.max_concurrency, sub.max_rate_per_s, sub.circuit)
+        if self._limiter is None or self._limits != limits:
+            self._limiter = self._shares.limiter(sub)
+            self._limits = limits
         return self._limiter
 
     async def retry_due(self, sub: Subscription) -> int:

@@ -104,7 +104,7 @@ class WorkerSupervisor:
     async def _start(self, sub: Subscription, kinds: list[BrokerKind]) -> None:
         consumers = make_consumers(self._settings, kinds, sub)
         worker = SubscriptionWorker(sub, consumers, self._sender, self._trace, self._delivered,
-                                    limiter=self._shares.limiter(sub, "dispatcher"),
+                                    limiter=self._shares.limiter(sub),
                                     direct_queue_size=self._settings.direct_queue_size)
         try:
             await worker.start()

@@ -125,6 +125,28 @@ class RetryPolicy(ConfigModel):
         default_factory=list, max_length=500)
 
 
+DEFAULT_CIRCUIT_COOLDOWNS_S: tuple[float, ...] = (1, 2, 5, 10, 30, 60)
+
+
+class CircuitPolicy(ConfigModel):
+    """When pushes to a subscriber stop because it seems down, and how it is probed.
+
+    The circuit opens when `open_after_failures` pushes of different messages failed in a way
+    that says the subscriber is unwell (5xx, 408, 429, timeouts, refused connections) since it
+    last answered, and it has not answered for `alive_window_s` (an answer anywhere counts: a
+    dispatcher's push, a retry, a replay, from any process). While open, each process probes
+    after each cooldown in turn (the last repeats); the first success anywhere closes it."""
+
+    open_after_failures: Integer = Field(default=10, ge=1, le=1_000_000)
+    alive_window_s: StrictFloat = Field(
+        default=20.0, ge=0, le=24 * 3600.0,
+        description="Failures do not open the circuit while the subscriber answered within "
+                    "this long (longer than the first retry delay: a subscriber that fails "
+                    "first pushes but accepts retries is alive)")
+    cooldowns_s: list[Annotated[StrictFloat, Field(ge=0.1, le=24 * 3600.0)]] = Field(
+        default_factory=lambda: list(DEFAULT_CIRCUIT_COOLDOWNS_S), min_length=1, max_length=50)
+
+
 # no \s: JSON Schema's (ECMA-262) and pydantic's (Rust) differ on which characters it takes
 FILTER_FIELD_PATTERN = (r"^(biz_id|header:[A-Za-z0-9_.-]+"
                         r"|body:[^.\x00-\x20\x7f-\xa0][^\x00-\x20\x7f-\xa0]*)$")
@@ -209,6 +231,7 @@ class SubscriptionSettings(ConfigModel):
                     "together (dispatchers, retries, replays); None: no limit")
     timeout_ms: Integer = Field(default=5000, ge=10, le=300_000)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
+    circuit: CircuitPolicy = Field(default_factory=CircuitPolicy)
     paused: StrictBool = False
     max_in_flight: Integer | None = Field(
         default=None, ge=1, le=100_000,

@@ -1,13 +1,21 @@
-"""`CircuitBreaker`: stop pushing to a subscriber that keeps failing, probe it now and then.
+"""`CircuitBreaker`: stop pushing to a subscriber that seems down, probe it now and then.
 
 A subscriber that answers every push with a 5xx, times out or refuses connections gains nothing
-from more pushes, and each one costs the dispatcher the CPU that healthy subscribers need. After
-`threshold` such failures in a row the circuit opens: nobody pushes to it (its messages wait in
-the broker, where its backlog grows) until a cooldown has passed; then one push probes it. A
-success closes the circuit, a failure opens it again for the next, longer cooldown.
+from more pushes, and each one costs the dispatcher the CPU that healthy subscribers need. The
+circuit opens (`CircuitPolicy`) when `open_after_failures` pushes of different messages failed
+in a way that says the subscriber is unwell since it last answered, and it has not answered
+for `alive_window_s`. Then nobody pushes to it (its messages wait in the broker or in the
+retry queue) until a cooldown has passed; then one push probes it. A success closes the
+circuit, a failure opens it again for the next, longer cooldown.
 
-Failures that are about one message (other 4xx) do not count: the subscriber answered, so
-they end a run of failures like a success does, without closing an open circuit.
+One circuit per subscription, whoever pushes: every process (dispatchers, compensators with
+their retries and replays) keeps one breaker per subscription and reports its evidence (its
+last success and answer, its failures since the last answer anywhere) with its heartbeat
+(`msgbus.delivery.shares`); each breaker hears the others' reports (`hear`). So a success
+anywhere counts: a retry that succeeds in a compensator keeps the dispatchers' circuit closed,
+and closes it where it is open; and failures seen anywhere open it everywhere within a
+heartbeat. Failures that are about one message do not count: a message failing again counts
+once, and other 4xx are answers (the subscriber is up, the message is refused).
 """
 
 from __future__ import annotations
@@ -16,14 +24,16 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from msgbus.models import AttemptResult
+from msgbus.models import AttemptResult, CircuitPolicy
 
 log = logging.getLogger(__name__)
 
-DEFAULT_THRESHOLD = 10
-DEFAULT_COOLDOWNS_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _UNHEALTHY_4XX = frozenset({408, 429})
+MAX_FAILURES_KEPT = 10_000  # message ids remembered per subscription between answers
 
 
 def says_unhealthy(result: AttemptResult) -> bool:
@@ -34,21 +44,46 @@ def says_unhealthy(result: AttemptResult) -> bool:
     return status is None or status >= 500 or status in _UNHEALTHY_4XX
 
 
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What one process saw of a subscriber (wall-clock seconds; 0: never)."""
+
+    ok_at: float = 0.0  # its newest success
+    answered_at: float = 0.0  # its newest answer: a success or a refusal of one message
+    failures: int = 0  # unwell failures of different messages since `counted_since`
+    counted_since: float = 0.0  # the newest answer anywhere that process knew of
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"ok_at": self.ok_at, "answered_at": self.answered_at,
+                "failures": self.failures, "counted_since": self.counted_since}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Evidence:
+        return cls(float(doc.get("ok_at", 0)), float(doc.get("answered_at", 0)),
+                   int(doc.get("failures", 0)), float(doc.get("counted_since", 0)))
+
+
 class CircuitBreaker:
-    def __init__(self, name: str, *, threshold: int = DEFAULT_THRESHOLD,
-                 cooldowns_s: tuple[float, ...] = DEFAULT_COOLDOWNS_S) -> None:
+    def __init__(self, name: str, policy: CircuitPolicy | None = None, *,
+                 on_change: Callable[[bool], None] | None = None) -> None:
+        """`on_change(is_open)`: told after every transition (e.g. a gauge's set)."""
         self.name = name
-        self._threshold = threshold
-        self._cooldowns_s = cooldowns_s
-        self._failures = 0  # unhealthy failures in a row
+        self.policy = policy or CircuitPolicy()
+        self._on_change = on_change
+        self._mine = Evidence()
+        self._heard = Evidence()  # the other processes' evidence, summed up
+        self._failed: dict[str, float] = {}  # message id -> when, since the last answer
         self._opened = 0  # times opened in a row (picks the cooldown)
-        self._open_until: float | None = None  # None: closed
+        self._opened_at = 0.0  # wall clock
+        self._open_until: float | None = None  # monotonic; None: closed
         self._probing = False
         self._changed = asyncio.Event()
 
     @property
     def is_open(self) -> bool:
         return self._open_until is not None
+
+    # -- pushes ----------------------------------------------------------------------------
 
     async def admit(self) -> None:
         """Returns when a push may start: at once while closed; while open, after the cooldown,
@@ -73,18 +108,73 @@ class CircuitBreaker:
     def record(self, result: AttemptResult) -> None:
         """The outcome of a push that `admit()` let through."""
         probe, self._probing = self._probing, False
+        now = time.time()
         if not says_unhealthy(result):
-            self._failures = 0
-            if self._open_until is not None and (result.ok or probe):
-                log.info("%s: subscriber healthy again, circuit closed", self.name)
-                self._open_until, self._opened = None, 0
+            ok_at = now if result.ok else self._mine.ok_at
+            self._mine = Evidence(ok_at, now)
+            self._failed.clear()
+            if self.is_open and (result.ok or probe):
+                self._close("it answered a push")
             self._changed.set()
             return
-        self._failures += 1
-        if probe or (self._open_until is None and self._failures >= self._threshold):
-            cooldown = self._cooldowns_s[min(self._opened, len(self._cooldowns_s) - 1)]
-            self._opened += 1
-            self._open_until = time.monotonic() + cooldown
-            log.warning("%s: %d failures in a row (last: %s); circuit open, next probe in "
-                        "%.0f s", self.name, self._failures, result.error, cooldown)
-            self._changed.set()
+        if len(self._failed) < MAX_FAILURES_KEPT:
+            self._failed[result.message_id] = now
+        if probe:
+            self._open(f"the probe failed ({result.error})")
+        elif not self.is_open and self._should_open(now):
+            self._open(f"{self._failures()} failures since it last answered "
+                       f"(last: {result.error})")
+
+    # -- the other processes ---------------------------------------------------------------
+
+    def report(self) -> Evidence:
+        """This process's evidence, for the others (sent with the heartbeat)."""
+        return Evidence(self._mine.ok_at, self._mine.answered_at, len(self._failed),
+                        self._last_answered())
+
+    def hear(self, others: list[Evidence]) -> None:
+        """The other processes' latest evidence (each heartbeat)."""
+        answered = max([e.answered_at for e in others], default=0.0)
+        last = max(answered, self._mine.answered_at)
+        # a count made since an older answer than the newest known is out of date
+        failures = sum(e.failures for e in others if e.counted_since >= last)
+        self._heard = Evidence(max([e.ok_at for e in others], default=0.0), answered, failures,
+                               last)
+        if answered > self._mine.answered_at:
+            self._failed = {mid: at for mid, at in self._failed.items() if at > answered}
+        if self.is_open and self._heard.ok_at > self._opened_at:
+            self._close("a push elsewhere succeeded")
+        elif not self.is_open and self._should_open(time.time()):
+            self._open(f"{self._failures()} failures (all processes) since it last answered")
+
+    # -- the rule --------------------------------------------------------------------------
+
+    def _last_answered(self) -> float:
+        return max(self._mine.answered_at, self._heard.answered_at)
+
+    def _failures(self) -> int:
+        return len(self._failed) + self._heard.failures
+
+    def _should_open(self, now: float) -> bool:
+        return (self._failures() >= self.policy.open_after_failures
+                and now - self._last_answered() >= self.policy.alive_window_s)
+
+    def _open(self, why: str) -> None:
+        cooldowns = self.policy.cooldowns_s
+        cooldown = cooldowns[min(self._opened, len(cooldowns) - 1)]
+        self._opened += 1
+        self._opened_at = time.time()
+        self._open_until = time.monotonic() + cooldown
+        log.warning("%s: %s; circuit open, next probe in %.0f s", self.name, why, cooldown)
+        self._changed.set()
+        self._told()
+
+    def _close(self, why: str) -> None:
+        log.info("%s: subscriber healthy again (%s), circuit closed", self.name, why)
+        self._open_until, self._opened = None, 0
+        self._changed.set()
+        self._told()
+
+    def _told(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self.is_open)

@@ -1,5 +1,5 @@
 """`SubscriptionLimiter`: what stands between a message and a push to its subscriber — the
-circuit breaker and this process's slots of the subscription's concurrency cap (its share of
+subscription's circuit breaker and this process's slots of its concurrency cap (its share of
 `max_concurrency`, `msgbus.delivery.shares`), with their metrics. The dispatcher and the
 compensator each hold one per subscription."""
 
@@ -10,23 +10,21 @@ import time
 
 from msgbus.delivery.breaker import CircuitBreaker
 from msgbus.delivery.slots import AdjustableSlots, RateSlots
-from msgbus.metrics import CIRCUIT_OPEN, IN_FLIGHT, SLOT_WAIT
+from msgbus.metrics import IN_FLIGHT, SLOT_WAIT
 from msgbus.models import AttemptResult
 
 
 class SubscriptionLimiter:
-    def __init__(self, subscription_id: str, slots: AdjustableSlots, *, component: str,
-                 rate: RateSlots | None = None) -> None:
-        """`component`: who pushes ("dispatcher", "compensator", "replay"); each has a
-        circuit of its own, shown apart (they may run in one process, as in `msgbus up`).
+    def __init__(self, subscription_id: str, slots: AdjustableSlots, breaker: CircuitBreaker,
+                 *, rate: RateSlots | None = None) -> None:
+        """`breaker`: the subscription's circuit in this process (one, whichever part pushes).
         `rate`: this process's share of the subscription's max_rate_per_s, if it has one."""
         self.subscription_id = subscription_id
         self._slots = slots
         self._rate = rate
-        self._breaker = CircuitBreaker(subscription_id)
+        self._breaker = breaker
         self._gauge = IN_FLIGHT.labels(subscription_id)
         self._slot_wait = SLOT_WAIT.labels(subscription_id)
-        self._circuit_gauge = CIRCUIT_OPEN.labels(subscription_id, component)
 
     @property
     def circuit_open(self) -> bool:
@@ -61,6 +59,5 @@ class SubscriptionLimiter:
             self._breaker.forgo()
         else:
             self._breaker.record(result)
-            self._circuit_gauge.set(self._breaker.is_open)
         self._slots.release()
         self._gauge.dec()

@@ -18,6 +18,9 @@ share comes free when its lease ends. Hermes negotiates a subscription's rate th
 (consumers' shares by recent use, through ZooKeeper); this does it for concurrency, through
 MongoDB, with compare-and-swap writes instead of a leader.
 
+The same heartbeat carries each process's evidence of every subscriber's health to the others
+(`msgbus.delivery.breaker`): one circuit per subscription, whoever pushes.
+
 When MongoDB cannot be reached, a process keeps its shares until its own lease would have
 ended, then falls back to the cap divided by the number of processes it last saw pushing to
 the subscription (each of them does the same), at least one.
@@ -37,9 +40,10 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
+from msgbus.delivery.breaker import CircuitBreaker, Evidence
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.slots import AdjustableSlots, RateSlots, Share
-from msgbus.metrics import CAP_SHARE, RATE_SHARE
+from msgbus.metrics import CAP_SHARE, CIRCUIT_OPEN, RATE_SHARE
 from msgbus.models import Subscription
 from msgbus.store.shares import ShareStore
 from msgbus.tasks import cancel_and_wait
@@ -118,6 +122,7 @@ class CapShares:
         self._caps: dict[str, int] = {}
         self._leaving: set[str] = set()  # limits whose entry is to be removed
         self._pushers_seen: dict[str, int] = {}  # processes sharing each limit, last seen
+        self._breakers: dict[str, CircuitBreaker] = {}  # by subscription id
         self._wake = asyncio.Event()
         self._lease_until = 0.0  # monotonic: when this process's lease ends unless renewed
         self._outage: str | None = None
@@ -137,7 +142,17 @@ class CapShares:
         assert isinstance(found, RateSlots)
         return found
 
-    def limiter(self, sub: Subscription, component: str) -> SubscriptionLimiter:
+    def breaker(self, sub: Subscription) -> CircuitBreaker:
+        """The subscription's circuit in this process, under its current policy."""
+        found = self._breakers.get(sub.id)
+        if found is None:
+            gauge = CIRCUIT_OPEN.labels(sub.id, self._component)
+            found = self._breakers[sub.id] = CircuitBreaker(sub.id, sub.circuit,
+                                                            on_change=gauge.set)
+        found.policy = sub.circuit
+        return found
+
+    def limiter(self, sub: Subscription) -> SubscriptionLimiter:
         """A limiter of pushes to `sub` within this process's shares of its limits."""
         rate = None
         if sub.max_rate_per_s is None:
@@ -145,7 +160,7 @@ class CapShares:
         else:
             rate = self.rate(sub.id, sub.max_rate_per_s)
         return SubscriptionLimiter(sub.id, self.slots(sub.id, sub.max_concurrency),
-                                   component=component, rate=rate)
+                                   self.breaker(sub), rate=rate)
 
     def _share(self, key: str, cap: int, make: Callable[[Callable[[], None]], Share]) -> Share:
         self._caps[key] = cap
@@ -167,6 +182,8 @@ class CapShares:
     def forget(self, sub_id: str, *, rate_only: bool = False) -> None:
         """Nothing here pushes to the subscription (or limits its rate) any more: its shares
         go back."""
+        if not rate_only:
+            self._breakers.pop(sub_id, None)
         for key in ([] if rate_only else [sub_id]) + [sub_id + RATE_SUFFIX]:
             if self._slots.pop(key, None) is not None:
                 self._caps.pop(key, None)
@@ -212,13 +229,16 @@ class CapShares:
         """One heartbeat: renew the lease, then settle every subscription's share."""
         started = time.monotonic()
         now = await self._store.beat(self.instance, self._component, self._lease_s,
-                                     {"subscriptions": sorted(self.subscription_ids())})
+                                     {"subscriptions": sorted(self.subscription_ids()),
+                                      "circuits": self._circuit_reports()})
         self._lease_until = started + self._lease_s
         renew_s = time.monotonic() - started
         if renew_s > self._lease_s / 4:
             log.warning("cap shares: renewing the lease took %.1f s of its %.1f s", renew_s,
                         self._lease_s)
-        live = set(await self._store.live_instances(now))
+        instances = await self._store.live_instances(now)
+        self._hear_circuits(instances)
+        live = set(instances)
         sub_ids = sorted(set(self._slots) | self._leaving)
         docs = await self._store.read(sub_ids)
         for sub_id in sub_ids:
@@ -227,6 +247,21 @@ class CapShares:
                 if await self._settle(sub_id, doc, live, now):
                     break
                 doc = (await self._store.read([sub_id])).get(sub_id)
+
+    def _circuit_reports(self) -> list[dict[str, Any]]:
+        return [{"subscription": sub_id, "open": breaker.is_open, **breaker.report().to_doc()}
+                for sub_id, breaker in self._breakers.items()]
+
+    def _hear_circuits(self, instances: dict[str, dict[str, Any]]) -> None:
+        heard: dict[str, list[Evidence]] = {}
+        for name, doc in instances.items():
+            if name == self.instance:
+                continue
+            for report in doc.get("circuits", []):
+                evidence = Evidence.from_doc(report)
+                heard.setdefault(str(report.get("subscription")), []).append(evidence)
+        for sub_id, breaker in self._breakers.items():
+            breaker.hear(heard.get(sub_id, []))
 
     async def _settle(self, sub_id: str, doc: dict[str, Any] | None, live: set[str],
                       now: datetime) -> bool:

@@ -194,11 +194,15 @@ def test_admin_ui_creates_a_destination_and_subscription_and_sends_a_test_messag
         assert notice.startswith("422:") and "retry_policy.max_attempts" in notice
 
         sub_form.locator("textarea[name=retry_policy]").fill('{"delays_s": [5, 60]}')
+        sub_form.locator("input[name=max_rate_per_s]").fill("50")
+        sub_form.locator("textarea[name=circuit]").fill('{"open_after_failures": 5}')
         sub_form.get_by_role("button", name="Create").click()
         page.wait_for_url(f"**/ui/subscriptions/{code}/audit")
         saved = bus.admin.get("/v1/subscriptions", params={"destination": code}).json()
-        assert [(s["name"], s["url"], s["retry_policy"]["delays_s"]) for s in saved] == [
-            ("audit", url, [5.0, 60.0])]
+        assert [(s["name"], s["url"], s["retry_policy"]["delays_s"], s["max_rate_per_s"],
+                 s["circuit"]["open_after_failures"]) for s in saved] == [
+            ("audit", url, [5.0, 60.0], 50, 5)]
+        assert "it is closed" in page.locator("#pushers").inner_text()
 
         page.get_by_role("button", name="Send test message").click()
         page.wait_for_function(

@@ -1,7 +1,7 @@
 """Processes sharing one subscription's concurrency cap through MongoDB: the pushes in flight
 of all of them together never exceed the cap, the cap gets used, and a process that dies
 without a word gives its share back when its lease ends. (The same with dispatchers and
-compensators as OS processes and a real subscriber: test_cap_across_processes.py.)"""
+compensators as OS processes and a real subscriber: test_replicas.py.)"""
 
 from __future__ import annotations
 

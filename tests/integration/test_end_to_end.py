@@ -10,8 +10,7 @@ import pytest
 from msgbus_client import MsgbusClient
 from msgbus_client.verify import verify_push
 
-from msgbus.delivery.breaker import DEFAULT_THRESHOLD
-from msgbus.models import DeliveryStatus
+from msgbus.models import CircuitPolicy, DeliveryStatus
 from tests.support.bus import RunningBus, sample_value, wait_until
 from tests.support.subscriber import RecordingSubscriber
 
@@ -81,7 +80,7 @@ def test_end_to_end_every_message_reaches_both_subscribers_and_is_traced(
 def test_failing_subscriber_is_recorded_failed_while_the_other_gets_everything(
         bus: RunningBus, api_key: str, spool_dir: Path, unique: str, broker: str) -> None:
     """The broken subscriber's failures are recorded for the compensator; after
-    DEFAULT_THRESHOLD of them in a row its circuit opens and the rest of its messages wait
+    CircuitPolicy().open_after_failures of them its circuit opens and the rest of its messages wait
     (pending) instead of being pushed at a subscriber that only fails."""
     destination, (healthy, broken), _ = _setup(bus, unique, broker, statuses=(200, 500))
     client = MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir)
@@ -91,7 +90,7 @@ def test_failing_subscriber_is_recorded_failed_while_the_other_gets_everything(
     wait_until(lambda: healthy.message_ids() >= set(ids), 60, "the healthy subscriber")
     failed_id = f"{destination}/sub1"
     wait_until(lambda: bus.query(bus.store.count_deliveries(failed_id, DeliveryStatus.FAILED))
-               >= DEFAULT_THRESHOLD, 60, "the first failed deliveries in MongoDB")
+               >= CircuitPolicy().open_after_failures, 60, "the first failed deliveries in MongoDB")
     failed = bus.query(bus.store.deliveries_by_status(failed_id, DeliveryStatus.FAILED, 1000))
     assert all(d["last_status_code"] == 500 and d["next_attempt_at"] is not None
                for d in failed)
@@ -109,6 +108,13 @@ def test_failing_subscriber_is_recorded_failed_while_the_other_gets_everything(
                                  labels) > 0)
 
     wait_until(backlog_shown, 30, "the broken subscription's backlog and oldest age")
+
+    def admin_shows_it_open() -> bool:  # the admin shows who pushes, and the one circuit
+        view = bus.admin.get(f"/v1/destinations/{destination}/subscriptions/sub1/pushers").json()
+        components = {p["component"] for p in view["pushers"] if p["circuit_open"]}
+        return view["circuit_open"] and components >= {"dispatcher"}
+
+    wait_until(admin_shows_it_open, 30, "the admin showing the subscription's circuit open")
 
     # its pushers wait for the next probe; pausing it must not wait for that
     bus.admin.post(f"/v1/destinations/{destination}/subscriptions/sub1/pause").raise_for_status()

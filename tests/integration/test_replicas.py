@@ -1,15 +1,21 @@
-"""One concurrency cap and one rate limit per subscription, whatever pushes to it: three
+"""A subscription's promises hold with every service running as several OS processes.
+
+One concurrency cap and one rate limit per subscription, whatever pushes to it: three
 dispatchers and two compensators as separate OS processes, and a replay running in a
 compensator, push to subscriptions with `max_concurrency: 4` (one on Kafka, one on RabbitMQ)
 and to one also limited to `max_rate_per_s: 20`; each subscriber answers in 100 ms and counts
 the pushes it has at once and begins per second. Every fifth message fails its first push (the
 compensators retry it), and one dispatcher is killed with SIGKILL mid-run: its shares go to the
-others when its lease ends. One deployment serves all three, to start its processes once."""
+others when its lease ends. One deployment serves all three, to start its processes once.
+
+One circuit per subscription: a subscriber that fails every message's first push and accepts
+its retry gets everything, though the dispatchers only ever see it fail."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -120,3 +126,68 @@ def test_dispatchers_compensators_and_a_replay_share_one_cap_and_one_rate(
     assert isinstance(rated, PeakSubscriber)
     assert rated.busiest_second() <= RATE + 1  # +1: a push at each edge of the window
     assert rated.busiest_second() >= 0.8 * RATE  # the rate is used while a backlog waits
+
+
+# ---- one circuit per subscription -------------------------------------------------------------
+
+FIRST_FAILS = 3000  # messages per destination
+FIRST_FAILS_DESTINATIONS = {f"cb-k-{UNIQUE}": BrokerKind.KAFKA,
+                            f"cb-r-{UNIQUE}": BrokerKind.RABBITMQ}
+
+
+@pytest.fixture
+def fails_first(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
+    private_servers.restart_stopped()
+    deployed = Deployment(private_servers, tmp_path, FIRST_FAILS_DESTINATIONS)
+    deployed.subscriber_factory = lambda: PeakSubscriber(delay_s=0, fails_first=lambda _: True)
+    # the default retry policy and circuit: the first retry comes 10 s after the failure
+    deployed.subscription_options = {"max_concurrency": 16}
+    yield deployed
+    deployed.close()
+
+
+def _attempts_per_message(deployment: Deployment, code: str) -> Counter[int]:
+    """How many messages of `code` have how many attempts on their trace."""
+    async def count() -> Counter[int]:
+        cursor = await deployment.store.attempts.aggregate([
+            {"$match": {"subscription": f"{code}/{SUBSCRIPTION}"}},
+            {"$group": {"_id": "$message_id", "n": {"$sum": 1}}}])
+        return Counter([doc["n"] async for doc in cursor])
+    return deployment.run(count())
+
+
+def test_a_subscriber_failing_every_first_push_still_gets_everything(
+        fails_first: Deployment) -> None:
+    """Two dispatchers see only failures, two compensators only successes: the circuit, one
+    per subscription, hears the retries' successes and stays closed."""
+    deployment = fails_first
+    deployment.start(receivers=1)
+    for process in (deployment.add_dispatcher("dispatcher-1"),
+                    deployment.add_compensator("compensator-1", scan_interval_s="0.5")):
+        process.start()
+    subscribers = deployment.subscribers
+    load = deployment.load(rate_per_s=2 * FIRST_FAILS / 10, duration_s=10).start()
+    load.join()
+    assert set(load.statuses()) == {"202"}, load.summary()
+    accepted = {code: load.accepted_ids(code) for code in subscribers}
+    assert all(len(ids) == FIRST_FAILS for ids in accepted.values()), load.summary()
+
+    def delivered() -> tuple[int, int]:
+        return (sum(len(ids & set(subscribers[code].successes()))
+                    for code, ids in accepted.items()), 2 * FIRST_FAILS)
+
+    with deployment.logs_on_failure():
+        wait_with_progress("every message delivered, within 2 minutes of the last send",
+                           delivered, 120)
+    assert load.finished_at is not None
+    say(f"{2 * FIRST_FAILS} messages delivered {time.monotonic() - load.finished_at:.1f} s "
+        f"after the last send ({load.summary()})")
+    for code, subscriber in subscribers.items():
+        assert set(subscriber.successes().values()) == {1}, f"{code}: delivered twice"
+        pushes = Counter(push.message_id for push in subscriber.pushes)
+        assert set(pushes.values()) == {2}, f"{code}: pushes per message {Counter(pushes.values())}"
+
+        def traced(code: str = code) -> tuple[int, int]:
+            return _attempts_per_message(deployment, code)[2], FIRST_FAILS
+
+        wait_with_progress(f"{code}: two attempts on each trace", traced, 60)
