@@ -41,8 +41,8 @@ async def pushers_of(store: MongoStore, sub_id: str) -> dict[str, Any]:
 
 
 def _circuit_seen_by(instance: dict[str, Any], sub_id: str) -> dict[str, Any]:
-    report = next((c for c in instance.get("circuits", []) if c.get("subscription") == sub_id),
-                  {})
+    report: dict[str, Any] = next(
+        (c for c in instance.get("circuits", []) if c.get("subscription") == sub_id), {})
     ok_at = float(report.get("ok_at") or 0)
     return {"circuit_open": bool(report.get("open")),
             "last_success_at": datetime.fromtimestamp(ok_at, UTC) if ok_at else None}
