@@ -25,7 +25,7 @@ from msgbus.metrics import (
 from msgbus.models import Subscription, utcnow
 from msgbus.settings import CompensatorSettings
 from msgbus.store.claims import DeliveryClaims
-from msgbus.store.pending import PendingSweep
+from msgbus.store.pending import KeyOrder, PendingSweep
 from msgbus.tasks import GAUGE_MAX_BUSY, cancel_and_wait, periodically
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,8 @@ class Sweeper:
         older_than = utcnow() - timedelta(seconds=self._settings.sweep_after_s)
         total = 0
         for sub in self.sweepable():
-            swept = await self._sweep_batches(sub.id, older_than)
+            order = KeyOrder() if sub.ordered_by_biz_id else None
+            swept = await self._sweep_batches(sub.id, older_than, order)
             swept += await self._sweep_pending_states(sub.id, older_than)
             if swept:
                 SWEPT.labels(sub.id).inc(swept)
@@ -99,15 +100,18 @@ class Sweeper:
             if not sub.paused:
                 await self._sweep_batches(sub.id, None)
 
-    async def _sweep_batches(self, sub_id: str, older_than: datetime | None) -> int:
+    async def _sweep_batches(self, sub_id: str, older_than: datetime | None,
+                             order: KeyOrder | None = None) -> int:
         """Settles the subscription's pending batches; sweeps what is older than `older_than`
-        (None: nothing). Returns how many it swept."""
+        (None: nothing), of an ordered subscription only the keys' heads. Returns how many it
+        swept."""
         settle_before = utcnow() - timedelta(seconds=min(SETTLE_AFTER_S,
                                                          self._settings.sweep_after_s))
         swept = 0
         while True:
             done = await self._pending.run(sub_id, settle_before=settle_before,
-                                           sweep_before=older_than, limit=PENDING_PAGE)
+                                           sweep_before=older_than, limit=PENDING_PAGE,
+                                           order=order)
             swept += done.swept
             if done.reached_dispatcher or done.batches < PENDING_PAGE:
                 return swept

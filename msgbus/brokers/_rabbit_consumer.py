@@ -5,6 +5,13 @@ topology, sets `basic_qos(prefetch_count=max_buffered)` and consumes into a buff
 loop reads. Acks are queued and handed to the thread with `add_callback_threadsafe`, one wake-up
 per burst. When the connection drops the thread reconnects with backoff; messages buffered from
 the old connection are dropped (RabbitMQ redelivers every unacked message: at-least-once).
+
+An ordered subscription's queue has one consumer at a time, whatever the number of
+dispatchers: it consumes with `exclusive=True`; the others are refused (403) and ask again every
+STANDBY_S, so one of them takes over within about that long after the active one is gone
+(its unacked messages go back to the head of the queue). RabbitMQ's single active consumer would
+do the same without the asking, but it is a queue argument, fixed when the queue is first
+declared: existing queues could not become ordered (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from dataclasses import dataclass
 
 import pika
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
-from pika.exceptions import AMQPError
+from pika.exceptions import AMQPError, ChannelClosedByBroker
 from pika.spec import Basic
 
 from msgbus import codec
@@ -32,6 +39,8 @@ log = logging.getLogger(__name__)
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 _MAX_PREFETCH = 65_535
 _POLL_S = 0.2
+STANDBY_S = 1.0  # how often a refused consumer of an ordered queue asks again
+_ACCESS_REFUSED = 403
 
 
 def declare_on(channel: BlockingChannel, exchange: str, queues: list[str]) -> None:
@@ -89,6 +98,8 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
         self._ack_scheduled = False
         self._incoming: list[Received] = []  # thread only: filled by callbacks, then flushed
         self._failures = 0
+        self._exclusive = subscription.ordered_by_biz_id
+        self.standing_by = False  # refused: another process consumes the ordered queue
         self.connections = 0  # successful connects, for tests and metrics
 
     # -- event loop side ---------------------------------------------------------------
@@ -143,6 +154,13 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
             start = self._failures % len(params)  # after a failure, begin at the next node
             try:
                 self._consume(params[start:] + params[:start])
+            except ChannelClosedByBroker as exc:
+                if not (self._exclusive and exc.reply_code == _ACCESS_REFUSED):
+                    log.warning("rabbitmq consumer %s: %r", self.queue, exc)
+                elif not self.standing_by:
+                    self.standing_by = True
+                    log.info("rabbitmq consumer %s: another process consumes this ordered "
+                             "queue; standing by", self.queue)
             except AMQPError as exc:
                 log.warning("rabbitmq consumer %s: %r", self.queue, exc)
             except Exception:  # the loop never dies
@@ -151,6 +169,9 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
                 self._disconnect()
             if self._stop.is_set():
                 break
+            if self.standing_by:
+                self._stop.wait(STANDBY_S)
+                continue
             delay = _BACKOFF_S[min(self._failures, len(_BACKOFF_S) - 1)]
             self._failures += 1
             log.info("rabbitmq consumer %s: reconnecting in %.1fs", self.queue, delay)
@@ -168,10 +189,13 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
         self._channel = channel
         declare_on(channel, self.exchange, [self.queue])
         channel.basic_qos(prefetch_count=self.max_buffered)
-        channel.basic_consume(self.queue, functools.partial(self._on_message, epoch))
+        channel.basic_consume(self.queue, functools.partial(self._on_message, epoch),
+                              exclusive=self._exclusive)
         self._failures = 0
+        self.standing_by = False
         self.connections += 1
-        log.info("rabbitmq consumer %s: consuming (prefetch %d)", self.queue, self.max_buffered)
+        log.info("rabbitmq consumer %s: consuming (prefetch %d%s)", self.queue,
+                 self.max_buffered, ", the only consumer" if self._exclusive else "")
         while not self._stop.is_set():
             connection.process_data_events(time_limit=_POLL_S)
             self._flush_incoming()

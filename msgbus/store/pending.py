@@ -8,13 +8,19 @@ of which no message has a state yet: that is about where the subscription's disp
 pass costs what was delivered since the last one, also while a large backlog waits behind it.
 Nothing here ever drops a message that has no state: a batch only loses messages whose delivery
 state exists, and delivery states are never deleted (the archive keeps what retention removes).
+
+An ordered subscription's messages are swept one key at a time (`KeyOrder`): only a key's head,
+the oldest message of its biz_id that is not delivered, parked or skipped; the key's later
+messages stay in their batches until the head has an outcome, so the retries never push them
+ahead of it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from pymongo import ASCENDING
 from pymongo.errors import BulkWriteError
@@ -28,6 +34,52 @@ log = logging.getLogger(__name__)
 
 SWEPT_ERROR = "swept: no outcome was recorded in time"
 _MESSAGE_FIELDS = {"destination": 1, "biz_id": 1, "created_at": 1}
+
+
+_OPEN = [DeliveryStatus.PENDING.value, DeliveryStatus.FAILED.value,
+         DeliveryStatus.RETRYING.value]
+
+
+@dataclass(slots=True)
+class KeyOrder:
+    """One sweep of an ordered subscription: the keys it has met whose head is not done.
+
+    Messages are taken in the order they were recorded (batches oldest first, each in its own
+    order: the order the receiver accepted and published them), not by `created_at`, which
+    messages accepted together share."""
+
+    blocked: set[str] = field(default_factory=set)
+
+    async def heads(self, deliveries: Any, subscription: str, messages: list[dict[str, Any]]
+                    ) -> tuple[list[dict[str, Any]], list[str]]:
+        """Of `messages` (no state yet, in recorded order), those that may be swept — each
+        key's head, and every message without a biz_id — and the ids of the others, held
+        back: a key that has a message in the retries or with the dispatcher (a state that is
+        not final) sweeps nothing."""
+        keys = {m["biz_id"] for m in messages if m.get("biz_id") is not None} - self.blocked
+        self.blocked |= await self._with_open_deliveries(deliveries, subscription, keys)
+        heads: list[dict[str, Any]] = []
+        held: list[str] = []
+        for message in messages:
+            key = message.get("biz_id")
+            if key is None:
+                heads.append(message)
+            elif key in self.blocked:
+                held.append(message["_id"])
+            else:
+                heads.append(message)
+                self.blocked.add(key)
+        return heads, held
+
+    @staticmethod
+    async def _with_open_deliveries(deliveries: Any, subscription: str, keys: set[str]
+                                    ) -> set[str]:
+        if not keys:
+            return set()
+        cursor = deliveries.find(
+            {"subscription": subscription, "status": {"$in": _OPEN},
+             "biz_id": {"$in": sorted(keys)}}, {"biz_id": 1})
+        return {doc["biz_id"] async for doc in cursor}
 
 
 @dataclass(slots=True)
@@ -46,10 +98,11 @@ class PendingSweep:
         self._messages = store.messages
 
     async def run(self, subscription: str, *, settle_before: datetime,
-                  sweep_before: datetime | None, limit: int) -> PendingPass:
+                  sweep_before: datetime | None, limit: int,
+                  order: KeyOrder | None = None) -> PendingPass:
         """One page of up to `limit` batches of `subscription` recorded before `settle_before`,
-        oldest first; those recorded before `sweep_before` (None: none) are emptied for
-        good."""
+        oldest first; those recorded before `sweep_before` (None: none) are swept (of an
+        ordered subscription, given its `order` for the whole sweep: the keys' heads)."""
         query = {"subscription": subscription, "recorded_at": {"$lt": settle_before}}
         cursor = self._batches.find(query).sort("recorded_at", ASCENDING).limit(limit)
         page = [b async for b in cursor]
@@ -60,28 +113,40 @@ class PendingSweep:
             with_state = await self._store.with_state_among(subscription, ids)
             left = [m for m in ids if m not in with_state]
             done.settled += len(ids) - len(left)
-            if left and sweep_before is not None and batch["recorded_at"] < sweep_before:
-                done.swept += await self._fail_due_now(subscription, left)
-                left = []
+            old = sweep_before is not None and batch["recorded_at"] < sweep_before
+            if left and old:
+                swept, left = await self._sweep(subscription, left, order)
+                done.swept += swept
             if not left:
                 await self._batches.delete_one({"_id": batch["_id"]})
             elif len(left) < len(ids):
                 await self._batches.update_one({"_id": batch["_id"]},
                                                {"$set": {"message_ids": left, "n": len(left)}})
-            else:
+            elif not old:
                 done.reached_dispatcher = True
                 break
         return done
 
-    async def _fail_due_now(self, subscription: str, message_ids: list[str]) -> int:
-        """Failed states, due now, for these messages; how many were new (a dispatcher's
-        outcome may have landed meanwhile: it wins)."""
-        now = utcnow()
-        messages = await find_by_ids(self._messages, message_ids, projection=_MESSAGE_FIELDS)
+    async def _sweep(self, subscription: str, message_ids: list[str],
+                     order: KeyOrder | None) -> tuple[int, list[str]]:
+        """Sweeps these messages (of an ordered subscription, the keys' heads among them);
+        returns how many it swept and the ids it held back."""
+        found = await find_by_ids(self._messages, message_ids, projection=_MESSAGE_FIELDS)
+        by_id = {m["_id"]: m for m in found}
+        messages = [by_id[m] for m in message_ids if m in by_id]  # in recorded order
         if len(messages) < len(message_ids):
             missing = len(message_ids) - len(messages)
             log.error("%s: %d pending messages have no record to push from", subscription,
                       missing)
+        held: list[str] = []
+        if order is not None:
+            messages, held = await order.heads(self._deliveries, subscription, messages)
+        return await self._fail_due_now(subscription, messages), held
+
+    async def _fail_due_now(self, subscription: str, messages: list[dict[str, Any]]) -> int:
+        """Failed states, due now, for these messages; how many were new (a dispatcher's
+        outcome may have landed meanwhile: it wins)."""
+        now = utcnow()
         states = [docs.message_delivery_doc(m, subscription, now, DeliveryStatus.FAILED)
                   | {"next_attempt_at": now, "swept_at": now, "last_error": SWEPT_ERROR}
                   for m in messages]

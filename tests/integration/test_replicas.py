@@ -17,18 +17,24 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
+import httpx
+import orjson
 import pytest
 
 from admin.pushers import pushers_of
+from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
+from msgbus.ids import uuid7
 from msgbus.models import BrokerKind, ReplaySpec, ReplayState, utcnow
 from msgbus.store.replays import ReplayStore
 from tests.support.bus import wait_until
 from tests.support.deployment import SUBSCRIPTION, Deployment, Servers, wait_with_progress
 from tests.support.procs import say
-from tests.support.subscriber import PeakSubscriber
+from tests.support.subscriber import PeakSubscriber, RecordingSubscriber
 
 CAP = 4
 RATE = 20
@@ -191,3 +197,119 @@ def test_a_subscriber_failing_every_first_push_still_gets_everything(
             return _attempts_per_message(deployment, code)[2], FIRST_FAILS
 
         wait_with_progress(f"{code}: two attempts on each trace", traced, 60)
+
+
+# ---- order per biz_id ---------------------------------------------------------------------------
+
+KEYS, PER_KEY = 20, 15
+STUCK_KEY, STUCK_S = "key-0", 12.0  # its head fails this long, four times the sweep threshold
+SWEEP_AFTER_S = 3.0
+ORDERED_DESTINATIONS = {f"ord-k-{UNIQUE}": BrokerKind.KAFKA, f"ord-r-{UNIQUE}": BrokerKind.RABBITMQ}
+
+
+@dataclass
+class KeyedSubscriber(RecordingSubscriber):
+    """Records (biz_id, n, status, when) of each push in arrival order; the head of STUCK_KEY
+    is answered 500 for STUCK_S after its first push, everything else 200."""
+
+    log: list[tuple[str, int, int, float]] = field(default_factory=list)
+    stuck_since: float | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if await answer_lifespan(scope, receive, send):
+            return
+        n = orjson.loads(await read_body(receive))["n"]
+        key = request_headers(scope)["ce-bizid"]
+        now = time.monotonic()
+        with self._lock:
+            status = 200
+            if key == STUCK_KEY and n == 0:
+                self.stuck_since = self.stuck_since or now
+                status = 500 if now - self.stuck_since < STUCK_S else 200
+            self.log.append((key, n, status, now))
+        await respond(send, status, b"")
+
+    def delivered(self) -> int:
+        with self._lock:
+            return len({(key, n) for key, n, status, _ in self.log if status == 200})
+
+    def arrivals(self) -> list[tuple[str, int, int, float]]:
+        with self._lock:
+            return list(self.log)
+
+
+@pytest.fixture
+def ordered(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
+    private_servers.restart_stopped()
+    deployed = Deployment(private_servers, tmp_path, ORDERED_DESTINATIONS)
+    deployed.subscriber_factory = KeyedSubscriber
+    deployed.subscription_options = {"ordered_by_biz_id": True, "max_concurrency": 8,
+                                     "retry_policy": {"delays_s": [1.0]}}
+    deployed.compensator_settings = {"scan_interval_s": "0.5",
+                                     "sweep_after_s": str(SWEEP_AFTER_S),
+                                     "sweep_interval_s": "1"}
+    yield deployed
+    deployed.close()
+
+
+def _key_history(deployment: Deployment, code: str, key: str) -> list[tuple[Any, ...]]:
+    """The attempts of one key's messages: (n, instance, attempt, status), oldest first."""
+    async def read() -> list[tuple[Any, ...]]:
+        messages = {d["_id"]: orjson.loads(d["body"])["n"] async for d in
+                    deployment.store.messages.find({"destination": code, "biz_id": key})}
+        cursor = deployment.store.attempts.find({"message_id": {"$in": list(messages)}})
+        return [(messages[a["message_id"]], a.get("instance"), a.get("attempt"),
+                 a.get("status_code"), a["started_at"].time().isoformat())
+                for a in sorted([a async for a in cursor], key=lambda a: a["started_at"])]
+    return deployment.run(read())
+
+
+def _send_in_key_order(deployment: Deployment, code: str) -> None:
+    """Each key's messages n = 0, 1, ... one after the other; keys interleaved."""
+    messages = [{"message_id": uuid7(), "destination": code, "biz_id": f"key-{k}",
+                 "body": {"n": n}}
+                for n in range(PER_KEY) for k in range(KEYS)]
+    with httpx.Client(base_url=deployment.receivers[0].url, timeout=30,
+                      headers={"authorization": f"Bearer {deployment.api_key}"}) as client:
+        for start in range(0, len(messages), 50):
+            response = client.post("/v1/messages", json={"messages": messages[start:start + 50]})
+            response.raise_for_status()
+            assert {r["status"] for r in response.json()["results"]} == {202}
+
+
+def test_order_per_biz_id_holds_with_three_dispatchers_and_the_sweep(ordered: Deployment
+                                                                      ) -> None:
+    """Three dispatchers (Kafka: a partition each; RabbitMQ: one consumer at a time of the
+    ordered queue) and a compensator whose stale-pending sweep runs every second with a 3 s
+    threshold, while one key's head fails for 12 s: that key's later messages wait for it,
+    the other keys flow."""
+    deployment = ordered
+    deployment.start(receivers=1)
+    for name in ("dispatcher-1", "dispatcher-2"):
+        deployment.add_dispatcher(name).start()
+    for code in ORDERED_DESTINATIONS:
+        _send_in_key_order(deployment, code)
+    subscribers = {code: cast(KeyedSubscriber, deployment.subscribers[code])
+                   for code in ORDERED_DESTINATIONS}
+
+    def delivered() -> tuple[int, int]:
+        return (sum(s.delivered() for s in subscribers.values()),
+                len(subscribers) * KEYS * PER_KEY)
+
+    with deployment.logs_on_failure():
+        wait_with_progress("every message delivered", delivered, 120)
+    for code, subscriber in subscribers.items():
+        succeeded: dict[str, list[int]] = {}
+        for key, n, status, _ in subscriber.arrivals():
+            done = succeeded.setdefault(key, [])
+            assert n <= len(done), (f"{code}: {key}'s message {n} was pushed while message "
+                                    f"{len(done)} had not succeeded yet; its pushes: "
+                                    f"{_key_history(deployment, code, key)}")
+            if status == 200 and n == len(done):
+                done.append(n)
+        assert all(done == list(range(PER_KEY)) for done in succeeded.values()), code
+        head_done = min(at for key, n, status, at in subscriber.arrivals()
+                        if (key, n, status) == (STUCK_KEY, 0, 200))
+        others_done = max(at for key, n, status, at in subscriber.arrivals()
+                          if key != STUCK_KEY and status == 200)
+        assert others_done < head_done, f"{code}: the other keys waited for the stuck one"
