@@ -36,8 +36,19 @@ ensure_java() {
     fi
 }
 
+ensure_test_tools() {
+    # Node packages the tests use (KEDA's schemas for deploy/k8s); Node.js from Debian if absent
+    if ! command -v npm >/dev/null 2>&1; then
+        step "nodejs and npm (apt-get install, for tests/tools)"
+        apt_install nodejs npm
+    fi
+    step "npm ci --prefix tests/tools"
+    npm ci --prefix tests/tools --no-audit --no-fund --loglevel=error
+}
+
 make_venv
 install_project
+ensure_test_tools
 ensure_rabbitmq
 ensure_chromium
 ensure_java

@@ -6,6 +6,7 @@ ports that msgbus has. yamllint passes on deploy/."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -20,12 +21,15 @@ from pydantic_settings import BaseSettings
 
 from msgbus import settings as msgbus_settings
 from msgbus.cli.main import main as msgbus_cli
+from msgbus.metrics import BACKLOG, OLDEST_UNDELIVERED_AGE
 
 REPO = Path(__file__).parents[2]
 DEPLOY = REPO / "deploy"
 OVERLAYS = ["dev", "prod"]
 K8S_VERSIONS = ["1.30.0", "1.37.0"]
-CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}  # no schema in kubernetes-validate
+# no schema in kubernetes-validate; KEDA's are checked with its own (tests/tools)
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("keda.sh/v1alpha1", "ScaledObject")}
+KEDA_VALIDATOR = REPO / "tests" / "tools" / "validate-keda.mjs"
 SERVICES = {"receiver": 8080, "dispatcher": 8081, "compensator": 8082, "admin": 8083}
 NODE_ROOT_MOUNT = "/var/lib/msgbus/node"
 # variables read outside the settings classes (click options, the CLI, prometheus_client)
@@ -91,8 +95,11 @@ def test_deploy_overlay_has_every_part_of_the_deployment(overlay: str) -> None:
     for name in SERVICES:
         for kind in ("Deployment", "Service", "PodDisruptionBudget"):
             assert (kind, f"msgbus-{name}") in kinds, (kind, name)
-    for name in ("receiver", "dispatcher"):
-        assert ("HorizontalPodAutoscaler", f"msgbus-{name}") in kinds
+    assert ("HorizontalPodAutoscaler", "msgbus-receiver") in kinds
+    # prod scales the dispatchers with KEDA, on backlog and age; an HPA beside it would fight
+    scalers = {kind for kind, name in kinds if name == "msgbus-dispatcher"
+               and kind in ("ScaledObject", "HorizontalPodAutoscaler")}
+    assert scalers == {"ScaledObject" if overlay == "prod" else "HorizontalPodAutoscaler"}
     assert ("DaemonSet", "msgbus-spool-drainer") in kinds
     assert ("ServiceMonitor", "msgbus") in kinds
     assert any(kind == "NetworkPolicy" for kind, _ in kinds)
@@ -178,6 +185,35 @@ def test_deploy_hpas_and_pdbs_select_real_workloads() -> None:
         pods = [w["spec"]["template"]["metadata"]["labels"]
                 for kind in ("Deployment", "DaemonSet") for w in of_kind("prod", kind).values()]
         assert any(selector.items() <= labels.items() for labels in pods), service
+
+
+def _keda_errors(objects: list[dict[str, Any]]) -> str:
+    """What KEDA's CRD schemas say of `objects` ("" when they pass)."""
+    if not (KEDA_VALIDATOR.parent / "node_modules").exists():
+        pytest.fail("KEDA's schemas are missing: npm ci --prefix tests/tools (scripts/test.sh)")
+    done = subprocess.run(["node", str(KEDA_VALIDATOR)], input=json.dumps(objects),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode in (0, 1), done.stderr
+    return done.stdout
+
+
+def test_deploy_dispatchers_scale_on_backlog_and_oldest_age() -> None:
+    [scaled] = of_kind("prod", "ScaledObject").values()
+    assert _keda_errors([scaled]) == ""
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"]["name"] in of_kind("prod", "Deployment")
+    assert spec["minReplicaCount"] >= 2
+    queries = " ".join(t["metadata"]["query"] for t in spec["triggers"]
+                       if t["type"] == "prometheus")
+    for metric in (BACKLOG, OLDEST_UNDELIVERED_AGE):
+        assert metric._name in queries, metric._name  # a metric the dispatchers export
+    assert "cpu" in {t["type"] for t in spec["triggers"]}
+
+
+def test_deploy_keda_schema_check_rejects_a_broken_object() -> None:
+    [scaled] = of_kind("prod", "ScaledObject").values()
+    broken = {**scaled, "spec": {**scaled["spec"], "minReplicaCount": "three"}}
+    assert "minReplicaCount" in _keda_errors([broken])
 
 
 def test_deploy_servicemonitor_scrapes_every_service_port() -> None:
