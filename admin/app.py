@@ -21,6 +21,7 @@ from admin.params import (
     SubscriptionName,
 )
 from admin.pushers import add_pusher_routes
+from admin.removal import add_removal_routes, refuse_while_deleting
 from admin.schemas import AppIn, DestinationIn, RuntimeIn, SubscriptionIn
 from admin.security import AsAdmin, AsOperator, AsViewer
 from admin.service import AdminService
@@ -37,6 +38,7 @@ from msgbus.models import (
     subscription_id,
     utcnow,
 )
+from msgbus.store.deletions import DeletionStore
 from msgbus.users import Principal
 
 
@@ -45,6 +47,7 @@ def create_app(service: AdminService) -> FastAPI:
     store = service.store
     app.state.authenticator = service.auth
     audit = service.users.audit
+    deletions = DeletionStore(store)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -65,6 +68,7 @@ def create_app(service: AdminService) -> FastAPI:
                               "parameters": {"destination": "$request.path.code"}}}}}})
     async def put_destination(code: DestinationCode, body: DestinationIn,
                               who: AsAdmin) -> dict[str, Any]:
+        await refuse_while_deleting(deletions, code)
         fields = body.model_dump()
         try:  # a broker switch is remembered: dispatchers drain the previous broker
             existing = await store.get_destination(code)
@@ -99,6 +103,7 @@ def create_app(service: AdminService) -> FastAPI:
     async def put_subscription(code: DestinationCode, name: SubscriptionName,
                                body: SubscriptionIn, who: AsAdmin) -> dict[str, Any]:
         await store.get_destination(code)
+        await refuse_while_deleting(deletions, code, name)
         sub_id = subscription_id(code, name)
         try:
             existing = await store.get_subscription(sub_id)
@@ -201,6 +206,7 @@ def create_app(service: AdminService) -> FastAPI:
 
     add_invalid_document_routes(app, service)
     add_pusher_routes(app, store)
+    add_removal_routes(app, store, service.users)
     add_operation_routes(app, store, service.users, service.shares)
     add_user_routes(app, service)
     add_ui_routes(app, service)

@@ -15,7 +15,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from msgbus.delivery.attempt import outcome_of, push_through
+from msgbus.delivery.attempt import outcome_of, push_through, skipped_outcome
+from msgbus.delivery.filters import FILTERED_OUT, why_not_pushed
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.shares import CapShares
@@ -105,14 +106,33 @@ class SubscriptionRetrier:
             await self._claims.release(missing, MISSING_MESSAGE_DELAY_S)
         limiter = self._limiter_for(sub)
         ready = [(c, envelopes[c.message_id]) for c in claimed if c.message_id in envelopes]
+        skipped = self._skipped_by_operator(sub, ready)
+        ready = [(c, env) for c, env in ready if env.message_id not in skipped]
         results = await asyncio.gather(*(self._attempt(sub, limiter, c, env)
                                          for c, env in ready))
-        outcomes = [o for o in results if o is not None]
+        outcomes = list(skipped.values()) + [o for o in results if o is not None]
         unpushed = [c for (c, _), o in zip(ready, results, strict=True) if o is None]
         await self._record(outcomes)
         if unpushed:
             await self._claims.release(unpushed, 0.0)
         return len(claimed)
+
+    def _skipped_by_operator(self, sub: Subscription,
+                             ready: list[tuple[ClaimedDelivery, Envelope]]
+                             ) -> dict[str, DeliveryOutcome]:
+        """The claimed retries of a backlog an operator skipped: recorded as skipped, not
+        pushed. By message id."""
+        if sub.skip_before is None:
+            return {}
+        skipped = {}
+        for _, envelope in ready:
+            reason = why_not_pushed(sub, envelope)
+            if reason is not None and reason != FILTERED_OUT:
+                skipped[envelope.message_id] = skipped_outcome(envelope, sub, reason,
+                                                               self._sender.instance)
+        if skipped:
+            RETRIES.labels(sub.id, "skipped").inc(len(skipped))
+        return skipped
 
     async def _attempt(self, sub: Subscription, limiter: SubscriptionLimiter,
                        claimed: ClaimedDelivery, envelope: Envelope) -> DeliveryOutcome | None:

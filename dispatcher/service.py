@@ -11,6 +11,7 @@ import socket
 from pymongo.errors import PyMongoError
 
 from dispatcher.backlog import BacklogMonitor
+from dispatcher.cleanup import BrokerCleanup
 from dispatcher.redelivery import REMEMBERED, DeliveredCheck
 from dispatcher.supervisor import WorkerSupervisor
 from msgbus.brokerhealth import BrokerHealthMonitor
@@ -23,6 +24,7 @@ from msgbus.models import BrokerKind, Subscription
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
 from msgbus.store import MongoStore
+from msgbus.store.deletions import DeletionStore
 from msgbus.store.shares import ShareStore
 from msgbus.tasks import CloseStep, cancel_and_wait, close_in_order
 
@@ -56,6 +58,8 @@ class DispatcherService:
                                 lease_s=conn.share_lease_s)
         self.supervisor = WorkerSupervisor(settings, self.registry, self.sender, self.trace,
                                            self.delivered, self.shares)
+        self.cleanup = BrokerCleanup(DeletionStore(self.store), ShareStore(self.store), conn,
+                                     interval_s=settings.cleanup_interval_s)
         self.backlog = BacklogMonitor(self.store, self.supervisor.paused_partitions,
                                       interval_s=settings.backlog_interval_s)
         self.broker_health: BrokerHealthMonitor | None = None
@@ -85,6 +89,7 @@ class DispatcherService:
         self.shares.start()
         await self.supervisor.start()
         self.backlog.start()
+        self.cleanup.start()
         if self.broker_health is not None:
             self.broker_health.start()
 
@@ -125,7 +130,8 @@ class DispatcherService:
         steps: list[CloseStep] = []
         if self.broker_health is not None:
             steps.append(("broker health", self.broker_health.close))
-        steps += [("backlog gauges", self.backlog.close), ("registry", self.registry.close),
+        steps += [("broker cleanup", self.cleanup.close),
+                  ("backlog gauges", self.backlog.close), ("registry", self.registry.close),
                   ("workers", self.supervisor.close), ("cap shares", self.shares.close),
                   ("trace writer", self.trace.close),
                   ("trace flush", self._flush_trace), ("sender", self.sender.close),

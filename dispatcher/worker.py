@@ -14,13 +14,13 @@ from typing import Any
 
 from dispatcher.redelivery import DeliveredCheck
 from msgbus.brokers.base import Received, SubscriptionConsumer
-from msgbus.delivery.attempt import outcome_of, push_through
-from msgbus.delivery.filters import matches
+from msgbus.delivery.attempt import outcome_of, push_through, skipped_outcome
+from msgbus.delivery.filters import why_not_pushed
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.trace import TraceWriter
 from msgbus.metrics import SKIPPED
-from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, Subscription, utcnow
+from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
 from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -184,8 +184,8 @@ class SubscriptionWorker:
         """Start the message's way to the subscriber. Waits for room among the pushers' ready
         messages (so the consumer reads no faster than the subscriber takes), except for an
         ordered one, which waits in its key's lane instead."""
-        if not matches(self.subscription, envelope):
-            self._track(self._skip(envelope, ack))
+        if (reason := why_not_pushed(self.subscription, envelope)) is not None:
+            self._track(self._skip(envelope, ack, reason))
         elif self.subscription.ordered_by_biz_id and envelope.biz_id is not None:
             self._enqueue_in_lane(envelope.biz_id, envelope, ack)
         else:
@@ -274,16 +274,12 @@ class SubscriptionWorker:
         if ack is not None:
             ack()
 
-    async def _skip(self, envelope: Envelope, ack: Ack | None) -> None:
-        """Filtered out: recorded as skipped (not lost, not retried), then acked."""
+    async def _skip(self, envelope: Envelope, ack: Ack | None, reason: str) -> None:
+        """Filtered out or skipped by an operator: recorded as skipped (not lost, not
+        retried), then acked."""
         SKIPPED.labels(self.subscription.id).inc()
-        result = AttemptResult(
-            message_id=envelope.message_id, subscription=self.subscription.id, attempt=0,
-            started_at=utcnow(), latency_ms=0.0, error="filtered out by the subscription",
-            instance=self._sender.instance)
-        await self._record(DeliveryOutcome(
-            result=result, destination=envelope.destination, created_at=envelope.created_at,
-            biz_id=envelope.biz_id, skipped=True))
+        await self._record(skipped_outcome(envelope, self.subscription, reason,
+                                           self._sender.instance))
         if ack is not None:
             ack()
 

@@ -255,6 +255,9 @@ class Subscription(SubscriptionSettings):
         default_factory=lambda: [new_signing_secret()], max_length=10)
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
+    # an operator skipped the backlog: what was received before this is recorded as skipped
+    skip_before: datetime | None = None
+    skip_reason: str = Field(default="", max_length=1000)
 
     @field_validator("signing_secrets")
     @classmethod

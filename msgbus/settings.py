@@ -122,6 +122,9 @@ class DispatcherSettings(BaseSettings):
     kafka_fetch_wait_ms: int = Field(default=500, ge=1, le=10_000)
     # How often the backlog and oldest-undelivered-age gauges are read from MongoDB.
     backlog_interval_s: float = Field(default=15.0, gt=0)
+    # how often deleted subscriptions' and destinations' consumer groups, queues, topics and
+    # exchanges are looked for and removed (dispatcher/cleanup.py)
+    cleanup_interval_s: float = Field(default=10.0, gt=0)
     # Push HTTP client; h1 by the `python -m bench.senders` figures in delivery/sender.py.
     http_client: HttpClient = "h1"
     # How often the brokers' own health (msgbus/brokerhealth.py) is read; 0: never.

@@ -46,11 +46,12 @@ document.addEventListener("click", async (event) => {
 //  [data-then="<url, {field} filled>"]>: sent as JSON. Empty fields are left out, checkboxes are
 // booleans, number inputs numbers, data-json fields parsed, data-list fields split on commas,
 // datetime-local read as UTC. A submit button with value "dry_run" asks for a count only and
-// shows it in #dry-run.
+// shows it in #dry-run. [data-confirm="..."] asks first.
 document.addEventListener("submit", async (event) => {
   const form = event.target.closest("form[data-api]");
   if (!form) return;
   event.preventDefault();
+  if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) return;
   const body = {};
   let path = form.dataset.api;
   let then = form.dataset.then || "";

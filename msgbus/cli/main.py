@@ -17,6 +17,7 @@ import orjson
 from msgbus.cli.analytics_cmd import analytics
 from msgbus.cli.drainer_cmd import spool_drainer
 from msgbus.cli.ops_cmd import parked, replay
+from msgbus.cli.removal_cmd import destination, subscription
 from msgbus.cli.services_cmd import services
 from msgbus.cli.spool_cmd import spool
 from msgbus.cli.stack import (
@@ -180,5 +181,7 @@ main.add_command(spool)
 main.add_command(spool_drainer)
 main.add_command(replay)
 main.add_command(parked)
+main.add_command(subscription)
+main.add_command(destination)
 main.add_command(users)
 main.add_command(analytics)

@@ -34,6 +34,17 @@ async def push_through(limiter: SubscriptionLimiter, sender: Sender, envelope: E
         limiter.release(result)
 
 
+def skipped_outcome(envelope: Envelope, subscription: Subscription, reason: str,
+                    instance: str) -> DeliveryOutcome:
+    """Not pushed on purpose (filtered out, or skipped by an operator): recorded as skipped,
+    never retried."""
+    result = AttemptResult(
+        message_id=envelope.message_id, subscription=subscription.id, attempt=0,
+        started_at=utcnow(), latency_ms=0.0, error=reason, instance=instance)
+    return DeliveryOutcome(result=result, destination=envelope.destination,
+                           created_at=envelope.created_at, biz_id=envelope.biz_id, skipped=True)
+
+
 def outcome_of(result: AttemptResult, envelope: Envelope, subscription: Subscription, *,
                attempts_so_far: int, retry_in_place: bool = False,
                age_from: datetime | None = None) -> DeliveryOutcome:

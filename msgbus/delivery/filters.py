@@ -1,7 +1,9 @@
-"""Subscription filters: whether a message is for a subscriber at all (see `MessageFilter`)."""
+"""Subscription filters: whether a message is for a subscriber at all (see `MessageFilter`), and
+whether an operator skipped the subscription's backlog past it."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -9,6 +11,22 @@ import orjson
 from msgbus.models import JSON_CONTENT_TYPE, Envelope, MessageFilter, Subscription
 
 _MISSING = object()
+
+
+FILTERED_OUT = "filtered out by the subscription"
+
+
+def why_not_pushed(subscription: Subscription, envelope: Envelope) -> str | None:
+    """Why the message is recorded as skipped instead of pushed; None: it is pushed."""
+    if subscription.skip_before is not None:
+        received = _aware(envelope.received_at or envelope.created_at)
+        if received < _aware(subscription.skip_before):
+            return f"skipped by an operator: {subscription.skip_reason}"
+    return None if matches(subscription, envelope) else FILTERED_OUT
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def matches(subscription: Subscription, envelope: Envelope) -> bool:

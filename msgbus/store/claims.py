@@ -18,7 +18,7 @@ from typing import Any
 
 from pymongo import ASCENDING, UpdateOne
 
-from msgbus.models import DeliveryStatus, Envelope, utcnow
+from msgbus.models import UNDELIVERED_STATUSES, DeliveryStatus, Envelope, utcnow
 from msgbus.store import documents as docs
 from msgbus.store.duescan import DueScan
 from msgbus.store.idsets import find_by_ids, update_by_ids
@@ -158,6 +158,18 @@ class DeliveryClaims:
             total += result.modified_count
             if len(page) < batch:
                 return total
+
+    async def skip_open(self, subscription: str, reason: str) -> int:
+        """Every undelivered state of `subscription` (pending, failed, retrying) becomes
+        `skipped` with the operator's reason (an operator skipped its backlog). Returns how
+        many."""
+        now = utcnow()
+        result = await self._deliveries.update_many(
+            {"subscription": subscription,
+             "status": {"$in": [s.value for s in UNDELIVERED_STATUSES]}},
+            {"$set": {"status": DeliveryStatus.SKIPPED.value, "last_error": reason,
+                      "next_attempt_at": None, "skipped_at": now, "updated_at": now}})
+        return int(result.modified_count)
 
     async def discard(self, subscription: str, message_ids: list[str] | None,
                       reason: str) -> int:

@@ -278,3 +278,47 @@ def test_admin_ui_lists_invalid_documents_and_fixes_or_deletes_them(
         assert bus.admin.get("/v1/invalid-documents").json()["count"] == 0
     finally:
         page.close()
+
+
+def test_admin_ui_skips_a_backlog_and_deletes_after_a_confirmation(
+        bus: RunningBus, browser: object) -> None:
+    code = f"ui-del-{uuid.uuid4().hex[:6]}"
+    bus.create_destination(code, "kafka")
+    bus.subscribe(code, "old", bus.serve_subscriber(RecordingSubscriber()))
+    page: Any = _logged_in_page(bus, browser)
+    dialogs: list[str] = []
+    answer = {"accept": False}
+
+    def on_dialog(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept() if answer["accept"] else dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+    try:
+        page.goto(f"/ui/subscriptions/{code}/old")
+        page.locator("#skip-form input[name=reason]").fill("replayed elsewhere")
+        answer["accept"] = True
+        page.locator("#skip-form").get_by_role("button", name="Skip backlog").click()
+        wait_until(lambda: bus.admin.get("/v1/subscriptions", params={"destination": code}
+                                         ).json()[0]["skip_reason"].startswith(
+                                             "replayed elsewhere"), 10, "the skip saved")
+
+        answer["accept"] = False  # the confirmation, dismissed: nothing happens
+        page.get_by_role("button", name="Delete subscription").click()
+        wait_until(lambda: len(dialogs) == 2, 10, "the confirmation asked")
+        assert "Delete subscription" in dialogs[-1]
+        assert [s["name"] for s in bus.admin.get(
+            "/v1/subscriptions", params={"destination": code}).json()] == ["old"]
+
+        answer["accept"] = True
+        page.get_by_role("button", name="Delete subscription").click()
+        page.wait_for_url("**/ui/destinations")
+        assert bus.admin.get("/v1/subscriptions", params={"destination": code}).json() == []
+        page.locator(f"#dest-{code}").get_by_role("button", name="Delete destination").click()
+        page.wait_for_function(
+            f"document.querySelector('#dest-{code}') === null")
+        assert bus.admin.get(f"/v1/destinations/{code}/subscriptions/old/pushers"
+                             ).status_code == 404
+        assert code not in {d["code"] for d in bus.admin.get("/v1/destinations").json()}
+    finally:
+        page.close()

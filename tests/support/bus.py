@@ -118,7 +118,8 @@ class RunningBus:
         conn = self.connections
         self.dispatcher_service = DispatcherService(
             DispatcherSettings(port=0, trace_flush_interval_ms=20,
-                               backlog_interval_s=BACKLOG_INTERVAL_S, connections=conn))
+                               backlog_interval_s=BACKLOG_INTERVAL_S, cleanup_interval_s=0.5,
+                               connections=conn))
         dispatcher = await self._group.start(
             make_server(
                 dispatcher_app(self.dispatcher_service),

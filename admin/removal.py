@@ -1,0 +1,96 @@
+"""Deleting subscriptions and destinations, and skipping a subscription's backlog to now.
+
+- `DELETE /v1/destinations/{code}/subscriptions/{name}` and `DELETE /v1/destinations/{code}`
+  (admin): the configuration goes at once (every dispatcher, compensator and receiver stops
+  using it within a registry refresh) and a deletion is recorded; a dispatcher then removes
+  the consumer groups, queues, topics and exchanges (`dispatcher/cleanup.py`). Records and
+  traces stay until retention. The same name cannot be created again until then (409).
+- `POST /v1/destinations/{code}/subscriptions/{name}/skip` (operator): what the subscription
+  has not yet got — in its broker, in the retries, with a dispatcher — is recorded as `skipped`
+  with the operator's reason instead of pushed; what arrives afterwards is pushed.
+All three are audited."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, Field
+
+from admin.operations import actor
+from admin.params import DestinationCode, SubscriptionName
+from admin.schemas import OPERATOR_PATTERN
+from admin.security import AsAdmin, AsOperator
+from msgbus.errors import Conflict
+from msgbus.models import subscription_id, utcnow
+from msgbus.store import MongoStore
+from msgbus.store.claims import DeliveryClaims
+from msgbus.store.deletions import DESTINATION, SUBSCRIPTION, DeletionStore
+from msgbus.store.users import UserStore
+
+
+class SkipIn(BaseModel):
+    reason: str = Field(min_length=1, max_length=500,
+                        description="why, recorded on every skipped delivery and in the audit")
+    requested_by: str | None = Field(default=None, pattern=OPERATOR_PATTERN)
+
+
+async def refuse_while_deleting(deletions: DeletionStore, code: str,
+                                name: str | None = None) -> None:
+    """A 409 while a deletion of the same destination or subscription is being completed."""
+    pending = await deletions.is_pending(DESTINATION, code) or (
+        name is not None and await deletions.is_pending(SUBSCRIPTION, f"{code}/{name}"))
+    if pending:
+        what = code if name is None else f"{code}/{name}"
+        raise Conflict(f"{what} was deleted and its broker resources are still being removed;"
+                       " try again in a minute", field="code" if name is None else "name")
+
+
+def add_removal_routes(app: FastAPI, store: MongoStore, users: UserStore) -> None:
+    deletions = DeletionStore(store)
+    claims = DeliveryClaims(store, owner="admin")
+
+    async def delete_one_subscription(code: str, name: str, by: str) -> None:
+        await deletions.record(SUBSCRIPTION, code, name, by)
+        await store.subscriptions.delete_one({"_id": subscription_id(code, name)})
+
+    @app.delete("/v1/destinations/{code}/subscriptions/{name}")
+    async def delete_subscription(code: DestinationCode, name: SubscriptionName,
+                                  who: AsAdmin) -> dict[str, Any]:
+        """Stops its pushes everywhere and removes its consumer group and queue; its records
+        stay until retention."""
+        sub = await store.get_subscription(subscription_id(code, name))
+        await delete_one_subscription(code, name, who.name)
+        await users.audit(who, "subscription.delete", sub.id)
+        return {"deleted": sub.id}
+
+    @app.delete("/v1/destinations/{code}")
+    async def delete_destination(code: DestinationCode, who: AsAdmin) -> dict[str, Any]:
+        """Deletes the destination and every subscription of it: producers get 404, pushes
+        stop, topics, exchanges, consumer groups and queues are removed; records stay until
+        retention."""
+        await store.get_destination(code)
+        names = [s.name for s in await store.list_subscriptions(code)]
+        await deletions.record(DESTINATION, code, None, who.name)
+        for name in names:
+            await delete_one_subscription(code, name, who.name)
+        await store.destinations.delete_one({"_id": code})
+        await users.audit(who, "destination.delete", code, {"subscriptions": names})
+        return {"deleted": code, "subscriptions": names}
+
+    @app.post("/v1/destinations/{code}/subscriptions/{name}/skip")
+    async def skip_backlog(code: DestinationCode, name: SubscriptionName, body: SkipIn,
+                           who: AsOperator) -> dict[str, Any]:
+        """Everything received before now that the subscription has not got is recorded as
+        skipped with `reason` instead of pushed."""
+        sub = await store.get_subscription(subscription_id(code, name))
+        now = utcnow()
+        by = actor(who, body.requested_by)
+        reason = f"{body.reason} (by {by})"
+        await store.save_subscription(sub.model_copy(update={
+            "skip_before": now, "skip_reason": reason, "updated_at": now}))
+        skipped = await claims.skip_open(sub.id, f"skipped by an operator: {reason}")
+        await users.audit(who, "subscription.skip", sub.id,
+                          {"reason": body.reason, "by": by, "skipped_states": skipped})
+        return {"subscription": sub.id, "skip_before": now.isoformat(), "reason": reason,
+                "skipped_states": skipped}
