@@ -12,6 +12,7 @@ from pymongo.errors import PyMongoError
 
 from dispatcher.backlog import BacklogMonitor
 from dispatcher.cleanup import BrokerCleanup
+from dispatcher.drains import DrainWatch
 from dispatcher.redelivery import REMEMBERED, DeliveredCheck
 from dispatcher.supervisor import WorkerSupervisor
 from msgbus.brokerhealth import BrokerHealthMonitor
@@ -56,8 +57,12 @@ class DispatcherService:
         self.shares = CapShares(ShareStore(self.store), instance=self.instance,
                                 component="dispatcher", heartbeat_s=conn.share_heartbeat_s,
                                 lease_s=conn.share_lease_s)
+        self.drains = DrainWatch(self.store, self.registry, conn,
+                                 on_change=lambda: self.supervisor.sync(),
+                                 settle_s=settings.drain_settle_s,
+                                 interval_s=settings.drain_check_interval_s)
         self.supervisor = WorkerSupervisor(settings, self.registry, self.sender, self.trace,
-                                           self.delivered, self.shares)
+                                           self.delivered, self.shares, self.drains)
         self.cleanup = BrokerCleanup(DeletionStore(self.store), ShareStore(self.store), conn,
                                      interval_s=settings.cleanup_interval_s)
         self.backlog = BacklogMonitor(self.store, self.supervisor.paused_partitions,
@@ -87,11 +92,19 @@ class DispatcherService:
         self.trace.start()
         await self.registry.start()
         self.shares.start()
+        await self._load_drains()
         await self.supervisor.start()
+        self.drains.start()
         self.backlog.start()
         self.cleanup.start()
         if self.broker_health is not None:
             self.broker_health.start()
+
+    async def _load_drains(self) -> None:
+        try:
+            await asyncio.wait_for(self.drains.load(), LEFTOVER_TRACE_WAIT_S)
+        except Exception as exc:  # MongoDB down: every retired broker is consumed meanwhile
+            log.warning("the old brokers' drains are not known yet (%r)", exc)
 
     async def _ensure_indexes(self) -> None:
         delay = 1.0
@@ -130,7 +143,7 @@ class DispatcherService:
         steps: list[CloseStep] = []
         if self.broker_health is not None:
             steps.append(("broker health", self.broker_health.close))
-        steps += [("broker cleanup", self.cleanup.close),
+        steps += [("broker cleanup", self.cleanup.close), ("drain watch", self.drains.close),
                   ("backlog gauges", self.backlog.close), ("registry", self.registry.close),
                   ("workers", self.supervisor.close), ("cap shares", self.shares.close),
                   ("trace writer", self.trace.close),

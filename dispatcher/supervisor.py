@@ -4,21 +4,22 @@ broker of its destination) has its worker started, stopped or replaced within se
 
 A worker consumes from every configured cluster of its destination's broker kind (receivers
 publish to the active one, which the admin API switches), and after a switch of broker kind
-also from the previous kind for `old_broker_drain_s`: messages already in a broker that is no
-longer used are still delivered."""
+also from each retired kind until it has drained it (`dispatcher.drains`): messages already in
+a broker that is no longer used are still delivered."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
+from dispatcher.drains import DrainWatch
 from dispatcher.redelivery import DeliveredCheck
 from dispatcher.worker import SubscriptionWorker, is_for
 from msgbus.brokers.base import SubscriptionConsumer
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.shares import CapShares
 from msgbus.delivery.trace import TraceWriter
-from msgbus.models import BrokerKind, Envelope, Subscription, utcnow
+from msgbus.models import BrokerKind, Envelope, Subscription
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
 from msgbus.tasks import cancel_and_wait
@@ -53,14 +54,17 @@ def make_consumers(settings: DispatcherSettings, kinds: list[BrokerKind],
 
 class WorkerSupervisor:
     def __init__(self, settings: DispatcherSettings, registry: Registry, sender: Sender,
-                 trace: TraceWriter, delivered: DeliveredCheck, shares: CapShares) -> None:
+                 trace: TraceWriter, delivered: DeliveredCheck, shares: CapShares,
+                 drains: DrainWatch) -> None:
         self._settings = settings
         self._shares = shares
+        self._drains = drains
         self._registry = registry
         self._sender = sender
         self._trace = trace
         self._delivered = delivered
-        self._workers: dict[str, tuple[tuple[object, ...], SubscriptionWorker]] = {}
+        # by subscription id: its version (what needs a new worker), the kinds it consumes
+        self._workers: dict[str, tuple[str, list[BrokerKind], SubscriptionWorker]] = {}
         self._lock = asyncio.Lock()
         self._resync: asyncio.Task[None] | None = None
         registry.on_change(self.sync)
@@ -79,22 +83,22 @@ class WorkerSupervisor:
 
     def _wanted(self) -> dict[str, tuple[Subscription, list[BrokerKind]]]:
         wanted = {}
-        now = utcnow()
         for destination in self._registry.destinations():
-            kinds = destination.brokers_to_consume(now, self._settings.old_broker_drain_s)
             for sub in self._registry.subscriptions_of(destination.code):
                 if not sub.paused:
-                    wanted[sub.id] = (sub, kinds)
+                    wanted[sub.id] = (sub, self._drains.kinds_for(destination, sub))
         return wanted
 
     async def sync(self) -> None:
         async with self._lock:
             wanted = self._wanted()
             for sub_id in list(self._workers):
-                version, _ = self._workers[sub_id]
+                version, kinds, _ = self._workers[sub_id]
                 target = wanted.get(sub_id)
-                if target is None or _version(*target) != version:
+                if target is None or _version(target[0]) != version:
                     await self._stop(sub_id)
+                elif target[1] != kinds:
+                    await self._reconsume(sub_id, target[0], target[1])
             for sub_id, (sub, kinds) in wanted.items():
                 if sub_id not in self._workers:
                     await self._start(sub, kinds)
@@ -113,11 +117,21 @@ class WorkerSupervisor:
                           sub.id)
             await worker.close(grace_s=0)
             return
-        self._workers[sub.id] = (_version(sub, kinds), worker)
+        self._workers[sub.id] = (_version(sub), kinds, worker)
         log.info("worker for %s started (%s)", sub.id, ", ".join(k.value for k in kinds))
 
+    async def _reconsume(self, sub_id: str, sub: Subscription, kinds: list[BrokerKind]) -> None:
+        """A broker to drain came or went: its consumers only, the others go on."""
+        version, before, worker = self._workers[sub_id]
+        worker.add_consumers(make_consumers(self._settings,
+                                            [k for k in kinds if k not in before], sub))
+        await worker.retire_consumers([c for c in worker.consumers if c.kind not in kinds])
+        self._workers[sub_id] = (version, kinds, worker)
+        log.info("worker for %s now consumes %s", sub_id,
+                 ", ".join(k.value for k in kinds) or "nothing (waiting for a drain)")
+
     async def _stop(self, sub_id: str) -> None:
-        _, worker = self._workers.pop(sub_id)
+        _, _, worker = self._workers.pop(sub_id)
         await worker.close()
         log.info("worker for %s stopped", sub_id)
 
@@ -127,7 +141,7 @@ class WorkerSupervisor:
         for sub in self._registry.subscriptions_of(envelope.destination):
             entry = self._workers.get(sub.id)
             if entry is not None and is_for(sub, envelope):
-                ok = entry[1].offer_direct(envelope) and ok
+                ok = entry[2].offer_direct(envelope) and ok
         return ok
 
     def subscription_ids(self) -> list[str]:
@@ -135,11 +149,11 @@ class WorkerSupervisor:
 
     def worker(self, sub_id: str) -> SubscriptionWorker | None:
         entry = self._workers.get(sub_id)
-        return entry[1] if entry is not None else None
+        return entry[2] if entry is not None else None
 
     def paused_partitions(self) -> dict[str, int]:
         """Per subscription served here, the Kafka partitions its consumers paused."""
-        return {sub_id: worker.paused_partitions for sub_id, (_, worker) in self._workers.items()}
+        return {sub_id: entry[2].paused_partitions for sub_id, entry in self._workers.items()}
 
     async def close(self) -> None:
         await cancel_and_wait(self._resync)
@@ -147,6 +161,6 @@ class WorkerSupervisor:
             await asyncio.gather(*(self._stop(s) for s in list(self._workers)))
 
 
-def _version(sub: Subscription, kinds: list[BrokerKind]) -> tuple[object, ...]:
+def _version(sub: Subscription) -> str:
     """What, when changed, needs a new worker."""
-    return (sub.model_dump_json(), tuple(sorted(kinds)))
+    return sub.model_dump_json()

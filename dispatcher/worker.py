@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -52,6 +51,9 @@ class SubscriptionWorker:
         self._limiter = limiter
         self._direct: asyncio.Queue[Envelope] = asyncio.Queue(maxsize=direct_queue_size)
         self._loops: list[asyncio.Task[None]] = []
+        self._consume_loops: dict[int, asyncio.Task[None]] = {}  # by id() of the consumer
+        self._unacked: dict[int, int] = {}  # admitted, not yet acked, by id() of the consumer
+        self._acked = asyncio.Event()  # set by every counted ack
         self._in_flight: set[asyncio.Task[None]] = set()
         # ordered subscriptions: per biz_id, the messages waiting for the one being delivered
         self._lanes: dict[str, deque[tuple[Envelope, Ack | None]]] = {}
@@ -66,8 +68,7 @@ class SubscriptionWorker:
         """Never fails on a broker: a consumer that cannot connect keeps trying in its loop,
         and the others (and the direct path) work meanwhile."""
         for consumer in self._consumers:
-            self._loops.append(asyncio.create_task(self._consume_loop(consumer),
-                                                   name=f"consume-{self.subscription.id}"))
+            self._start_consuming(consumer)
         self._loops.append(asyncio.create_task(self._direct_loop(),
                                                name=f"direct-{self.subscription.id}"))
         self._pushers = [asyncio.create_task(self._pusher(), name=f"push-{self.subscription.id}")
@@ -76,6 +77,31 @@ class SubscriptionWorker:
     @property
     def consumers(self) -> list[SubscriptionConsumer]:
         return list(self._consumers)
+
+    def _start_consuming(self, consumer: SubscriptionConsumer) -> None:
+        self._unacked[id(consumer)] = 0
+        self._consume_loops[id(consumer)] = asyncio.create_task(
+            self._consume_loop(consumer), name=f"consume-{self.subscription.id}")
+
+    def add_consumers(self, consumers: list[SubscriptionConsumer]) -> None:
+        """Consume these too (a broker to drain), beside the others."""
+        self._consumers += consumers
+        for consumer in consumers:
+            self._start_consuming(consumer)
+
+    async def retire_consumers(self, consumers: list[SubscriptionConsumer],
+                               grace_s: float = 10.0) -> None:
+        """Stop consuming these (a drained broker) without stopping the others: take no more
+        from them, let what they handed out be pushed and acked (within `grace_s`), close
+        them."""
+        for consumer in consumers:
+            await cancel_and_wait(self._consume_loops.pop(id(consumer), None))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all_acked(consumers), grace_s)
+        for consumer in consumers:
+            self._consumers.remove(consumer)
+            self._unacked.pop(id(consumer), None)
+            await consumer.close()
 
     @property
     def paused_partitions(self) -> int:
@@ -92,7 +118,7 @@ class SubscriptionWorker:
     async def close(self, grace_s: float = 10.0) -> None:
         """Stop taking messages, let in-flight pushes finish within `grace_s`, close."""
         self._closing.set()
-        await cancel_and_wait(*self._loops)
+        await cancel_and_wait(*self._loops, *self._consume_loops.values())
         await self._stop_pushers(grace_s)
         if self._in_flight:
             _, pending = await asyncio.wait(self._in_flight, timeout=grace_s)
@@ -169,11 +195,27 @@ class SubscriptionWorker:
                             self.subscription, received.envelope):
                         consumer.ack(received)
                         continue
-                    await self._admit(received.envelope,
-                                      functools.partial(consumer.ack, received))
+                    await self._admit(received.envelope, self._counted_ack(consumer, received))
             except Exception:  # never die silently: the consume loop would wait forever
                 log.exception("%s: admitting a batch failed; its rest stays unacked",
                               self.subscription.id)
+
+    async def _all_acked(self, consumers: list[SubscriptionConsumer]) -> None:
+        while any(self._unacked.get(id(c)) for c in consumers):
+            self._acked.clear()
+            await self._acked.wait()
+
+    def _counted_ack(self, consumer: SubscriptionConsumer, received: Received) -> Ack:
+        """The message's ack, counted until it is called (a retired consumer waits for it)."""
+        key = id(consumer)
+        self._unacked[key] = self._unacked.get(key, 0) + 1
+
+        def ack() -> None:
+            if key in self._unacked:
+                self._unacked[key] -= 1
+                self._acked.set()
+            consumer.ack(received)
+        return ack
 
     async def _direct_loop(self) -> None:
         while True:

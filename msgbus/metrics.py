@@ -28,6 +28,9 @@ MESSAGES_DUPLICATE = Counter(
     "msgbus_messages_duplicate_total",
     "Messages the receiver had already accepted (client re-sends), answered 'duplicate'",
     ["destination"])
+DEDUPE_UNCHECKED = Counter(
+    "msgbus_dedupe_unchecked_total",
+    "Messages published without the cross-receiver duplicate check (MongoDB did not answer)")
 MESSAGES_REJECTED = Counter(
     "msgbus_messages_rejected_total",
     "Messages (or requests) the receiver refused, by destination ('' when unknown) and reason",

@@ -19,6 +19,7 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     field_validator,
+    model_validator,
 )
 
 CODE_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
@@ -164,6 +165,11 @@ class MessageFilter(ConfigModel):
                                                                   max_length=1000)
 
 
+class RetiredBroker(ConfigModel):
+    broker: BrokerKind
+    retired_at: datetime
+
+
 class Destination(ConfigModel):
     code: Annotated[str, Field(pattern=CODE_PATTERN)]
     broker: BrokerKind = BrokerKind.DIRECT
@@ -174,27 +180,33 @@ class Destination(ConfigModel):
     record_rate_per_s: StrictFloat = Field(
         default=0, ge=0, le=10_000_000,
         description="MongoDB record writes/s of each receiver; 0: unlimited")
-    # Set when `broker` changes: dispatchers keep consuming the previous broker for a while,
-    # so that messages already in it are still delivered.
-    previous_broker: BrokerKind | None = None
-    broker_changed_at: datetime | None = None
+    # Brokers it used before, oldest first: dispatchers consume each until every subscription
+    # that existed then has drained it (dispatcher/drains.py), then it leaves this list.
+    retired: list[RetiredBroker] = Field(default_factory=list, max_length=20)
     created_at: datetime = Field(default_factory=utcnow)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _previous_broker_is_retired(cls, data: Any) -> Any:
+        """Documents written before `retired` name one `previous_broker`."""
+        if isinstance(data, dict) and "previous_broker" in data:
+            data = dict(data)
+            previous, changed_at = data.pop("previous_broker"), data.pop("broker_changed_at", None)
+            if previous and previous != BrokerKind.DIRECT and "retired" not in data:
+                data["retired"] = [{"broker": previous,
+                                    "retired_at": changed_at or data.get("created_at")}]
+        return data
+
     def with_broker(self, broker: BrokerKind, now: datetime) -> Destination:
-        """This destination switched to `broker` (unchanged when it already uses it)."""
+        """This destination switched to `broker` (unchanged when it already uses it): the one
+        it leaves is retired (the direct path holds nothing to drain), and `broker`, if it was
+        retired, is current again."""
         if broker is self.broker:
             return self
-        return self.model_copy(update={
-            "broker": broker, "previous_broker": self.broker, "broker_changed_at": now})
-
-    def brokers_to_consume(self, now: datetime, drain_s: float) -> list[BrokerKind]:
-        """The current broker, and the previous one during `drain_s` after a switch."""
-        kinds = [self.broker]
-        if (self.previous_broker is not None and self.broker_changed_at is not None
-                and (now - self.broker_changed_at).total_seconds() < drain_s
-                and self.previous_broker not in kinds):
-            kinds.append(self.previous_broker)
-        return kinds
+        retired = [r for r in self.retired if r.broker not in (broker, self.broker)]
+        if self.broker is not BrokerKind.DIRECT:
+            retired.append(RetiredBroker(broker=self.broker, retired_at=now))
+        return self.model_copy(update={"broker": broker, "retired": retired})
 
 
 class RuntimeConfig(ConfigModel):

@@ -111,9 +111,6 @@ class DispatcherSettings(BaseSettings):
     # (a backlog the compensator may have swept): keep it below the compensator's
     # sweep_after_s. dispatcher/redelivery.py.
     check_delivered_after_s: float = Field(default=60.0, ge=0)
-    # After a destination switches brokers, how long its subscriptions keep consuming the
-    # previous one (messages already there are still delivered).
-    old_broker_drain_s: float = 3600.0
     # The longest a Kafka fetch waits for data (librdkafka's fetch.wait.max.ms). Apache Kafka
     # answers as soon as data arrives; tansu waits the whole time, so this is most of its
     # produce->consume latency (memory storage, p50 here: 500 -> ~180 ms, 50 -> ~65 ms). But
@@ -125,6 +122,11 @@ class DispatcherSettings(BaseSettings):
     # how often deleted subscriptions' and destinations' consumer groups, queues, topics and
     # exchanges are looked for and removed (dispatcher/cleanup.py)
     cleanup_interval_s: float = Field(default=10.0, gt=0)
+    # After a broker switch, how soon and how often dispatchers look whether the retired broker
+    # is drained (dispatcher/drains.py); the settle time is at least 3 registry refreshes: a
+    # publish already under way at the switch may still land in the old broker
+    drain_settle_s: float = Field(default=30.0, ge=0)
+    drain_check_interval_s: float = Field(default=5.0, gt=0)
     # Push HTTP client; h1 by the `python -m bench.senders` figures in delivery/sender.py.
     http_client: HttpClient = "h1"
     # How often the brokers' own health (msgbus/brokerhealth.py) is read; 0: never.

@@ -14,6 +14,7 @@ from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
 from msgbus.store import MongoStore
 from receiver.adoption import OrphanAdopter
+from receiver.dedupe import AcceptedIds
 from receiver.intake import QUEUES
 from receiver.pipeline import IngestPipeline
 from receiver.publishers import PublisherSet, build_publishers
@@ -26,6 +27,16 @@ def open_buffer(settings: ReceiverSettings, path: Path,
     """A receiver buffer at `path`: a receiver's own slot, or an orphan being adopted."""
     return LocalQueue(path, QUEUES, max_bytes=settings.buffer_max_bytes,
                       dedupe_window_s=settings.dedupe_window_s, on_commit=on_commit)
+
+
+def make_pipeline(settings: ReceiverSettings, store: MongoStore, registry: Registry,
+                  publishers: PublisherSet, buffer: LocalQueue) -> IngestPipeline:
+    return IngestPipeline(
+        buffer, store, registry, publishers,
+        publish_batch=settings.publish_batch_size, record_batch=settings.mongo_batch_size,
+        default_record_rate_per_s=settings.record_rate_per_s,
+        accepted_ids=AcceptedIds(store, settings.dedupe_window_s),
+    )
 
 
 class DrainService:
@@ -43,12 +54,8 @@ class DrainService:
 
     def pipeline_on(self, buffer: LocalQueue) -> IngestPipeline:
         """The ingest pipeline that drains `buffer` (the receiver's, or an adopted one)."""
-        settings = self.settings
-        return IngestPipeline(
-            buffer, self._store, self._registry, self.publishers,
-            publish_batch=settings.publish_batch_size, record_batch=settings.mongo_batch_size,
-            default_record_rate_per_s=settings.record_rate_per_s,
-        )
+        return make_pipeline(self.settings, self._store, self._registry, self.publishers,
+                             buffer)
 
     async def start(self) -> None:
         """Starts even while a broker is down: it is retried, its messages go direct."""

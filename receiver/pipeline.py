@@ -3,7 +3,8 @@
 `Intake.accept()` (receiver/intake.py) wrote each message to two queues of the local LMDB
 buffer. Two drainers empty them independently:
 - "publish" (partitioned by destination, each drained by a task of its own, so that a broker
-  that is down never holds back the destinations on other brokers): sends messages to their
+  that is down never holds back the destinations on other brokers): claims their ids against
+  the other receivers' (`receiver.dedupe`, one write per batch), sends messages to their
   destination's broker; what the broker refuses goes the
   direct path to a dispatcher; what that refuses too stays pending in MongoDB for the
   compensator (its record is already buffered, so it is never lost);
@@ -26,6 +27,7 @@ from msgbus.metrics import DIRECT_FALLBACKS, PUBLISH_LATENCY, PUBLISHED, RECORD_
 from msgbus.models import BrokerKind, Destination, Envelope, Subscription, utcnow
 from msgbus.registry import Registry
 from msgbus.store import MongoStore
+from receiver.dedupe import AcceptedIds
 from receiver.intake import PUBLISH_QUEUE, RECORD_QUEUE, queue_depths
 from receiver.publishers import PublisherSet
 from receiver.recording import RecordWriter
@@ -37,9 +39,12 @@ class IngestPipeline:
     def __init__(
         self, buffer: LocalQueue, store: MongoStore, registry: Registry,
         publishers: PublisherSet, *, publish_batch: int, record_batch: int,
-        default_record_rate_per_s: float = 0,
+        default_record_rate_per_s: float = 0, accepted_ids: AcceptedIds | None = None,
     ) -> None:
+        """`accepted_ids`: the cross-receiver de-duplication of what is published (None:
+        none)."""
         self._buffer = buffer
+        self._accepted_ids = accepted_ids
         self._store = store
         self._registry = registry
         self._publishers = publishers
@@ -114,7 +119,10 @@ class IngestPipeline:
 
     async def _publish(self, entries: list[bytes]) -> None:
         by_destination: dict[str, list[Envelope]] = defaultdict(list)
-        for envelope in await decode_cooperatively(entries):
+        envelopes = await decode_cooperatively(entries)
+        if self._accepted_ids is not None:
+            envelopes = await self._accepted_ids.first_accepts(envelopes)
+        for envelope in envelopes:
             if envelope.received_at is None or envelope.received_at < self._opened_at:
                 envelope.redelivered = True
             by_destination[envelope.destination].append(envelope)

@@ -18,7 +18,7 @@ from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
 from msgbus.store import MongoStore
 from receiver.adoption import OrphanAdopter
-from receiver.draining import open_buffer
+from receiver.draining import make_pipeline, open_buffer
 from receiver.pipeline import IngestPipeline
 from receiver.publishers import PublisherSet, build_publishers
 
@@ -57,9 +57,4 @@ class BufferRescuer:
         return open_buffer(self.settings, path)
 
     def _pipeline_on(self, buffer: LocalQueue) -> IngestPipeline:
-        settings = self.settings
-        return IngestPipeline(
-            buffer, self.store, self.registry, self.publishers,
-            publish_batch=settings.publish_batch_size, record_batch=settings.mongo_batch_size,
-            default_record_rate_per_s=settings.record_rate_per_s,
-        )
+        return make_pipeline(self.settings, self.store, self.registry, self.publishers, buffer)

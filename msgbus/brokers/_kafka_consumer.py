@@ -41,7 +41,7 @@ from msgbus.brokers._buffer import ReceiveBuffer
 from msgbus.brokers._offsets import OffsetToken, OffsetTracker, Partition
 from msgbus.brokers.base import Received, SubscriptionConsumer, consumer_name, topic_name
 from msgbus.errors import BrokerError
-from msgbus.models import Envelope, Subscription
+from msgbus.models import BrokerKind, Envelope, Subscription
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,8 @@ def _offsets(moved: dict[Partition, int]) -> list[TopicPartition]:
 
 
 class KafkaSubscriptionConsumer(SubscriptionConsumer):
+    kind = BrokerKind.KAFKA
+
     def __init__(
         self,
         subscription: Subscription,

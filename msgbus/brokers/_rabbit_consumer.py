@@ -32,7 +32,7 @@ from msgbus import codec
 from msgbus.brokers._buffer import ReceiveBuffer
 from msgbus.brokers.base import Received, SubscriptionConsumer, consumer_name, topic_name
 from msgbus.errors import BrokerError
-from msgbus.models import Subscription
+from msgbus.models import BrokerKind, Subscription
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,8 @@ class AmqpToken:
 
 
 class RabbitSubscriptionConsumer(SubscriptionConsumer):
+    kind = BrokerKind.RABBITMQ
+
     def __init__(self, subscription: Subscription, *, url: str | Sequence[str],
                  max_buffered: int) -> None:
         super().__init__(subscription, max_buffered=min(max(1, max_buffered), _MAX_PREFETCH))

@@ -76,6 +76,8 @@ class Received:
 class SubscriptionConsumer(ABC):
     """The stream of one subscription (Kafka consumer group / RabbitMQ queue)."""
 
+    kind: BrokerKind
+
     def __init__(self, subscription: Subscription, *, max_buffered: int) -> None:
         self.subscription = subscription
         self.max_buffered = max_buffered

@@ -70,8 +70,13 @@ def test_switching_a_destination_broker_delivers_what_the_old_broker_still_holds
     assert _rabbit_depth(rabbitmq_url, queue) == 100, "the switch did not take effect"
 
     bus.subscribe(destination, "sub", bus.serve_subscriber(subscriber), paused=False)
-    wait_until(lambda: subscriber.message_ids() >= set(in_rabbit + in_kafka), 60,
-               "the subscriber to get the messages of both brokers")
+    try:
+        wait_until(lambda: subscriber.message_ids() >= set(in_rabbit + in_kafka), 60,
+                   "the subscriber to get the messages of both brokers")
+    except AssertionError:
+        got = subscriber.message_ids()
+        raise AssertionError(f"missing {len(set(in_rabbit) - got)} of RabbitMQ's, "
+                             f"{len(set(in_kafka) - got)} of Kafka's") from None
     wait_until(lambda: _rabbit_depth(rabbitmq_url, queue) == 0, 30, "RabbitMQ drained")
 
 

@@ -13,10 +13,11 @@ its retry gets everything, though the dispatchers only ever see it fail."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +32,7 @@ from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.ids import uuid7
 from msgbus.models import BrokerKind, ReplaySpec, ReplayState, utcnow
 from msgbus.store.replays import ReplayStore
-from tests.support.bus import wait_until
+from tests.support.bus import sample_value, wait_until
 from tests.support.deployment import SUBSCRIPTION, Deployment, Servers, wait_with_progress
 from tests.support.procs import say
 from tests.support.subscriber import PeakSubscriber, RecordingSubscriber
@@ -313,3 +314,139 @@ def test_order_per_biz_id_holds_with_three_dispatchers_and_the_sweep(ordered: De
         others_done = max(at for key, n, status, at in subscriber.arrivals()
                           if key != STUCK_KEY and status == 200)
         assert others_done < head_done, f"{code}: the other keys waited for the stuck one"
+
+
+# ---- one message id, one delivery, across receivers ---------------------------------------------
+
+DEDUPE_DESTINATIONS = {f"dd-k-{UNIQUE}": BrokerKind.KAFKA, f"dd-r-{UNIQUE}": BrokerKind.RABBITMQ,
+                       f"dd-d-{UNIQUE}": BrokerKind.DIRECT}
+PER_DESTINATION = 150
+
+
+@pytest.fixture
+def two_receivers(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
+    private_servers.restart_stopped()
+    deployed = Deployment(private_servers, tmp_path, DEDUPE_DESTINATIONS)
+    yield deployed
+    deployed.close()
+
+
+def _post_all(url: str, api_key: str, messages: list[dict[str, Any]]) -> None:
+    with httpx.Client(base_url=url, timeout=30,
+                      headers={"authorization": f"Bearer {api_key}"}) as client:
+        for start in range(0, len(messages), 50):
+            response = client.post("/v1/messages", json={"messages": messages[start:start + 50]})
+            response.raise_for_status()
+            assert {r["status"] for r in response.json()["results"]} == {202}
+
+
+def test_a_message_id_sent_to_two_receivers_is_delivered_once(two_receivers: Deployment
+                                                              ) -> None:
+    """Each message goes to both receiver processes — half of them to both at once, half
+    to the second after the first answered (a client's re-send through a load balancer) —
+    on Kafka, RabbitMQ and the direct path: every subscriber gets each once."""
+    deployment = two_receivers
+    deployment.start(receivers=2)
+    urls = [receiver.url for receiver in deployment.receivers]
+
+    def batch() -> list[dict[str, Any]]:
+        return [{"message_id": uuid7(), "destination": code, "body": {"n": n}}
+                for code in DEDUPE_DESTINATIONS for n in range(PER_DESTINATION // 2)]
+
+    together, one_after_the_other = batch(), batch()
+    senders = [threading.Thread(target=_post_all, args=(url, deployment.api_key, together))
+               for url in urls]
+    for sender in senders:
+        sender.start()
+    for url in urls:
+        _post_all(url, deployment.api_key, one_after_the_other)
+    for sender in senders:
+        sender.join(60)
+    sent = together + one_after_the_other
+
+    def duplicates_caught() -> tuple[int, int]:
+        counted = 0
+        for receiver in deployment.receivers:
+            text = httpx.get(f"{receiver.url}/metrics", timeout=10).text
+            counted += int(sum(sample_value(text, "msgbus_messages_duplicate_total",
+                                            {"destination": code})
+                               for code in DEDUPE_DESTINATIONS))
+        return counted, len(sent)
+
+    with deployment.logs_on_failure():
+        wait_with_progress("the second copy of each message caught", duplicates_caught, 60)
+    for code, subscriber in deployment.subscribers.items():
+        wanted = {m["message_id"] for m in sent if m["destination"] == code}
+        wait_until(lambda s=subscriber, w=wanted: s.message_ids() >= w, 60,
+                   f"{code}: every message delivered")
+        pushes = Counter(push.message_id for push in subscriber.pushes)
+        assert set(pushes.values()) == {1}, f"{code}: pushed twice: {pushes.most_common(3)}"
+
+
+# ---- broker switches are drained, not timed ------------------------------------------------------
+
+SWITCHED = f"abca-{UNIQUE}"
+
+
+@pytest.fixture
+def switching(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
+    private_servers.restart_stopped()
+    deployed = Deployment(private_servers, tmp_path, {SWITCHED: BrokerKind.KAFKA},
+                          subscription_names=(SUBSCRIPTION, "paused"))
+    deployed.extra_env = {"MSGBUS_DISPATCHER_DRAIN_SETTLE_S": "2",
+                          "MSGBUS_DISPATCHER_DRAIN_CHECK_INTERVAL_S": "0.5"}
+    # what the direct path could not hand to the paused subscription is swept once it resumes
+    deployed.compensator_settings = {"scan_interval_s": "0.5", "sweep_after_s": "3",
+                                     "sweep_interval_s": "1"}
+    yield deployed
+    deployed.close()
+
+
+def _set_paused(deployment: Deployment, name: str, paused: bool) -> None:
+    async def change() -> None:
+        sub = await deployment.store.get_subscription(f"{SWITCHED}/{name}")
+        await deployment.store.save_subscription(
+            sub.model_copy(update={"paused": paused, "updated_at": utcnow()}))
+    deployment.run(change())
+
+
+def _switch(deployment: Deployment, broker: BrokerKind) -> None:
+    async def change() -> None:
+        destination = await deployment.store.get_destination(SWITCHED)
+        await deployment.store.save_destination(destination.with_broker(broker, utcnow()))
+    deployment.run(change())
+
+
+def _retired(deployment: Deployment) -> list[BrokerKind]:
+    destination = deployment.run(deployment.store.get_destination(SWITCHED))
+    return [r.broker for r in destination.retired]
+
+
+def test_switches_a_b_c_a_under_load_lose_nothing_and_a_paused_subscription_gets_its_backlog(
+        switching: Deployment) -> None:
+    """Kafka → RabbitMQ → direct → Kafka while messages flow, with two dispatchers: the active
+    subscription gets everything; the paused one keeps what waits in the retired RabbitMQ queue
+    and gets all of it once resumed; then nothing is left retired."""
+    deployment = switching
+    deployment.start(receivers=1)
+    deployment.add_dispatcher("dispatcher-1").start()
+    _set_paused(deployment, "paused", True)
+    load = deployment.load(rate_per_s=50, duration_s=16).start()
+    for at_s, broker in ((4, BrokerKind.RABBITMQ), (8, BrokerKind.DIRECT), (12, BrokerKind.KAFKA)):
+        wait_until(lambda at=at_s: load.elapsed_s() >= at, 30, f"{at_s} s of load")
+        _switch(deployment, broker)
+    load.join()
+    accepted = load.accepted_ids(SWITCHED)
+    assert set(load.statuses()) == {"202"}, load.summary()
+    active = deployment.subscriber_of[f"{SWITCHED}/{SUBSCRIPTION}"]
+    paused = deployment.subscriber_of[f"{SWITCHED}/paused"]
+
+    def got(subscriber: RecordingSubscriber) -> Callable[[], tuple[int, int]]:
+        return lambda: (len(subscriber.message_ids() & accepted), len(accepted))
+
+    with deployment.logs_on_failure():
+        wait_with_progress("the active subscription getting everything", got(active), 120)
+        assert _retired(deployment) == [BrokerKind.RABBITMQ], "drained for the paused one too"
+        _set_paused(deployment, "paused", False)
+        wait_with_progress("the resumed subscription getting everything", got(paused), 120)
+        wait_until(lambda: _retired(deployment) == [], 60, "the retired brokers drained")

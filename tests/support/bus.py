@@ -119,6 +119,7 @@ class RunningBus:
         self.dispatcher_service = DispatcherService(
             DispatcherSettings(port=0, trace_flush_interval_ms=20,
                                backlog_interval_s=BACKLOG_INTERVAL_S, cleanup_interval_s=0.5,
+                               drain_settle_s=2.0, drain_check_interval_s=0.5,
                                connections=conn))
         dispatcher = await self._group.start(
             make_server(

@@ -1,0 +1,208 @@
+"""`DrainWatch`: after a destination switches brokers, what the old broker still holds is
+delivered — consumed until it is empty for every subscription, not for a fixed time, for any
+sequence of switches (A→B→C→A).
+
+A destination's `retired` brokers (oldest first) are consumed beside the current one by every
+subscription that existed when each was retired, until that subscription has drained it: a
+`drains` document per (destination, retired broker, subscription) says so. Every
+`drain_check_interval_s` each dispatcher looks at the retired brokers of the subscriptions it
+serves, once a retirement is `drain_settle_s` old (receivers publish to the new broker after one
+registry refresh; a publish already under way when they switched lands in the old one):
+- Kafka: drained when the subscription's consumer group has committed every partition of the
+  topic up to its end (commits follow the recorded outcomes, so nothing is left in flight);
+- RabbitMQ: a queue with nothing ready is let go by this dispatcher (its worker stops consuming
+  it and acks what it has in flight); drained when nothing is ready and no consumer is left —
+  every dispatcher let go, and what a dying one held came back as ready, which makes them all
+  consume it again.
+Once every such subscription drained a retired broker, it leaves the destination. A paused
+subscription has no worker, so its old backlog waits until it is resumed.
+
+An ordered subscription consumes only its oldest undrained broker (none while a RabbitMQ queue is
+being confirmed empty), then the next, then the current one: a key's old messages are pushed
+before its new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pika
+from confluent_kafka import Consumer, TopicPartition
+from pika.adapters.blocking_connection import BlockingConnection
+
+from msgbus.brokers._rabbit_consumer import node_parameters
+from msgbus.brokers.base import consumer_name, topic_name
+from msgbus.models import BrokerKind, Destination, RetiredBroker, Subscription, utcnow
+from msgbus.registry import Registry
+from msgbus.settings import ConnectionSettings
+from msgbus.store import MongoStore
+from msgbus.tasks import cancel_and_wait, periodically
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 10.0
+
+Source = tuple[str, str, str]  # destination code, broker kind, retired_at (ISO)
+
+
+def source_of(code: str, retired: RetiredBroker) -> Source:
+    return code, retired.broker.value, _aware(retired.retired_at).isoformat()
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def kafka_lag(bootstrap: str, group: str, topic: str) -> int:
+    """Messages of `topic` the consumer group has not committed (0: no such topic)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        found = consumer.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
+        if found is None or found.error is not None:
+            return 0
+        parts = [TopicPartition(topic, p) for p in found.partitions]
+        lag = 0
+        for committed in consumer.committed(parts, timeout=TIMEOUT_S):
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, committed.partition), timeout=TIMEOUT_S)
+            lag += max(0, high - (committed.offset if committed.offset >= 0 else low))
+        return lag
+    finally:
+        consumer.close()
+
+
+def rabbit_queue_state(nodes: list[str], queue: str) -> tuple[int, int]:
+    """(messages ready, consumers) of a queue; (0, 0) when it does not exist."""
+    connection = BlockingConnection(node_parameters(nodes))
+    try:
+        declared = connection.channel().queue_declare(queue, passive=True)
+        return declared.method.message_count, declared.method.consumer_count
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code == 404:
+            return 0, 0
+        raise
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+class DrainWatch:
+    def __init__(self, store: MongoStore, registry: Registry, connections: ConnectionSettings,
+                 on_change: Callable[[], Awaitable[None]], *, settle_s: float,
+                 interval_s: float) -> None:
+        self._drains = store.db["drains"]
+        self._destinations = store.destinations
+        self._registry = registry
+        self._connections = connections
+        self._on_change = on_change
+        self._settle = timedelta(seconds=max(settle_s, 3 * connections.config_refresh_s))
+        self._interval_s = interval_s
+        self._drained: set[tuple[Source, str]] = set()  # (source, subscription name)
+        self._let_go: set[tuple[Source, str]] = set()  # RabbitMQ queues seen with none ready
+        self._task: asyncio.Task[None] | None = None
+
+    # -- what to consume (the supervisor asks) --------------------------------------------
+
+    def kinds_for(self, destination: Destination, sub: Subscription) -> list[BrokerKind]:
+        undrained = self.undrained(destination, sub)
+        consumed = [r.broker for r in undrained
+                    if (source_of(destination.code, r), sub.name) not in self._let_go]
+        if sub.ordered_by_biz_id and undrained:
+            oldest = undrained[0].broker
+            return [oldest] if oldest in consumed else []
+        return [destination.broker] + [k for k in consumed if k is not destination.broker]
+
+    def undrained(self, destination: Destination, sub: Subscription) -> list[RetiredBroker]:
+        """The retired brokers that may hold messages of `sub`, oldest first."""
+        return [r for r in destination.retired
+                if _aware(sub.created_at) < _aware(r.retired_at)
+                and (source_of(destination.code, r), sub.name) not in self._drained]
+
+    # -- the checks -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(
+            periodically(self.check, self._interval_s, what="old broker drains"),
+            name="drain-watch")
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._task)
+
+    async def load(self) -> None:
+        """The drains recorded so far (also at start, before the first workers)."""
+        self._drained = {((d["destination"], d["broker"], d["retired_at"]), d["subscription"])
+                         async for d in self._drains.find({})}
+
+    async def check(self) -> None:
+        await self.load()
+        before = (set(self._drained), set(self._let_go))
+        now = utcnow()
+        for destination in self._registry.destinations():
+            subs = [s for s in self._registry.subscriptions_of(destination.code)
+                    if not s.paused]
+            for retired in destination.retired:
+                if _aware(retired.retired_at) + self._settle > now:
+                    continue
+                for sub in subs:
+                    if retired in self.undrained(destination, sub):
+                        await self._check_one(destination.code, retired, sub)
+                await self._retire_if_drained(destination, retired)
+        if (self._drained, self._let_go) != before:
+            await self._on_change()
+
+    async def _check_one(self, code: str, retired: RetiredBroker, sub: Subscription) -> None:
+        source = source_of(code, retired)
+        key = (source, sub.name)
+        try:
+            if retired.broker is BrokerKind.KAFKA:
+                empty = await asyncio.to_thread(self._kafka_empty, code, sub.name)
+            else:
+                states = await asyncio.to_thread(self._rabbit_states, code, sub.name)
+                empty = self._rabbit_empty(key, states)
+        except Exception as exc:  # unreachable now: the next check tries again
+            log.info("%s/%s on the retired %s: not checked (%r)", code, sub.name,
+                     retired.broker.value, exc)
+            return
+        if empty:
+            await self._drains.replace_one(
+                {"_id": "|".join((*source, sub.name))},
+                {"destination": code, "broker": source[1], "retired_at": source[2],
+                 "subscription": sub.name, "drained_at": utcnow()}, upsert=True)
+            self._drained.add(key)
+            self._let_go.discard(key)
+            log.info("%s/%s drained the %s it used before %s", code, sub.name,
+                     retired.broker.value, source[2])
+
+    def _kafka_empty(self, code: str, name: str) -> bool:
+        clusters = self._connections.clusters(BrokerKind.KAFKA).values()
+        return all(kafka_lag(",".join(nodes), consumer_name(code, name), topic_name(code)) == 0
+                   for nodes in clusters)
+
+    def _rabbit_states(self, code: str, name: str) -> list[tuple[int, int]]:
+        return [rabbit_queue_state(nodes, consumer_name(code, name))
+                for nodes in self._connections.clusters(BrokerKind.RABBITMQ).values()]
+
+    def _rabbit_empty(self, key: tuple[Source, str], states: list[tuple[int, int]]) -> bool:
+        if any(ready for ready, _ in states):
+            self._let_go.discard(key)
+            return False
+        self._let_go.add(key)  # nothing ready: stop consuming, so the consumers can be counted
+        return not any(consumers for _, consumers in states)
+
+    async def _retire_if_drained(self, destination: Destination,
+                                 retired: RetiredBroker) -> None:
+        """Every subscription that existed then drained it (paused ones included): it goes."""
+        subs = self._registry.subscriptions_of(destination.code)
+        if any(retired in self.undrained(destination, s) for s in subs):
+            return
+        entry: dict[str, Any] = {"broker": retired.broker.value,
+                                 "retired_at": retired.retired_at}
+        await self._destinations.update_one({"_id": destination.code},
+                                            {"$pull": {"retired": entry}})
+        log.info("%s: the retired %s is drained by every subscription", destination.code,
+                 retired.broker.value)

@@ -1,0 +1,90 @@
+"""`AcceptedIds`: one message id, one publish, across every receiver replica.
+
+Each receiver de-duplicates the ids it accepted itself within `dedupe_window_s` (its local
+buffer, `msgbus.localqueue`, on the accept path). A client's re-send that reaches another
+replica is caught here, on the publish path: before a batch is published, its ids are claimed
+in MongoDB (`accepted_ids`: `_id` the message id, `t` the accepting receiver's token, `exp`
+the end of the window, a TTL index removes it then) with one unordered `insert_many` per
+batch; an id another receiver claimed first (a different token) is not published again. The
+claim is a write per publish batch, never a round trip per message or on the accept path.
+
+The token is the message's receipt time (microseconds), set by the receiver that accepted it
+and kept in its buffer: a receiver that publishes again after a restart, or one that adopts a
+dead receiver's buffer, finds its own claim and publishes.
+
+When MongoDB does not answer within CLAIM_TIMEOUT_S, the batch is published unchecked (a
+duplicate is possible, a delay of deliveries is not); `msgbus_dedupe_unchecked_total` counts
+such messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from typing import Any
+
+from pymongo.errors import BulkWriteError, PyMongoError
+
+from msgbus.metrics import DEDUPE_UNCHECKED, MESSAGES_DUPLICATE
+from msgbus.models import Envelope, utcnow
+from msgbus.store import MongoStore
+from msgbus.store.idsets import find_by_ids
+
+log = logging.getLogger(__name__)
+
+CLAIM_TIMEOUT_S = 2.0
+_DUPLICATE_KEY = 11000
+
+
+def accept_token(envelope: Envelope) -> int:
+    """Which acceptance of the message this is: its receipt time in microseconds."""
+    accepted = envelope.received_at or envelope.created_at
+    return int(accepted.timestamp() * 1_000_000)
+
+
+class AcceptedIds:
+    def __init__(self, store: MongoStore, window_s: float) -> None:
+        self._ids = store.db["accepted_ids"]
+        self._window = timedelta(seconds=window_s)
+        self._unchecked_logged = False
+
+    async def first_accepts(self, envelopes: list[Envelope]) -> list[Envelope]:
+        """Of the envelopes about to be published, those no other receiver accepted first."""
+        if not envelopes:
+            return envelopes
+        try:
+            taken = await asyncio.wait_for(self._claim(envelopes), CLAIM_TIMEOUT_S)
+        except (PyMongoError, TimeoutError) as exc:
+            DEDUPE_UNCHECKED.inc(len(envelopes))
+            if not self._unchecked_logged:
+                self._unchecked_logged = True
+                log.warning("claiming message ids failed (%s); publishing without the "
+                            "cross-receiver duplicate check until MongoDB answers", exc)
+            return envelopes
+        self._unchecked_logged = False
+        if not taken:
+            return envelopes
+        for envelope in envelopes:
+            if envelope.message_id in taken:
+                MESSAGES_DUPLICATE.labels(envelope.destination).inc()
+        log.info("%d messages another receiver accepted first are not published again",
+                 len(taken))
+        return [e for e in envelopes if e.message_id not in taken]
+
+    async def _claim(self, envelopes: list[Envelope]) -> set[str]:
+        """Claims the ids; returns those another acceptance claimed first."""
+        expires = utcnow() + self._window
+        tokens = {e.message_id: accept_token(e) for e in envelopes}
+        try:
+            await self._ids.insert_many(
+                [{"_id": mid, "t": token, "exp": expires} for mid, token in tokens.items()],
+                ordered=False)
+            return set()
+        except BulkWriteError as exc:
+            errors: list[dict[str, Any]] = exc.details.get("writeErrors", [])
+            if any(e.get("code") != _DUPLICATE_KEY for e in errors):
+                raise
+            claimed = [str(e["op"]["_id"]) for e in errors]
+        found = await find_by_ids(self._ids, claimed, projection={"t": 1})
+        return {str(d["_id"]) for d in found if d.get("t") != tokens[str(d["_id"])]}

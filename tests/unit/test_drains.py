@@ -1,0 +1,82 @@
+"""Broker switches: which brokers a destination has retired, and which a subscription consumes
+while it drains them (dispatcher/drains.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from pydantic import HttpUrl
+
+from dispatcher.drains import DrainWatch, source_of
+from msgbus.models import BrokerKind, Destination, Subscription, utcnow
+from msgbus.settings import ConnectionSettings
+
+KAFKA, RABBITMQ, DIRECT = BrokerKind.KAFKA, BrokerKind.RABBITMQ, BrokerKind.DIRECT
+
+
+class _NoStore:
+    """DrainWatch.kinds_for reads nothing from MongoDB."""
+
+    db: dict[str, Any] = {"drains": None}
+    destinations = None
+
+
+def _watch() -> DrainWatch:
+    async def nothing() -> None:
+        return None
+    return DrainWatch(_NoStore(), None, ConnectionSettings(), nothing,  # type: ignore[arg-type]
+                      settle_s=0, interval_s=1)
+
+
+def _switched(*brokers: BrokerKind) -> Destination:
+    destination = Destination(code="d", broker=brokers[0])
+    for step, broker in enumerate(brokers[1:], start=1):
+        destination = destination.with_broker(broker, utcnow() + timedelta(seconds=step))
+    return destination
+
+
+def _sub(ordered: bool = False) -> Subscription:
+    return Subscription(destination="d", name="s", url=HttpUrl("http://127.0.0.1/hook"),
+                        ordered_by_biz_id=ordered,
+                        created_at=utcnow() - timedelta(seconds=10))
+
+
+def test_every_broker_left_is_retired_oldest_first_and_one_used_again_is_current() -> None:
+    assert [r.broker for r in _switched(KAFKA, RABBITMQ).retired] == [KAFKA]
+    assert [r.broker for r in _switched(KAFKA, RABBITMQ, DIRECT).retired] == [KAFKA, RABBITMQ]
+    abca = _switched(KAFKA, RABBITMQ, DIRECT, KAFKA)
+    assert abca.broker is KAFKA and [r.broker for r in abca.retired] == [RABBITMQ]
+
+
+def test_a_stored_previous_broker_is_read_as_retired() -> None:
+    changed = utcnow()
+    old = Destination.model_validate({"code": "d", "broker": "kafka",
+                                      "previous_broker": "rabbitmq",
+                                      "broker_changed_at": changed})
+    assert [(r.broker, r.retired_at) for r in old.retired] == [(RABBITMQ, changed)]
+
+
+def test_a_subscription_consumes_the_current_broker_and_each_undrained_one() -> None:
+    watch, destination, sub = _watch(), _switched(KAFKA, RABBITMQ, DIRECT), _sub()
+    assert watch.kinds_for(destination, sub) == [DIRECT, KAFKA, RABBITMQ]
+    kafka = destination.retired[0]
+    watch._drained.add((source_of("d", kafka), "s"))
+    assert watch.kinds_for(destination, sub) == [DIRECT, RABBITMQ]
+
+
+def test_a_subscription_created_after_a_switch_has_nothing_in_the_old_broker() -> None:
+    destination = _switched(KAFKA, RABBITMQ)
+    late = _sub().model_copy(update={"created_at": utcnow() + timedelta(seconds=5)})
+    assert _watch().kinds_for(destination, late) == [RABBITMQ]
+
+
+def test_an_ordered_subscription_drains_the_oldest_broker_first() -> None:
+    watch, destination, ordered = _watch(), _switched(KAFKA, RABBITMQ, DIRECT), _sub(True)
+    assert watch.kinds_for(destination, ordered) == [KAFKA]
+    watch._drained.add((source_of("d", destination.retired[0]), "s"))
+    assert watch.kinds_for(destination, ordered) == [RABBITMQ]
+    watch._let_go.add((source_of("d", destination.retired[1]), "s"))  # being confirmed empty
+    assert watch.kinds_for(destination, ordered) == []
+    watch._drained.add((source_of("d", destination.retired[1]), "s"))
+    assert watch.kinds_for(destination, ordered) == [DIRECT]
