@@ -79,16 +79,16 @@ class AdminService:
         update: dict[str, Any] = {"updated_at": utcnow()}
         if change.record_rate_per_s is not None:
             update["record_rate_per_s"] = change.record_rate_per_s
+        runtime = runtime.model_copy(update=update)
         if change.active_clusters is not None:
             conn = self.settings.connections
             for kind, cluster in change.active_clusters.items():
-                known = conn.clusters(kind)
+                known = list(conn.clusters(kind))
                 if cluster not in known:
                     raise InvalidConfig(
                         f"{kind.value} has no cluster {cluster!r}; configured: "
                         f"{', '.join(known) or 'none'}", field="active_clusters")
-            update["active_clusters"] = runtime.active_clusters | change.active_clusters
-        runtime = runtime.model_copy(update=update)
+                runtime = runtime.with_active_cluster(kind, cluster, known, utcnow())
         await self.store.save_runtime(runtime)
         return runtime
 

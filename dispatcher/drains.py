@@ -19,7 +19,10 @@ subscription has no worker, so its old backlog waits until it is resumed.
 
 An ordered subscription consumes only its oldest undrained broker (none while a RabbitMQ queue is
 being confirmed empty), then the next, then the current one: a key's old messages are pushed
-before its new ones.
+before its new ones. The same holds for cluster switches (`PATCH /v1/runtime`
+`active_clusters`; the runtime's `retired_clusters`): an ordered subscription drains a retired
+cluster of its broker before it consumes the active one. Other subscriptions consume every
+configured cluster of their brokers all the time, which drains any cluster.
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ from pika.adapters.blocking_connection import BlockingConnection
 
 from msgbus.brokers._rabbit_consumer import node_parameters
 from msgbus.brokers.base import consumer_name, topic_name
-from msgbus.models import BrokerKind, Destination, RetiredBroker, Subscription, utcnow
+from msgbus.models import (
+    BrokerKind,
+    Destination,
+    RetiredBroker,
+    RetiredCluster,
+    Subscription,
+    utcnow,
+)
 from msgbus.registry import Registry
 from msgbus.settings import ConnectionSettings
 from msgbus.store import MongoStore
@@ -46,11 +56,22 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_S = 10.0
 
-Source = tuple[str, str, str]  # destination code, broker kind, retired_at (ISO)
+ALL_CLUSTERS = "*"
+# what a retirement left behind, as the drains record it:
+# (destination code, broker kind, cluster or ALL_CLUSTERS, retired_at ISO)
+Source = tuple[str, str, str, str]
+Retired = RetiredBroker | RetiredCluster
+# what a worker consumes: a broker kind, on one cluster or (None) on every configured one
+Consumed = tuple[BrokerKind, str | None]
 
 
-def source_of(code: str, retired: RetiredBroker) -> Source:
-    return code, retired.broker.value, _aware(retired.retired_at).isoformat()
+def source_of(code: str, retired: Retired) -> Source:
+    cluster = retired.cluster if isinstance(retired, RetiredCluster) else ALL_CLUSTERS
+    return code, retired.broker.value, cluster, _aware(retired.retired_at).isoformat()
+
+
+def consumed(retired: Retired) -> Consumed:
+    return retired.broker, retired.cluster if isinstance(retired, RetiredCluster) else None
 
 
 def _aware(moment: datetime) -> datetime:
@@ -108,20 +129,32 @@ class DrainWatch:
 
     # -- what to consume (the supervisor asks) --------------------------------------------
 
-    def kinds_for(self, destination: Destination, sub: Subscription) -> list[BrokerKind]:
+    def sources_for(self, destination: Destination, sub: Subscription) -> list[Consumed]:
+        """What the subscription's worker consumes now."""
         undrained = self.undrained(destination, sub)
-        consumed = [r.broker for r in undrained
-                    if (source_of(destination.code, r), sub.name) not in self._let_go]
-        if sub.ordered_by_biz_id and undrained:
-            oldest = undrained[0].broker
-            return [oldest] if oldest in consumed else []
-        return [destination.broker] + [k for k in consumed if k is not destination.broker]
+        held = [r for r in undrained
+                if (source_of(destination.code, r), sub.name) not in self._let_go]
+        if sub.ordered_by_biz_id:
+            if undrained:
+                return [consumed(undrained[0])] if undrained[0] in held else []
+            return [(destination.broker, self._active_cluster(destination.broker))]
+        return [(destination.broker, None)] + [
+            consumed(r) for r in held if r.broker is not destination.broker]
 
-    def undrained(self, destination: Destination, sub: Subscription) -> list[RetiredBroker]:
-        """The retired brokers that may hold messages of `sub`, oldest first."""
-        return [r for r in destination.retired
-                if _aware(sub.created_at) < _aware(r.retired_at)
-                and (source_of(destination.code, r), sub.name) not in self._drained]
+    def undrained(self, destination: Destination, sub: Subscription) -> list[Retired]:
+        """What may still hold messages of `sub`, oldest first: the destination's retired
+        brokers; for an ordered subscription also the retired clusters of its broker."""
+        retired: list[Retired] = list(destination.retired)
+        if sub.ordered_by_biz_id:
+            retired += [r for r in self._registry.runtime().retired_clusters
+                        if r.broker is destination.broker]
+        return sorted((r for r in retired
+                       if _aware(sub.created_at) < _aware(r.retired_at)
+                       and (source_of(destination.code, r), sub.name) not in self._drained),
+                      key=lambda r: _aware(r.retired_at))
+
+    def _active_cluster(self, kind: BrokerKind) -> str | None:
+        return self._registry.runtime().active_cluster(kind, list(self._connections.clusters(kind)))
 
     # -- the checks -----------------------------------------------------------------------
 
@@ -135,7 +168,8 @@ class DrainWatch:
 
     async def load(self) -> None:
         """The drains recorded so far (also at start, before the first workers)."""
-        self._drained = {((d["destination"], d["broker"], d["retired_at"]), d["subscription"])
+        self._drained = {((d["destination"], d["broker"], d.get("cluster", ALL_CLUSTERS),
+                           d["retired_at"]), d["subscription"])
                          async for d in self._drains.find({})}
 
     async def check(self) -> None:
@@ -145,24 +179,27 @@ class DrainWatch:
         for destination in self._registry.destinations():
             subs = [s for s in self._registry.subscriptions_of(destination.code)
                     if not s.paused]
-            for retired in destination.retired:
-                if _aware(retired.retired_at) + self._settle > now:
-                    continue
-                for sub in subs:
-                    if retired in self.undrained(destination, sub):
+            for sub in subs:
+                for retired in self.undrained(destination, sub):
+                    if _aware(retired.retired_at) + self._settle <= now:
                         await self._check_one(destination.code, retired, sub)
-                await self._retire_if_drained(destination, retired)
+            for gone in destination.retired:
+                if _aware(gone.retired_at) + self._settle <= now:
+                    await self._retire_if_drained(destination, gone)
         if (self._drained, self._let_go) != before:
             await self._on_change()
 
-    async def _check_one(self, code: str, retired: RetiredBroker, sub: Subscription) -> None:
+    async def _check_one(self, code: str, retired: Retired, sub: Subscription) -> None:
         source = source_of(code, retired)
         key = (source, sub.name)
+        kind, cluster = consumed(retired)
+        clusters = [nodes for name, nodes in self._connections.clusters(kind).items()
+                    if cluster in (None, name)]
         try:
-            if retired.broker is BrokerKind.KAFKA:
-                empty = await asyncio.to_thread(self._kafka_empty, code, sub.name)
+            if kind is BrokerKind.KAFKA:
+                empty = await asyncio.to_thread(self._kafka_empty, code, sub.name, clusters)
             else:
-                states = await asyncio.to_thread(self._rabbit_states, code, sub.name)
+                states = await asyncio.to_thread(self._rabbit_states, code, sub.name, clusters)
                 empty = self._rabbit_empty(key, states)
         except Exception as exc:  # unreachable now: the next check tries again
             log.info("%s/%s on the retired %s: not checked (%r)", code, sub.name,
@@ -171,21 +208,23 @@ class DrainWatch:
         if empty:
             await self._drains.replace_one(
                 {"_id": "|".join((*source, sub.name))},
-                {"destination": code, "broker": source[1], "retired_at": source[2],
-                 "subscription": sub.name, "drained_at": utcnow()}, upsert=True)
+                {"destination": code, "broker": source[1], "cluster": source[2],
+                 "retired_at": source[3], "subscription": sub.name, "drained_at": utcnow()},
+                upsert=True)
             self._drained.add(key)
             self._let_go.discard(key)
-            log.info("%s/%s drained the %s it used before %s", code, sub.name,
-                     retired.broker.value, source[2])
+            log.info("%s/%s drained the %s (cluster %s) it used before %s", code, sub.name,
+                     kind.value, cluster or "all", source[3])
 
-    def _kafka_empty(self, code: str, name: str) -> bool:
-        clusters = self._connections.clusters(BrokerKind.KAFKA).values()
+    @staticmethod
+    def _kafka_empty(code: str, name: str, clusters: list[list[str]]) -> bool:
         return all(kafka_lag(",".join(nodes), consumer_name(code, name), topic_name(code)) == 0
                    for nodes in clusters)
 
-    def _rabbit_states(self, code: str, name: str) -> list[tuple[int, int]]:
-        return [rabbit_queue_state(nodes, consumer_name(code, name))
-                for nodes in self._connections.clusters(BrokerKind.RABBITMQ).values()]
+    @staticmethod
+    def _rabbit_states(code: str, name: str, clusters: list[list[str]]
+                       ) -> list[tuple[int, int]]:
+        return [rabbit_queue_state(nodes, consumer_name(code, name)) for nodes in clusters]
 
     def _rabbit_empty(self, key: tuple[Source, str], states: list[tuple[int, int]]) -> bool:
         if any(ready for ready, _ in states):

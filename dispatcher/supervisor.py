@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from dispatcher.drains import DrainWatch
+from dispatcher.drains import Consumed, DrainWatch
 from dispatcher.redelivery import DeliveredCheck
 from dispatcher.worker import SubscriptionWorker, is_for
 from msgbus.brokers.base import SubscriptionConsumer
@@ -29,26 +29,34 @@ log = logging.getLogger(__name__)
 RESYNC_S = 5.0  # also catches drain windows that ended
 
 
-def make_consumers(settings: DispatcherSettings, kinds: list[BrokerKind],
+def make_consumers(settings: DispatcherSettings, sources: list[Consumed],
                    subscription: Subscription) -> list[SubscriptionConsumer]:
-    """A subscription's consumers: one per configured cluster of each broker kind it reads
-    (none for direct or an unconfigured broker)."""
+    """A subscription's consumers: one per cluster of each broker kind it reads (every
+    configured cluster of the kind, or the one named; none for direct or an unconfigured
+    broker). Each knows its `source`."""
     conn = settings.connections
     max_buffered = subscription.in_flight_budget
     consumers: list[SubscriptionConsumer] = []
-    for kind in kinds:
-        for nodes in conn.clusters(kind).values():
+    for kind, only in sources:
+        for name, nodes in conn.clusters(kind).items():
+            if only not in (None, name):
+                continue
+            consumer: SubscriptionConsumer
             if kind is BrokerKind.KAFKA:
                 from msgbus.brokers.kafka import KafkaSubscriptionConsumer
 
-                consumers.append(KafkaSubscriptionConsumer(
+                consumer = KafkaSubscriptionConsumer(
                     subscription, bootstrap=",".join(nodes), max_buffered=max_buffered,
-                    extra_config={"fetch.wait.max.ms": settings.kafka_fetch_wait_ms}))
+                    extra_config={"fetch.wait.max.ms": settings.kafka_fetch_wait_ms})
             elif kind is BrokerKind.RABBITMQ:
                 from msgbus.brokers.rabbitmq import RabbitSubscriptionConsumer
 
-                consumers.append(RabbitSubscriptionConsumer(
-                    subscription, url=nodes, max_buffered=max_buffered))
+                consumer = RabbitSubscriptionConsumer(
+                    subscription, url=nodes, max_buffered=max_buffered)
+            else:
+                continue
+            consumer.source = (kind, only)
+            consumers.append(consumer)
     return consumers
 
 
@@ -64,7 +72,7 @@ class WorkerSupervisor:
         self._trace = trace
         self._delivered = delivered
         # by subscription id: its version (what needs a new worker), the kinds it consumes
-        self._workers: dict[str, tuple[str, list[BrokerKind], SubscriptionWorker]] = {}
+        self._workers: dict[str, tuple[str, list[Consumed], SubscriptionWorker]] = {}
         self._lock = asyncio.Lock()
         self._resync: asyncio.Task[None] | None = None
         registry.on_change(self.sync)
@@ -81,32 +89,32 @@ class WorkerSupervisor:
             except Exception:  # the loop never dies
                 log.exception("re-syncing the workers failed")
 
-    def _wanted(self) -> dict[str, tuple[Subscription, list[BrokerKind]]]:
+    def _wanted(self) -> dict[str, tuple[Subscription, list[Consumed]]]:
         wanted = {}
         for destination in self._registry.destinations():
             for sub in self._registry.subscriptions_of(destination.code):
                 if not sub.paused:
-                    wanted[sub.id] = (sub, self._drains.kinds_for(destination, sub))
+                    wanted[sub.id] = (sub, self._drains.sources_for(destination, sub))
         return wanted
 
     async def sync(self) -> None:
         async with self._lock:
             wanted = self._wanted()
             for sub_id in list(self._workers):
-                version, kinds, _ = self._workers[sub_id]
+                version, sources, _ = self._workers[sub_id]
                 target = wanted.get(sub_id)
                 if target is None or _version(target[0]) != version:
                     await self._stop(sub_id)
-                elif target[1] != kinds:
+                elif target[1] != sources:
                     await self._reconsume(sub_id, target[0], target[1])
-            for sub_id, (sub, kinds) in wanted.items():
+            for sub_id, (sub, sources) in wanted.items():
                 if sub_id not in self._workers:
-                    await self._start(sub, kinds)
+                    await self._start(sub, sources)
             for sub_id in self._shares.subscription_ids() - set(self._workers):
                 self._shares.forget(sub_id)  # paused or gone: its share goes to the others
 
-    async def _start(self, sub: Subscription, kinds: list[BrokerKind]) -> None:
-        consumers = make_consumers(self._settings, kinds, sub)
+    async def _start(self, sub: Subscription, sources: list[Consumed]) -> None:
+        consumers = make_consumers(self._settings, sources, sub)
         worker = SubscriptionWorker(sub, consumers, self._sender, self._trace, self._delivered,
                                     limiter=self._shares.limiter(sub),
                                     direct_queue_size=self._settings.direct_queue_size)
@@ -117,18 +125,19 @@ class WorkerSupervisor:
                           sub.id)
             await worker.close(grace_s=0)
             return
-        self._workers[sub.id] = (_version(sub), kinds, worker)
-        log.info("worker for %s started (%s)", sub.id, ", ".join(k.value for k in kinds))
+        self._workers[sub.id] = (_version(sub), sources, worker)
+        log.info("worker for %s started (%s)", sub.id, _describe(sources))
 
-    async def _reconsume(self, sub_id: str, sub: Subscription, kinds: list[BrokerKind]) -> None:
-        """A broker to drain came or went: its consumers only, the others go on."""
+    async def _reconsume(self, sub_id: str, sub: Subscription, sources: list[Consumed]) -> None:
+        """A broker or cluster to drain came or went: its consumers only, the others go on."""
         version, before, worker = self._workers[sub_id]
         worker.add_consumers(make_consumers(self._settings,
-                                            [k for k in kinds if k not in before], sub))
-        await worker.retire_consumers([c for c in worker.consumers if c.kind not in kinds])
-        self._workers[sub_id] = (version, kinds, worker)
+                                            [s for s in sources if s not in before], sub))
+        await worker.retire_consumers([c for c in worker.consumers
+                                       if c.source not in sources])
+        self._workers[sub_id] = (version, sources, worker)
         log.info("worker for %s now consumes %s", sub_id,
-                 ", ".join(k.value for k in kinds) or "nothing (waiting for a drain)")
+                 _describe(sources) or "nothing (waiting for a drain)")
 
     async def _stop(self, sub_id: str) -> None:
         _, _, worker = self._workers.pop(sub_id)
@@ -159,6 +168,11 @@ class WorkerSupervisor:
         await cancel_and_wait(self._resync)
         async with self._lock:
             await asyncio.gather(*(self._stop(s) for s in list(self._workers)))
+
+
+def _describe(sources: list[Consumed]) -> str:
+    return ", ".join(kind.value + (f" ({cluster})" if cluster else "")
+                     for kind, cluster in sources)
 
 
 def _version(sub: Subscription) -> str:

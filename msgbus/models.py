@@ -209,6 +209,12 @@ class Destination(ConfigModel):
         return self.model_copy(update={"broker": broker, "retired": retired})
 
 
+class RetiredCluster(ConfigModel):
+    broker: BrokerKind
+    cluster: Annotated[str, Field(max_length=100)]
+    retired_at: datetime
+
+
 class RuntimeConfig(ConfigModel):
     """Bus-wide knobs that operators change at runtime through the admin API; services follow
     them within one registry refresh."""
@@ -221,7 +227,31 @@ class RuntimeConfig(ConfigModel):
         default_factory=dict,
         description="Per broker kind, the cluster receivers publish to (default: the first "
                     "configured)")
+    # clusters receivers published to before, oldest first (the newest 20): ordered
+    # subscriptions drain each before they consume the active one (dispatcher/drains.py)
+    retired_clusters: list[RetiredCluster] = Field(default_factory=list, max_length=20)
     updated_at: datetime = Field(default_factory=utcnow)
+
+    def active_cluster(self, kind: BrokerKind, configured: list[str]) -> str | None:
+        """The cluster of `kind` receivers publish to, of those `configured` (in order)."""
+        wanted = self.active_clusters.get(kind)
+        if wanted is not None and wanted in configured:
+            return wanted
+        return configured[0] if configured else None
+
+    def with_active_cluster(self, kind: BrokerKind, cluster: str, configured: list[str],
+                            now: datetime) -> RuntimeConfig:
+        """Receivers switch `kind` to `cluster`; the one they leave is retired."""
+        previous = self.active_cluster(kind, configured)
+        if previous == cluster:
+            return self
+        retired = [r for r in self.retired_clusters
+                   if not (r.broker is kind and r.cluster in (cluster, previous))]
+        if previous is not None:
+            retired.append(RetiredCluster(broker=kind, cluster=previous, retired_at=now))
+        return self.model_copy(update={
+            "active_clusters": self.active_clusters | {kind: cluster},
+            "retired_clusters": retired[-20:]})
 
 
 def new_signing_secret() -> str:

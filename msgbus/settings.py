@@ -78,6 +78,10 @@ class ReceiverSettings(BaseSettings):
     # how long the receiver remembers accepted message ids, to answer a client's re-send
     # "duplicate" instead of publishing it again (per receiver instance)
     dedupe_window_s: float = 600.0
+    # also across receiver replicas: each publish batch's ids are claimed in MongoDB first
+    # (receiver/dedupe.py: one write per batch); off, a re-send that reaches another replica
+    # may be delivered twice
+    dedupe_across_receivers: bool = True
     mongo_batch_size: int = 500
     # MongoDB record writes per second of this receiver, all destinations (0: unlimited);
     # the admin API's runtime settings override it.

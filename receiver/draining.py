@@ -35,7 +35,8 @@ def make_pipeline(settings: ReceiverSettings, store: MongoStore, registry: Regis
         buffer, store, registry, publishers,
         publish_batch=settings.publish_batch_size, record_batch=settings.mongo_batch_size,
         default_record_rate_per_s=settings.record_rate_per_s,
-        accepted_ids=AcceptedIds(store, settings.dedupe_window_s),
+        accepted_ids=(AcceptedIds(store, settings.dedupe_window_s)
+                      if settings.dedupe_across_receivers else None),
     )
 
 

@@ -84,9 +84,11 @@ class PublisherSet:
 
     def active_cluster(self, kind: BrokerKind, runtime: RuntimeConfig) -> str | None:
         wanted = runtime.active_clusters.get(kind)
-        if wanted is not None and (kind, wanted) in self._all:
-            return wanted
-        if wanted is not None and (kind.value, wanted) not in self._warned:
+        configured = [cluster for k, cluster in self._all if k is kind]
+        active = runtime.active_cluster(kind, configured)
+        if wanted is None or active == wanted:
+            return active
+        if (kind.value, wanted) not in self._warned:
             self._warned.add((kind.value, wanted))
             log.warning("active %s cluster %r is not configured here; using %r", kind.value,
                         wanted, self._first_cluster.get(kind))

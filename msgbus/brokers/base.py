@@ -80,6 +80,8 @@ class SubscriptionConsumer(ABC):
 
     def __init__(self, subscription: Subscription, *, max_buffered: int) -> None:
         self.subscription = subscription
+        # what the dispatcher asked this consumer for: its kind, on one cluster or all (None)
+        self.source: tuple[BrokerKind, str | None] = (self.kind, None)
         self.max_buffered = max_buffered
         self.paused_partitions = 0  # Kafka: partitions paused because max_buffered is reached
 

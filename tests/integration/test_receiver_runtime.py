@@ -8,16 +8,21 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
+import orjson
 import pika
 import pytest
 from msgbus_client import MsgbusClient
 
 from msgbus import services
+from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.brokers.base import consumer_name
+from msgbus.ids import uuid7
 from tests.support.bus import RunningBus, wait_until
 from tests.support.loop import BackgroundLoop
 from tests.support.subscriber import RecordingSubscriber
@@ -210,3 +215,51 @@ def test_the_publisher_moves_to_the_next_node_when_one_goes_away(
         primary_gate.open()
     health = httpx.get(f"{bus.receiver_url}/health", timeout=5)
     assert health.status_code == 200
+
+
+@dataclass
+class KeyLog:
+    """Records (biz_id, n) of each push, in arrival order."""
+
+    pushes: list[tuple[str, int]] = field(default_factory=list)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if await answer_lifespan(scope, receive, send):
+            return
+        n = orjson.loads(await read_body(receive))["n"]
+        self.pushes.append((request_headers(scope)["ce-bizid"], n))
+        await respond(send, 204)
+
+
+def _send_keyed(bus: RunningBus, api_key: str, destination: str, numbers: range) -> None:
+    messages = [{"message_id": uuid7(), "destination": destination, "biz_id": f"k{k}",
+                 "body": {"n": n}} for n in numbers for k in range(5)]
+    response = httpx.post(f"{bus.receiver_url}/v1/messages", json={"messages": messages},
+                          headers={"authorization": f"Bearer {api_key}"}, timeout=30)
+    response.raise_for_status()
+
+
+def test_an_ordered_subscription_drains_the_old_cluster_before_the_new_one(
+        cluster_bus: RunningBus) -> None:
+    bus = cluster_bus
+    bus.admin.patch("/v1/runtime", json={"active_clusters": {"rabbitmq": "primary"}}
+                    ).raise_for_status()
+    api_key = bus.create_app(f"ordered-dc-{uuid.uuid4().hex[:6]}")
+    destination = f"dc-ordered-{uuid.uuid4().hex[:6]}"
+    bus.create_destination(destination, "rabbitmq")
+    log = KeyLog()
+    url = bus.serve_subscriber(log)
+    bus.subscribe(destination, "sub", url, ordered_by_biz_id=True, paused=True)
+    _wait_for_refresh(bus)
+    _send_keyed(bus, api_key, destination, range(0, 10))  # waits in the primary cluster
+    bus.admin.patch("/v1/runtime", json={"active_clusters": {"rabbitmq": "standby"}}
+                    ).raise_for_status()
+    _wait_for_refresh(bus)
+    _send_keyed(bus, api_key, destination, range(10, 20))  # and these in the standby one
+    wait_until(lambda: _published(bus, "standby") >= 50, 30, "the standby cluster's messages")
+
+    bus.subscribe(destination, "sub", url, ordered_by_biz_id=True, paused=False)
+    wait_until(lambda: len(set(log.pushes)) == 100, 60, "every message pushed")
+    for key in (f"k{k}" for k in range(5)):
+        numbers = [n for pushed_key, n in log.pushes if pushed_key == key]
+        assert numbers == list(range(20)), f"{key}: {numbers}"

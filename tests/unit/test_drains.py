@@ -9,24 +9,39 @@ from typing import Any
 from pydantic import HttpUrl
 
 from dispatcher.drains import DrainWatch, source_of
-from msgbus.models import BrokerKind, Destination, Subscription, utcnow
+from msgbus.models import (
+    BrokerKind,
+    Destination,
+    RetiredCluster,
+    RuntimeConfig,
+    Subscription,
+    utcnow,
+)
 from msgbus.settings import ConnectionSettings
 
 KAFKA, RABBITMQ, DIRECT = BrokerKind.KAFKA, BrokerKind.RABBITMQ, BrokerKind.DIRECT
 
 
 class _NoStore:
-    """DrainWatch.kinds_for reads nothing from MongoDB."""
+    """DrainWatch.sources_for reads nothing from MongoDB."""
 
     db: dict[str, Any] = {"drains": None}
     destinations = None
 
 
-def _watch() -> DrainWatch:
+class _Registry:
+    def __init__(self, runtime: RuntimeConfig) -> None:
+        self._runtime = runtime
+
+    def runtime(self) -> RuntimeConfig:
+        return self._runtime
+
+
+def _watch(runtime: RuntimeConfig | None = None, **connections: Any) -> DrainWatch:
     async def nothing() -> None:
         return None
-    return DrainWatch(_NoStore(), None, ConnectionSettings(), nothing,  # type: ignore[arg-type]
-                      settle_s=0, interval_s=1)
+    return DrainWatch(_NoStore(), _Registry(runtime or RuntimeConfig()),  # type: ignore[arg-type]
+                      ConnectionSettings(**connections), nothing, settle_s=0, interval_s=1)
 
 
 def _switched(*brokers: BrokerKind) -> Destination:
@@ -59,24 +74,40 @@ def test_a_stored_previous_broker_is_read_as_retired() -> None:
 
 def test_a_subscription_consumes_the_current_broker_and_each_undrained_one() -> None:
     watch, destination, sub = _watch(), _switched(KAFKA, RABBITMQ, DIRECT), _sub()
-    assert watch.kinds_for(destination, sub) == [DIRECT, KAFKA, RABBITMQ]
+    assert watch.sources_for(destination, sub) == [(DIRECT, None), (KAFKA, None),
+                                                   (RABBITMQ, None)]
     kafka = destination.retired[0]
     watch._drained.add((source_of("d", kafka), "s"))
-    assert watch.kinds_for(destination, sub) == [DIRECT, RABBITMQ]
+    assert watch.sources_for(destination, sub) == [(DIRECT, None), (RABBITMQ, None)]
 
 
 def test_a_subscription_created_after_a_switch_has_nothing_in_the_old_broker() -> None:
     destination = _switched(KAFKA, RABBITMQ)
     late = _sub().model_copy(update={"created_at": utcnow() + timedelta(seconds=5)})
-    assert _watch().kinds_for(destination, late) == [RABBITMQ]
+    assert _watch().sources_for(destination, late) == [(RABBITMQ, None)]
 
 
 def test_an_ordered_subscription_drains_the_oldest_broker_first() -> None:
     watch, destination, ordered = _watch(), _switched(KAFKA, RABBITMQ, DIRECT), _sub(True)
-    assert watch.kinds_for(destination, ordered) == [KAFKA]
+    assert watch.sources_for(destination, ordered) == [(KAFKA, None)]
     watch._drained.add((source_of("d", destination.retired[0]), "s"))
-    assert watch.kinds_for(destination, ordered) == [RABBITMQ]
+    assert watch.sources_for(destination, ordered) == [(RABBITMQ, None)]
     watch._let_go.add((source_of("d", destination.retired[1]), "s"))  # being confirmed empty
-    assert watch.kinds_for(destination, ordered) == []
+    assert watch.sources_for(destination, ordered) == []
     watch._drained.add((source_of("d", destination.retired[1]), "s"))
-    assert watch.kinds_for(destination, ordered) == [DIRECT]
+    assert watch.sources_for(destination, ordered) == [(DIRECT, None)]
+
+
+def test_an_ordered_subscription_drains_a_retired_cluster_before_the_active_one() -> None:
+    clusters = {"dc1": ["amqp://127.0.0.1:5672/%2F"], "dc2": ["amqp://127.0.0.1:5673/%2F"]}
+    runtime = RuntimeConfig().with_active_cluster(RABBITMQ, "dc2", list(clusters), utcnow())
+    assert runtime.retired_clusters == [RetiredCluster(
+        broker=RABBITMQ, cluster="dc1", retired_at=runtime.retired_clusters[0].retired_at)]
+    watch = _watch(runtime, rabbitmq_clusters=clusters, rabbitmq_url="")
+    destination = Destination(code="d", broker=RABBITMQ)
+    assert watch.sources_for(destination, _sub(True)) == [(RABBITMQ, "dc1")]
+    assert watch.sources_for(destination, _sub()) == [(RABBITMQ, None)]  # every cluster
+    watch._drained.add((source_of("d", runtime.retired_clusters[0]), "s"))
+    assert watch.sources_for(destination, _sub(True)) == [(RABBITMQ, "dc2")]
+    back = runtime.with_active_cluster(RABBITMQ, "dc1", list(clusters), utcnow())
+    assert [r.cluster for r in back.retired_clusters] == ["dc2"]
