@@ -151,12 +151,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds to wait for a receiver to drain after a phase")
     parser.add_argument("--quick", action="store_true",
                         help="1 run of 1 s phases and warm-ups (smoke test)")
+    parser.add_argument("--receiver-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting of the receivers (repeatable), e.g. "
+                             "MSGBUS_RECEIVER_DEDUPE_ACROSS_RECEIVERS=false to measure without "
+                             "the cross-receiver claim")
     args = parser.parse_args(argv)
     if args.quick:
         args.runs, args.duration, args.batch_duration, args.warmup = 1, 1, 1, 1
         args.settle_timeout = 60.0
     if unknown := set(args.brokers) - {"kafka", "rabbitmq"}:
         parser.error(f"unknown brokers: {', '.join(sorted(unknown))}")
+    bad = [e for e in args.receiver_env if not e.startswith("MSGBUS_RECEIVER_") or "=" not in e]
+    if bad:
+        parser.error(f"--receiver-env takes MSGBUS_RECEIVER_NAME=VALUE, not {bad[0]!r}")
+    args.receiver_env = dict(e.split("=", 1) for e in args.receiver_env)
     return args
 
 
@@ -175,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         mount, kind = filesystem_of(workdir)
         say(f"workdir {workdir} ({kind} on {mount}); brokers {', '.join(args.brokers)}; "
             f"{args.runs} run(s) of {args.duration:g} s phases")
-        stack = IngestStack(workdir, exits, args.brokers)
+        stack = IngestStack(workdir, exits, args.brokers, receiver_env=args.receiver_env)
         stack.start()
         bench = IngestBench(args, stack)
         try:
@@ -194,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                            "batch_duration_s": args.batch_duration,
                            "batch_size": BATCH_SIZE, "wrk_threads": WRK_THREADS,
                            "connections": CONNECTIONS, "brokers": args.brokers,
+                           "receiver_env": args.receiver_env,
                            "half_load": "wrk paced (delay() hook) at half of the full-load "
                                         "req/s of the same target and run"}
     out(json.dumps(rounded(summary), sort_keys=False))

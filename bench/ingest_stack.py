@@ -63,8 +63,10 @@ class Target:
 
 
 class IngestStack:
-    def __init__(self, workdir: Path, stack: contextlib.ExitStack, brokers: list[str]) -> None:
+    def __init__(self, workdir: Path, stack: contextlib.ExitStack, brokers: list[str], *,
+                 receiver_env: dict[str, str] | None = None) -> None:
         self.workdir = workdir
+        self.receiver_env = receiver_env or {}
         self.stack = stack
         self.brokers = brokers
         self.logs = workdir / "logs"
@@ -142,7 +144,7 @@ class IngestStack:
         self._spawn(target.name, command,
                     MSGBUS_RECEIVER_HOST=HOST, MSGBUS_RECEIVER_PORT=str(port),
                     MSGBUS_RECEIVER_BUFFER_DIR=str(root),
-                    MSGBUS_RECEIVER_DISPATCHER_URL=self.dispatcher_url)
+                    MSGBUS_RECEIVER_DISPATCHER_URL=self.dispatcher_url, **self.receiver_env)
         return target
 
     def _msgbus(self, command: str, state: str | None = None) -> list[str]:
