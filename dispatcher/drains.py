@@ -174,6 +174,7 @@ class DrainWatch:
 
     async def check(self) -> None:
         await self.load()
+        await self._forget_gone_retirements()
         before = (set(self._drained), set(self._let_go))
         now = utcnow()
         for destination in self._registry.destinations():
@@ -188,6 +189,19 @@ class DrainWatch:
                     await self._retire_if_drained(destination, gone)
         if (self._drained, self._let_go) != before:
             await self._on_change()
+
+    async def _forget_gone_retirements(self) -> None:
+        """Drains of brokers no destination lists as retired any more (drained by every
+        subscription, or the destination deleted) are of no use."""
+        live = {source_of(d.code, r) for d in self._registry.destinations() for r in d.retired}
+        live |= {source_of(d.code, r) for d in self._registry.destinations()
+                 for r in self._registry.runtime().retired_clusters}
+        settled = (utcnow() - self._settle).isoformat()  # what every registry knows by now
+        gone = {key for key in self._drained if key[0] not in live and key[0][3] < settled}
+        if gone:
+            await self._drains.delete_many({"_id": {"$in": ["|".join((*source, name))
+                                                             for source, name in gone]}})
+            self._drained -= gone
 
     async def _check_one(self, code: str, retired: Retired, sub: Subscription) -> None:
         source = source_of(code, retired)
