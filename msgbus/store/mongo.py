@@ -85,8 +85,6 @@ INDEXES: dict[str, list[IndexModel]] = {
     "subscriptions": [IndexModel([("destination", ASCENDING)])],
     "apps": [IndexModel([("key_hashes", ASCENDING)])],
     "instances": [IndexModel([("expires_at", ASCENDING)])],  # the live ones (cap shares)
-    # receivers' claims of message ids (receiver/dedupe.py), gone at the end of the window
-    "accepted_ids": [IndexModel([("exp", ASCENDING)], expireAfterSeconds=0)],
 }
 # Indexes earlier versions created that no query uses any more: dropped by `ensure_indexes`,
 # since every index costs each write of its collection (on the test server ~0.05-0.15 ms of

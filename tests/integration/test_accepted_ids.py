@@ -45,3 +45,13 @@ async def test_without_mongodb_everything_is_published() -> None:
     envelopes = _envelopes([uuid7(), uuid7()], 0)
     assert await AcceptedIds(unreachable, 600).first_accepts(envelopes) == envelopes
     await unreachable.close()
+
+
+async def test_the_claims_of_old_windows_are_dropped(store: MongoStore) -> None:
+    ancient = store.db["accepted_ids_1"]  # a window of 1970
+    await ancient.insert_one({"_id": "m", "t": 1})
+    await AcceptedIds(store, 600).first_accepts(_envelopes([uuid7()], 0))
+    names = await store.db.list_collection_names()
+    assert "accepted_ids_1" not in names
+    assert any(n.startswith("accepted_ids_") for n in names)
+    await store.close()
