@@ -132,11 +132,12 @@ DEFAULT_CIRCUIT_COOLDOWNS_S: tuple[float, ...] = (1, 2, 5, 10, 30, 60)
 class CircuitPolicy(ConfigModel):
     """When pushes to a subscriber stop because it seems down, and how it is probed.
 
-    The circuit opens when `open_after_failures` pushes of different messages failed in a way
-    that says the subscriber is unwell (5xx, 408, 429, timeouts, refused connections) since it
-    last answered, and it has not answered for `alive_window_s` (an answer anywhere counts: a
-    dispatcher's push, a retry, a replay, from any process). While open, each process probes
-    after each cooldown in turn (the last repeats); the first success anywhere closes it."""
+    The circuit opens when the first pushes of `open_after_failures` different messages failed
+    in a way that says the subscriber is unwell (5xx, 408, 429, timeouts, refused connections)
+    since it last answered (failed retries are the same messages failing again), and it has not
+    answered for `alive_window_s` (an answer anywhere counts: a dispatcher's push, a retry, a
+    replay, from any process). While open, each process probes after each cooldown in turn (the
+    last repeats); the first success anywhere closes it."""
 
     open_after_failures: Integer = Field(default=10, ge=1, le=1_000_000)
     alive_window_s: StrictFloat = Field(

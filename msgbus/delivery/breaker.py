@@ -14,8 +14,10 @@ last success and answer, its failures since the last answer anywhere) with its h
 (`msgbus.delivery.shares`); each breaker hears the others' reports (`hear`). So a success
 anywhere counts: a retry that succeeds in a compensator keeps the dispatchers' circuit closed,
 and closes it where it is open; and failures seen anywhere open it everywhere within a
-heartbeat. Failures that are about one message do not count: a message failing again counts
-once, and other 4xx are answers (the subscriber is up, the message is refused).
+heartbeat. Failures that are about one message do not count: only a message's first push
+counts (a retry that fails is the same message failing again, and its retry schedule already
+backs off), a message counts once, and other 4xx are answers (the subscriber is up, the message
+is refused). Probes count whatever they push: a failed probe reopens the circuit for longer.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ class CircuitBreaker:
                 self._close("it answered a push")
             self._changed.set()
             return
-        if len(self._failed) < MAX_FAILURES_KEPT:
+        if result.attempt <= 1 and len(self._failed) < MAX_FAILURES_KEPT:
             self._failed[result.message_id] = now
         if probe:
             self._open(f"the probe failed ({result.error})")

@@ -21,6 +21,7 @@ from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus
 from tests.support.bus import RunningBus, sample_value, wait_until
+from tests.support.sending import post_batches
 from tests.support.subscriber import RecordingSubscriber
 
 pytestmark = pytest.mark.integration
@@ -30,17 +31,9 @@ FAST_RETRIES = {"delays_s": [0.05, 0.1, 0.2]}
 
 def send_batches(bus: RunningBus, api_key: str, messages: list[dict[str, Any]]) -> list[str]:
     """POSTs the messages in batches of 100; every one must be accepted."""
-    ids: list[str] = []
-    with httpx.Client(base_url=bus.receiver_url, timeout=30,
-                      headers={"authorization": f"Bearer {api_key}"}) as client:
-        for start in range(0, len(messages), 100):
-            batch = [{"message_id": uuid7(), **m} for m in messages[start:start + 100]]
-            response = client.post("/v1/messages", json={"messages": batch})
-            response.raise_for_status()
-            results = response.json()["results"]
-            assert all(r["status"] == 202 for r in results), results[:3]
-            ids += [m["message_id"] for m in batch]
-    return ids
+    batch = [{"message_id": uuid7(), **m} for m in messages]
+    post_batches(bus.receiver_url, api_key, batch, batch_size=100)
+    return [m["message_id"] for m in batch]
 
 
 def statuses(bus: RunningBus, sub_id: str) -> dict[str, str]:

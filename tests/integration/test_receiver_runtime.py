@@ -25,6 +25,7 @@ from msgbus.brokers.base import consumer_name
 from msgbus.ids import uuid7
 from tests.support.bus import RunningBus, wait_until
 from tests.support.loop import BackgroundLoop
+from tests.support.sending import post_batches
 from tests.support.subscriber import RecordingSubscriber
 from tests.support.tcp_gate import TcpGate
 
@@ -234,9 +235,7 @@ class KeyLog:
 def _send_keyed(bus: RunningBus, api_key: str, destination: str, numbers: range) -> None:
     messages = [{"message_id": uuid7(), "destination": destination, "biz_id": f"k{k}",
                  "body": {"n": n}} for n in numbers for k in range(5)]
-    response = httpx.post(f"{bus.receiver_url}/v1/messages", json={"messages": messages},
-                          headers={"authorization": f"Bearer {api_key}"}, timeout=30)
-    response.raise_for_status()
+    post_batches(bus.receiver_url, api_key, messages, batch_size=len(messages))
 
 
 def test_an_ordered_subscription_drains_the_old_cluster_before_the_new_one(

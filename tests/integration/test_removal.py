@@ -19,20 +19,15 @@ from msgbus.cli.main import main as cli
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus
 from tests.support.bus import RunningBus, wait_until
+from tests.support.sending import post_batches
 from tests.support.subscriber import RecordingSubscriber
 
 
 def _send(bus: RunningBus, api_key: str, destination: str, count: int) -> list[str]:
     """`count` messages in batches of 50; every one accepted."""
     ids = [uuid7() for _ in range(count)]
-    with httpx.Client(base_url=bus.receiver_url, timeout=30,
-                      headers={"authorization": f"Bearer {api_key}"}) as client:
-        for start in range(0, count, 50):
-            batch = [{"message_id": m, "destination": destination, "body": {"n": 1}}
-                     for m in ids[start:start + 50]]
-            response = client.post("/v1/messages", json={"messages": batch})
-            response.raise_for_status()
-            assert {r["status"] for r in response.json()["results"]} == {202}
+    post_batches(bus.receiver_url, api_key, [
+        {"message_id": m, "destination": destination, "body": {"n": 1}} for m in ids])
     return ids
 
 
@@ -162,6 +157,9 @@ def test_skipping_a_backlog_records_it_skipped_and_pushes_what_comes_next(
     bus.create_destination(destination, broker)
     subscriber = RecordingSubscriber()
     bus.subscribe(destination, "behind", bus.serve_subscriber(subscriber), paused=True)
+    if broker == "rabbitmq":  # the receiver declares the paused subscription's queue
+        wait_until(lambda: _rabbit_has(bus, queue=consumer_name(destination, "behind")), 30,
+                   "the subscription's queue", interval_s=0.2)
     backlog = _send(bus, api_key, destination, 200)
 
     response = bus.admin.post(f"/v1/destinations/{destination}/subscriptions/behind/skip",

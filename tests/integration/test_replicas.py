@@ -35,6 +35,7 @@ from msgbus.store.replays import ReplayStore
 from tests.support.bus import sample_value, wait_until
 from tests.support.deployment import SUBSCRIPTION, Deployment, Servers, wait_with_progress
 from tests.support.procs import say
+from tests.support.sending import post_batches
 from tests.support.subscriber import PeakSubscriber, RecordingSubscriber
 
 CAP = 4
@@ -270,12 +271,7 @@ def _send_in_key_order(deployment: Deployment, code: str) -> None:
     messages = [{"message_id": uuid7(), "destination": code, "biz_id": f"key-{k}",
                  "body": {"n": n}}
                 for n in range(PER_KEY) for k in range(KEYS)]
-    with httpx.Client(base_url=deployment.receivers[0].url, timeout=30,
-                      headers={"authorization": f"Bearer {deployment.api_key}"}) as client:
-        for start in range(0, len(messages), 50):
-            response = client.post("/v1/messages", json={"messages": messages[start:start + 50]})
-            response.raise_for_status()
-            assert {r["status"] for r in response.json()["results"]} == {202}
+    post_batches(deployment.receivers[0].url, deployment.api_key, messages)
 
 
 def test_order_per_biz_id_holds_with_three_dispatchers_and_the_sweep(ordered: Deployment
@@ -331,15 +327,6 @@ def two_receivers(private_servers: Servers, tmp_path: Path) -> Iterator[Deployme
     deployed.close()
 
 
-def _post_all(url: str, api_key: str, messages: list[dict[str, Any]]) -> None:
-    with httpx.Client(base_url=url, timeout=30,
-                      headers={"authorization": f"Bearer {api_key}"}) as client:
-        for start in range(0, len(messages), 50):
-            response = client.post("/v1/messages", json={"messages": messages[start:start + 50]})
-            response.raise_for_status()
-            assert {r["status"] for r in response.json()["results"]} == {202}
-
-
 def test_a_message_id_sent_to_two_receivers_is_delivered_once(two_receivers: Deployment
                                                               ) -> None:
     """Each message goes to both receiver processes — half of them to both at once, half
@@ -354,12 +341,12 @@ def test_a_message_id_sent_to_two_receivers_is_delivered_once(two_receivers: Dep
                 for code in DEDUPE_DESTINATIONS for n in range(PER_DESTINATION // 2)]
 
     together, one_after_the_other = batch(), batch()
-    senders = [threading.Thread(target=_post_all, args=(url, deployment.api_key, together))
+    senders = [threading.Thread(target=post_batches, args=(url, deployment.api_key, together))
                for url in urls]
     for sender in senders:
         sender.start()
     for url in urls:
-        _post_all(url, deployment.api_key, one_after_the_other)
+        post_batches(url, deployment.api_key, one_after_the_other)
     for sender in senders:
         sender.join(60)
     sent = together + one_after_the_other

@@ -14,8 +14,9 @@ _ids = (f"m{n}" for n in itertools.count())
 
 
 def _result(status: int | None, error: str | None = None, *,
-            message_id: str | None = None) -> AttemptResult:
-    return AttemptResult(message_id=message_id or next(_ids), subscription="d/s", attempt=1,
+            message_id: str | None = None, attempt: int = 1) -> AttemptResult:
+    return AttemptResult(message_id=message_id or next(_ids), subscription="d/s",
+                         attempt=attempt,
                          started_at=utcnow(), latency_ms=1.0, status_code=status,
                          error=error if status is None else (None if status < 300 else "x"))
 
@@ -69,6 +70,17 @@ def test_the_same_message_failing_again_counts_once() -> None:
     breaker.record(_result(503, message_id="other"))
     assert not breaker.is_open
     breaker.record(_result(503, message_id="third"))
+    assert breaker.is_open
+
+
+def test_failed_retries_do_not_count_they_are_the_same_messages_failing_again() -> None:
+    breaker = _breaker(3, [10.0])
+    for attempt in (2, 3, 4):
+        for n in range(5):
+            breaker.record(_result(500, message_id=f"m{n}", attempt=attempt))
+    assert not breaker.is_open
+    for n in range(3):
+        breaker.record(_result(500, message_id=f"new{n}"))
     assert breaker.is_open
 
 
