@@ -1,15 +1,17 @@
-"""`DeliveredCheck`: keeps a subscriber from getting again what it already has.
+"""`DeliveredCheck`: keeps a subscriber from getting again what it already has, and the
+dispatcher from pushing again what it handed to the compensator.
 
 A broker hands a message out again after a dispatcher restart or a consumer rebalance (from the
 last committed offset, or every unacked RabbitMQ message), a receiver re-publishes what a
 predecessor left in its buffer, and a message that waited in a backlog longer than the
 compensator's sweep threshold has meanwhile been pushed by the compensator.
 
-Two sources answer "delivered already?":
-- this process's memory of what it delivered (the newest `remember` deliveries, and at start
+Two sources answer "handled already?" — delivered, or failed and so with the compensator's
+retries (a second first push beside its retry would be a duplicate):
+- this process's memory of what it handled (the newest `remember` outcomes, and at start
   the delivered outcomes a killed predecessor left on local disk): it answers at once, also
   while MongoDB is down or lags behind the trace, which is when redeliveries come;
-- MongoDB, for what another process delivered, one query per received batch. Only messages
+- MongoDB, for what another process handled, one query per received batch. Only messages
   that may have been pushed before are looked up there: those flagged `redelivered` (by the
   broker adapter or a re-publishing receiver) and those older than `after_s` (which must stay
   below the compensator's sweep threshold). A first hand-out, the bulk of the traffic also
@@ -75,7 +77,7 @@ class DeliveredCheck:
                  if (subscription, e.message_id) in self._delivered}
         if known:
             REDELIVERIES_SKIPPED.labels(subscription).inc(len(known))
-            log.info("%s: %d messages handed out again were delivered by this process; not "
+            log.info("%s: %d messages handed out again were handled by this process; not "
                      "pushed again", subscription, len(known))
         suspects = [e.message_id for e in envelopes if e.message_id not in known and (
             e.redelivered or (now - _first_seen(e)).total_seconds() >= self._after_s)]
@@ -84,7 +86,7 @@ class DeliveredCheck:
                 or (running is not None and not running.done())):
             return known
         lookup = self._lookups[subscription] = run_on(
-            self._store.delivered_among(subscription, suspects))
+            self._store.handled_among(subscription, suspects))
         try:
             found = await asyncio.wait_for(asyncio.shield(lookup), self._timeout_s)
         except Exception as exc:  # MongoDB down or slow: push them (at least once)
@@ -94,8 +96,9 @@ class DeliveredCheck:
             return known
         if found:
             REDELIVERIES_SKIPPED.labels(subscription).inc(len(found))
-            log.info("%s: %d of %d messages handed out again were delivered already; not "
-                     "pushed again", subscription, len(found), len(suspects))
+            log.info("%s: %d of %d messages handed out again were delivered or are with the "
+                     "retries already; not pushed again", subscription, len(found),
+                     len(suspects))
         return known | found
 
 

@@ -334,7 +334,7 @@ class SubscriptionWorker:
             try:
                 await self._trace.record(outcomes)
                 self._delivered.remember((self.subscription.id, o.result.message_id)
-                                         for o in outcomes if o.result.ok)
+                                         for o in outcomes if not o.retrying_in_place)
                 return
             except Exception:
                 log.exception("%s: recording an outcome failed; retrying",

@@ -397,9 +397,17 @@ class MongoStore:
         cursor = self.messages.find(query).sort("created_at", DESCENDING).limit(limit)
         return [d async for d in cursor]
 
-    async def delivered_among(self, subscription: str, message_ids: Sequence[str]) -> set[str]:
-        """Which of these messages MongoDB marks delivered to `subscription`."""
-        return await self.with_state_among(subscription, message_ids, DeliveryStatus.DELIVERED)
+    async def handled_among(self, subscription: str, message_ids: Sequence[str]) -> set[str]:
+        """Which of these messages MongoDB shows handled for `subscription`: delivered, or
+        failed and with the compensator (or parked, skipped, discarded) — anything but pending
+        or retried in place by a dispatcher."""
+        if not message_ids:
+            return set()
+        ids = [delivery_id(m, subscription) for m in message_ids]
+        query = {"status": {"$nin": [DeliveryStatus.PENDING.value,
+                                     DeliveryStatus.RETRYING.value]}}
+        found = await find_by_ids(self.deliveries, ids, query, {"message_id": 1})
+        return {str(doc["message_id"]) for doc in found}
 
     async def with_state_among(self, subscription: str, message_ids: Sequence[str],
                                status: DeliveryStatus | None = None) -> set[str]:

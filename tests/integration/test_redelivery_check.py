@@ -25,9 +25,9 @@ class CountingStore(MongoStore):
 
     lookups = 0
 
-    async def delivered_among(self, subscription: str, message_ids: Sequence[str]) -> set[str]:
+    async def handled_among(self, subscription: str, message_ids: Sequence[str]) -> set[str]:
         self.lookups += 1
-        return await super().delivered_among(subscription, message_ids)
+        return await super().handled_among(subscription, message_ids)
 
 
 @pytest.fixture
