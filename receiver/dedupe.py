@@ -13,9 +13,11 @@ Claims live in one collection per window of message creation time
 `created_at` (the client's), so they meet in the same collection, and a collection two windows
 old is dropped whole. No TTL index: on the test server it tripled the cost of a claim.
 
-The token is the message's receipt time (microseconds), set by the receiver that accepted it
-and kept in its buffer: a receiver that publishes again after a restart, or one that adopts a
-dead receiver's buffer, finds its own claim and publishes.
+The token names the acceptance: the buffer that holds the message (a random id kept in a file
+beside it, `ORIGIN_FILE`) and its receipt time: a receiver that publishes again after a restart,
+or one that adopts a dead receiver's buffer, finds its own claim and publishes; two receivers
+that accept the same id in the same millisecond (receipt times are kept to the millisecond, and
+a batch shares one) still differ.
 
 When MongoDB does not answer within CLAIM_TIMEOUT_S, the batch is published unchecked (a
 duplicate is possible, a delay of deliveries is not); `msgbus_dedupe_unchecked_total` counts
@@ -26,7 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from pymongo.errors import BulkWriteError, PyMongoError
@@ -44,15 +49,33 @@ PREFIX = "accepted_ids_"
 WINDOWS_KEPT = 2  # the current window's collection and this many before it
 
 
-def accept_token(envelope: Envelope) -> int:
-    """Which acceptance of the message this is: its receipt time in microseconds."""
+ORIGIN_FILE = "accept-origin"
+
+
+def buffer_origin(buffer_dir: Path) -> str:
+    """The random id of a receiver buffer, made the first time it is asked for."""
+    path = buffer_dir / ORIGIN_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        origin = secrets.token_hex(8)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(origin)
+        os.replace(tmp, path)  # two openers at once: one file wins, and both read it below
+        return path.read_text().strip()
+
+
+def accept_token(origin: str, envelope: Envelope) -> str:
+    """Which acceptance of the message this is: its buffer and its receipt time."""
     accepted = envelope.received_at or envelope.created_at
-    return int(accepted.timestamp() * 1_000_000)
+    return f"{origin}:{int(accepted.timestamp() * 1000)}"
 
 
 class AcceptedIds:
-    def __init__(self, store: MongoStore, window_s: float) -> None:
+    def __init__(self, store: MongoStore, window_s: float, origin: str) -> None:
+        """`origin`: the id of the buffer whose messages this claims (`buffer_origin`)."""
         self._db = store.db
+        self._origin = origin
         self._window_s = window_s
         self._unchecked_logged = False
         self._dropped_before = 0  # windows before this one are gone
@@ -90,13 +113,14 @@ class AcceptedIds:
             by_window.setdefault(self._window_of(envelope.created_at), []).append(envelope)
         taken: set[str] = set()
         for window, of_window in by_window.items():
-            taken |= await self._claim_in(self._db[f"{PREFIX}{window}"], of_window)
+            taken |= await self._claim_in(self._db[f"{PREFIX}{window}"], of_window,
+                                          self._origin)
         await self._drop_old_windows()
         return taken
 
     @staticmethod
-    async def _claim_in(collection: Any, envelopes: list[Envelope]) -> set[str]:
-        tokens = {e.message_id: accept_token(e) for e in envelopes}
+    async def _claim_in(collection: Any, envelopes: list[Envelope], origin: str) -> set[str]:
+        tokens = {e.message_id: accept_token(origin, e) for e in envelopes}
         try:
             await collection.insert_many(
                 [{"_id": mid, "t": token} for mid, token in tokens.items()], ordered=False)

@@ -14,7 +14,7 @@ from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
 from msgbus.store import MongoStore
 from receiver.adoption import OrphanAdopter
-from receiver.dedupe import AcceptedIds
+from receiver.dedupe import AcceptedIds, buffer_origin
 from receiver.intake import QUEUES
 from receiver.pipeline import IngestPipeline
 from receiver.publishers import PublisherSet, build_publishers
@@ -35,7 +35,7 @@ def make_pipeline(settings: ReceiverSettings, store: MongoStore, registry: Regis
         buffer, store, registry, publishers,
         publish_batch=settings.publish_batch_size, record_batch=settings.mongo_batch_size,
         default_record_rate_per_s=settings.record_rate_per_s,
-        accepted_ids=(AcceptedIds(store, settings.dedupe_window_s)
+        accepted_ids=(AcceptedIds(store, settings.dedupe_window_s, buffer_origin(buffer.path))
                       if settings.dedupe_across_receivers else None),
     )
 
