@@ -173,12 +173,17 @@ class ReplayJobRun:
                 if states.get(f"{env.message_id}|{sid}") in wanted]
 
     async def _push(self, sub: Subscription, envelope: Envelope) -> DeliveryOutcome | None:
-        await self._bucket.take_one()
         limiter = self._limiters.get(sub.id)
         if limiter is None:
             limiter = self._limiters[sub.id] = self._shares.limiter(sub)
         if not await limiter.acquire(self._closing):
             return None
+        try:  # the job's rate token last, right before the push: a wait for a slot (the
+            # process's share of the cap) must not bunch the tokens taken before it
+            await self._bucket.take_one()
+        except BaseException:
+            limiter.release(None)
+            raise
         result = await push_through(limiter, self._sender, envelope, sub, 1)
         result.instance = f"{result.instance} replay {self.job_id}"
         return outcome_of(result, envelope, sub, attempts_so_far=1)
