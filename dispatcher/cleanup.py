@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 from pika.adapters.blocking_connection import BlockingConnection
 from pika.exceptions import AMQPError
 
-from msgbus.brokers._rabbit_consumer import node_parameters
+from msgbus.brokers._rabbit_consumer import short_lived_connection
 from msgbus.brokers.base import consumer_name, topic_name
 from msgbus.models import BrokerKind, utcnow
 from msgbus.settings import ConnectionSettings
@@ -62,15 +62,11 @@ def remove_from_kafka(bootstrap: str, *, groups: list[str], topics: list[str]) -
 
 
 def remove_from_rabbitmq(nodes: list[str], *, queues: list[str], exchanges: list[str]) -> None:
-    connection = BlockingConnection(node_parameters(nodes))
-    try:
+    with short_lived_connection(nodes) as connection:
         for queue in queues:
             _on_channel(connection, lambda ch, q=queue: ch.queue_delete(q))
         for exchange in exchanges:
             _on_channel(connection, lambda ch, x=exchange: ch.exchange_delete(x))
-    finally:
-        if connection.is_open:
-            connection.close()
 
 
 def _on_channel(connection: BlockingConnection, action: Any) -> None:

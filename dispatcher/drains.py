@@ -35,9 +35,8 @@ from typing import Any
 
 import pika
 from confluent_kafka import Consumer, TopicPartition
-from pika.adapters.blocking_connection import BlockingConnection
 
-from msgbus.brokers._rabbit_consumer import node_parameters
+from msgbus.brokers._rabbit_consumer import short_lived_connection
 from msgbus.brokers.base import consumer_name, topic_name
 from msgbus.models import (
     BrokerKind,
@@ -99,17 +98,14 @@ def kafka_lag(bootstrap: str, group: str, topic: str) -> int:
 
 def rabbit_queue_state(nodes: list[str], queue: str) -> tuple[int, int]:
     """(messages ready, consumers) of a queue; (0, 0) when it does not exist."""
-    connection = BlockingConnection(node_parameters(nodes))
-    try:
-        declared = connection.channel().queue_declare(queue, passive=True)
+    with short_lived_connection(nodes) as connection:
+        try:
+            declared = connection.channel().queue_declare(queue, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code == 404:
+                return 0, 0
+            raise
         return declared.method.message_count, declared.method.consumer_count
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        if exc.reply_code == 404:
-            return 0, 0
-        raise
-    finally:
-        if connection.is_open:
-            connection.close()
 
 
 class DrainWatch:

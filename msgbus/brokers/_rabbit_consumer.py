@@ -17,10 +17,11 @@ declared: existing queues could not become ordered (docs/decisions.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pika
@@ -59,19 +60,27 @@ def node_parameters(urls: str | Sequence[str]) -> list[pika.URLParameters]:
         raise BrokerError(f"rabbitmq url: {exc}") from exc
 
 
-def declare_topology(urls: str | Sequence[str], exchange: str, queues: list[str]) -> None:
-    """Declare (idempotently) over a short-lived connection; raises BrokerError."""
+@contextlib.contextmanager
+def short_lived_connection(urls: str | Sequence[str]) -> Iterator[BlockingConnection]:
+    """A connection to one cluster for a few calls, closed after them."""
+    connection = BlockingConnection(node_parameters(urls))
     try:
-        connection = BlockingConnection(node_parameters(urls))
-    except (AMQPError, ValueError) as exc:
-        raise BrokerError(f"rabbitmq unreachable: {exc!r}") from exc
-    try:
-        declare_on(connection.channel(), exchange, queues)
-    except AMQPError as exc:
-        raise BrokerError(f"rabbitmq: cannot declare {exchange}: {exc!r}") from exc
+        yield connection
     finally:
         if connection.is_open:
             connection.close()
+
+
+def declare_topology(urls: str | Sequence[str], exchange: str, queues: list[str]) -> None:
+    """Declare (idempotently) over a short-lived connection; raises BrokerError."""
+    try:
+        with short_lived_connection(urls) as connection:
+            try:
+                declare_on(connection.channel(), exchange, queues)
+            except AMQPError as exc:
+                raise BrokerError(f"rabbitmq: cannot declare {exchange}: {exc!r}") from exc
+    except (AMQPError, ValueError) as exc:
+        raise BrokerError(f"rabbitmq unreachable: {exc!r}") from exc
 
 
 @dataclass(frozen=True, slots=True)
