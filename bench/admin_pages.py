@@ -33,12 +33,12 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from msgbus_devtools import servers as services
 from pydantic import HttpUrl
 
 from bench.dispatch_stack import wait_for
 from bench.ingest_stack import stop_process
 from bench.report import out, say
-from msgbus import services
 from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, BrokerKind, Destination, Envelope, Subscription, utcnow
 from msgbus.store import MongoStore

@@ -9,8 +9,8 @@ by PID at the end, also on Ctrl-C, SIGTERM or an error; Spark in this process.
 
 1. seed: `--deliveries` deliveries (two destinations of four subscriptions each, so a quarter
    as many messages; about one attempt per delivery) straight into MongoDB in the product's
-   document shapes (tests/support/analytics_seed.py); then the product's indexes on the time
-   fields the reads use (messages.created_at, deliveries.created_at, attempts.started_at).
+   document shapes (msgbus_devtools/testkit/analytics_seed.py); then the product's indexes on
+   the time fields the reads use (messages.created_at, deliveries.created_at, attempts.started_at).
 2. copy: the three collections read once through the data source and written as Parquet in
    the archive's layout (date, destination partitions).
 3. per run (interleaved, so machine noise hits each alike):
@@ -41,6 +41,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from msgbus_devtools import servers as services
+from msgbus_devtools.testkit import analytics_seed as seed
 from pymongo import MongoClient
 
 from analytics.mongo_source import read_collection
@@ -49,9 +51,7 @@ from analytics.session import build_spark, mongo_location
 from analytics.settings import AnalyticsSettings
 from analytics.stats_job import run_stats
 from bench.report import cell, out, say, spread
-from msgbus import services
 from msgbus.store.mongo import INDEXES
-from tests.support import analytics_seed as seed
 
 DATABASE = "bench_analytics"
 START = datetime(2026, 3, 1, tzinfo=UTC)

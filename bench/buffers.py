@@ -13,7 +13,7 @@ from pathlib import Path
 
 import lmdb
 
-from msgbus.bufferslots import LMDB_DATA_FILE, slots
+from receiver.bufferslots import LMDB_DATA_FILE, slots
 
 _MAX_DBS = 1024
 

@@ -1,4 +1,5 @@
-"""`python -m bench.chaos`: the chaos run of issue 10 (tests/support/chaos.py) from a shell.
+"""`python -m bench.chaos`: the chaos run of issue 10 (msgbus_devtools/testkit/chaos.py) from
+a shell.
 
     python -m bench.chaos                              # 120 s of load, a random seed
     python -m bench.chaos --duration-s 300 --seed 42 --rate 250
@@ -23,9 +24,9 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
-from tests.support.chaos import ChaosConfig, run_chaos
-from tests.support.deployment import start_servers
-from tests.support.procs import say
+from msgbus_devtools.testkit.chaos import ChaosConfig, run_chaos
+from msgbus_devtools.testkit.deployment import start_servers
+from msgbus_devtools.testkit.procs import say
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -47,13 +47,13 @@ from typing import Any
 
 import httpx
 import orjson
+from msgbus_devtools import servers as services
 from pydantic import HttpUrl
 
 from bench.dispatch_stack import process_cpu_s, wait_for
 from bench.ingest_stack import stop_process
 from bench.report import cell, out, say, spread
 from compensator.sweeper import Sweeper
-from msgbus import services
 from msgbus.ids import uuid7
 from msgbus.models import BrokerKind, Destination, Envelope, Subscription, utcnow
 from msgbus.settings import CompensatorSettings

@@ -1,6 +1,7 @@
 """What `python -m bench.dispatch` runs, started from scratch on 127.0.0.1 and stopped by PID.
 
-- tansu (Kafka protocol) and SecantusDB (MongoDB protocol) on free ports (`msgbus.services`);
+- tansu (Kafka protocol) and SecantusDB (MongoDB protocol) on free ports
+  (`msgbus_devtools.servers`);
 - two subscriber processes (bench/dispatch_subscriber.py): "sub" for the healthy subscribers
   and the raw baseline, "neighbours" for the hanging, failing and slow ones, so that serving
   the bad neighbours never costs the healthy subscriber's process anything;
@@ -32,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from msgbus_devtools import servers as services
 from pydantic import HttpUrl
 
 from bench.dispatch_load import body
 from bench.ingest_stack import stop_process
 from bench.report import say
-from msgbus import services
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.ids import uuid7
 from msgbus.models import BrokerKind, Destination, Subscription

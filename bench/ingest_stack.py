@@ -1,6 +1,7 @@
 """What `python -m bench.ingest` measures, started from scratch on 127.0.0.1 and stopped by PID.
 
-- tansu (Kafka protocol) and SecantusDB (MongoDB protocol) on free ports (`msgbus.services`),
+- tansu (Kafka protocol) and SecantusDB (MongoDB protocol) on free ports
+  (`msgbus_devtools.servers`),
   the machine's RabbitMQ (`ensure_rabbitmq`);
 - in MongoDB: one producer app, and per receiver and broker a destination with one paused
   subscription (so RabbitMQ routes every message to a durable queue and the receiver records a
@@ -30,17 +31,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from msgbus_devtools import servers as services
 from pydantic import HttpUrl
 from pymongo import MongoClient
 
 from bench.buffers import pending_entries
 from bench.report import say
-from msgbus import services
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.brokers.base import consumer_name, topic_name
-from msgbus.bufferslots import holder_of, slots
 from msgbus.models import BrokerKind, Destination, Subscription
 from msgbus.store import MongoStore
+from receiver.bufferslots import holder_of, slots
 
 HOST = "127.0.0.1"
 APP_NAME = "bench-ingest"

@@ -1,7 +1,8 @@
 """A real msgbus receiver for the client benchmark, in a process of its own, and a port that
 refuses every connection (the "receiver is down" of the spooling phases).
 
-`LiveReceiver.start()` starts tansu and SecantusDB on free ports (`msgbus.services`), writes one
+`LiveReceiver.start()` starts tansu and SecantusDB on free ports (`msgbus_devtools.servers`),
+writes one
 producer app (API key) and the benchmark's destinations (Kafka) to MongoDB, and runs
 `python -m msgbus.cli receiver` with `MSGBUS_*` variables: the same entry point as
 production. It runs in its own process so that the client's threads and the receiver never share
@@ -21,10 +22,10 @@ import time
 from pathlib import Path
 
 import httpx
+from msgbus_devtools import servers as services
 from pymongo import MongoClient
 
 from bench.report import say
-from msgbus import services
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.models import BrokerKind, Destination
 from msgbus.store import MongoStore

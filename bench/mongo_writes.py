@@ -36,11 +36,11 @@ from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
+from msgbus_devtools import servers as services
 from pymongo import UpdateOne
 
 from bench.dispatch_stack import process_cpu_s
 from bench.report import cell, out, rounded, say, spread
-from msgbus import services
 from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, utcnow
 from msgbus.store import MongoStore

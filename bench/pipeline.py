@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from msgbus_devtools import servers as services
 
 from bench import producer, subscriber
 from bench.report import BASELINE, Phase, out, rounded, say, summarize, table
-from msgbus import services
 
 HOST = "127.0.0.1"
 BROKERS = ("kafka", "rabbitmq", "direct")
@@ -113,8 +113,10 @@ class PipelineBench:
         services.wait_for_port(HOST, sub_port, 30)
         self.sub_url = f"http://{HOST}:{sub_port}"
 
-        from tests.support.bus import RunningBus  # heavy: keep it out of the spawned children
-        from tests.support.loop import BackgroundLoop
+        from msgbus_devtools.testkit.bus import (
+            RunningBus,  # heavy: keep it out of the spawned children
+        )
+        from msgbus_devtools.testkit.loop import BackgroundLoop
 
         loop = BackgroundLoop()
         self.stack.callback(loop.close)

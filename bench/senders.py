@@ -48,12 +48,12 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import orjson
+from msgbus_devtools import servers as services
 
 from bench import subscriber
 from bench.dispatch_load import own_cpu_s
 from bench.pipeline import stop_process
 from bench.report import cell, out, percentile, rounded, say, spread
-from msgbus import services
 
 HOST = "127.0.0.1"
 TARGETS = ("raw", "aiohttp", "httpx", "h1")

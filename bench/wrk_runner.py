@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+from msgbus_devtools import servers as services
 
-from msgbus import services
 from msgbus.ids import uuid7
 
 SCRIPTS = Path(__file__).resolve().parent / "wrk"

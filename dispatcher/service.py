@@ -11,11 +11,12 @@ import socket
 from pymongo.errors import PyMongoError
 
 from dispatcher.backlog import BacklogMonitor
+from dispatcher.brokerhealth import BrokerHealthMonitor
 from dispatcher.cleanup import BrokerCleanup
 from dispatcher.drains import DrainWatch
 from dispatcher.redelivery import REMEMBERED, DeliveredCheck
 from dispatcher.supervisor import WorkerSupervisor
-from msgbus.brokerhealth import BrokerHealthMonitor
+from msgbus.backoff import backoff_s
 from msgbus.delivery.sender import make_sender
 from msgbus.delivery.shares import CapShares
 from msgbus.delivery.trace import QUEUE as TRACE_QUEUE
@@ -107,16 +108,17 @@ class DispatcherService:
             log.warning("the old brokers' drains are not known yet (%r)", exc)
 
     async def _ensure_indexes(self) -> None:
-        delay = 1.0
+        failures = 0
         while True:
             try:
                 await self.store.ensure_indexes()
                 return
             except PyMongoError as exc:
+                failures += 1
+                delay = backoff_s(failures=failures, first_s=1.0, max_s=30.0)
                 log.warning("MongoDB indexes not ensured (%s); retrying in %.0f s",
                             type(exc).__name__, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
 
     async def _write_leftover_trace(self) -> None:
         """A run killed with -9 leaves the outcomes it had not yet written to MongoDB on local

@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dispatcher.redelivery import DeliveredCheck
+from msgbus.backoff import backoff_s
 from msgbus.brokers.base import Received, SubscriptionConsumer
 from msgbus.delivery.attempt import outcome_of, push_through, skipped_outcome
 from msgbus.delivery.filters import why_not_pushed
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 RECEIVE_BATCH = 256
 RECEIVE_WAIT_S = 0.5
-_START_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
+START_RETRY_FIRST_S, START_RETRY_MAX_S = 1.0, 10.0  # a consumer that cannot start
 
 Ack = Callable[[], None]
 
@@ -151,8 +152,9 @@ class SubscriptionWorker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                delay = _START_BACKOFF_S[min(failures, len(_START_BACKOFF_S) - 1)]
                 failures += 1
+                delay = backoff_s(failures=failures, first_s=START_RETRY_FIRST_S,
+                                  max_s=START_RETRY_MAX_S)
                 log.warning("%s: consumer cannot start (%s); retrying in %.0fs",
                             self.subscription.id, exc, delay)
                 await asyncio.sleep(delay)

@@ -11,13 +11,17 @@ down) never holds back the others.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 
+from msgbus.backoff import backoff_s
 from msgbus.localqueue import LocalQueue
 from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+RETRY_FIRST_S = 0.1  # after a failed batch; then twice as long each time, up to max_backoff_s
 
 Sink = Callable[[list[bytes]], Awaitable[None]]
 
@@ -44,27 +48,36 @@ class Drainer:
 
     async def drain_once(self) -> int:
         """Move one batch; returns how many entries moved."""
-        entries = self._queue.read(self.name, self._batch_size)
+        return await self._move_batch()
+
+    async def _move_batch(self, partition: str | None = None) -> int:
+        entries = self._queue.read(self.name, self._batch_size, partition=partition)
         if not entries:
             return 0
         await self._sink([value for _, value in entries])
         await self._queue.delete(self.name, [key for key, _ in entries])
         return len(entries)
 
-    async def _run(self) -> None:
-        backoff = 0.1
+    async def _until_moved(self, move: Callable[[], Awaitable[int]], what: str) -> int:
+        """`move()`'s result once it succeeds; each failure waits longer (the loop never
+        dies: the sink is idempotent and nothing is deleted before it took it)."""
+        failures = 0
         while True:
             try:
-                moved = await self.drain_once()
+                return await move()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                failures += 1
                 self.failures += 1
-                log.warning("draining %s failed (%s); retrying in %.1fs", self.name, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff_s)
-                continue
-            backoff = 0.1
+                delay = backoff_s(failures=failures, first_s=RETRY_FIRST_S,
+                                  max_s=self._max_backoff_s)
+                log.warning("draining %s failed (%s); retrying in %.1fs", what, exc, delay)
+                await asyncio.sleep(delay)
+
+    async def _run(self) -> None:
+        while True:
+            moved = await self._until_moved(self.drain_once, self.name)
             if moved < self._batch_size:
                 await self._idle()
 
@@ -91,16 +104,8 @@ class PartitionedDrainer(Drainer):
         """Move one batch of every partition, one after the other; returns how many moved."""
         moved = 0
         for partition in self._queue.partitions(self.name):
-            moved += await self._drain_partition_once(partition)
+            moved += await self._move_batch(partition)
         return moved
-
-    async def _drain_partition_once(self, partition: str) -> int:
-        entries = self._queue.read(self.name, self._batch_size, partition=partition)
-        if not entries:
-            return 0
-        await self._sink([value for _, value in entries])
-        await self._queue.delete(self.name, [key for key, _ in entries])
-        return len(entries)
 
     def busy_partitions(self) -> list[str]:
         """Partitions being drained right now."""
@@ -124,19 +129,6 @@ class PartitionedDrainer(Drainer):
             self._partition_tasks.clear()
 
     async def _drain_partition(self, partition: str) -> None:
-        backoff = 0.1
-        while True:
-            try:
-                moved = await self._drain_partition_once(partition)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.failures += 1
-                log.warning("draining %s/%s failed (%s); retrying in %.1fs", self.name,
-                            partition, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff_s)
-                continue
-            backoff = 0.1
-            if moved == 0:
-                return
+        move = functools.partial(self._move_batch, partition)
+        while await self._until_moved(move, f"{self.name}/{partition}"):
+            pass

@@ -152,7 +152,7 @@ REPLAY_DONE = Gauge(
     "msgbus_replay_done", "Pushes a replay job has made so far", ["replay"],
     multiprocess_mode="livemax")
 
-# -- the brokers' and MongoDB's own health (msgbus/brokerhealth.py, in the dispatcher) ----------
+# -- the brokers' and MongoDB's own health (dispatcher/brokerhealth.py) ----------------------------
 BROKER_UP = Gauge(
     "msgbus_broker_up", "1 when the broker cluster answered the last health poll, else 0",
     ["broker", "cluster"], multiprocess_mode="livemax")

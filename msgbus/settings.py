@@ -133,7 +133,7 @@ class DispatcherSettings(BaseSettings):
     drain_check_interval_s: float = Field(default=5.0, gt=0)
     # Push HTTP client; h1 by the `python -m bench.senders` figures in delivery/sender.py.
     http_client: HttpClient = "h1"
-    # How often the brokers' own health (msgbus/brokerhealth.py) is read; 0: never.
+    # How often the brokers' own health (dispatcher/brokerhealth.py) is read; 0: never.
     broker_health_interval_s: float = Field(default=30.0, ge=0)
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 

@@ -1,7 +1,7 @@
 """`OrphanAdopter`: drains the buffers that receivers left behind.
 
 A receiver killed with -9 (or stopped while its buffer still held entries) leaves its buffer slot
-unlocked under the shared buffer root (msgbus/bufferslots.py). A live receiver looks for such
+unlocked under the shared buffer root (receiver/bufferslots.py). A live receiver looks for such
 slots when it starts and then every `scan_s`; it locks one, opens it with `open_buffer` and
 drains it with a second ingest pipeline from `make_pipeline` (the same class as its own, on that
 buffer) until every queue is empty, then removes the slot. The pipeline's sinks are idempotent,
@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from msgbus.bufferslots import ClaimedSlot, claim_path, find_orphans, sweep_removed
 from msgbus.localqueue import LocalQueue
 from msgbus.tasks import cancel_and_wait
+from receiver.bufferslots import ClaimedSlot, claim_path, find_orphans, sweep_removed
 from receiver.pipeline import IngestPipeline
 
 log = logging.getLogger(__name__)

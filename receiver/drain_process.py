@@ -36,19 +36,18 @@ import signal
 import sys
 from pathlib import Path
 
-from msgbus.bufferslots import ClaimedSlot
 from msgbus.gcfreeze import freeze_startup_objects
 from msgbus.metrics import forget_process
+from msgbus.processes import RestartBackoff, stop_child
 from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
 from msgbus.store import MongoStore
 from msgbus.tasks import cancel_and_wait
+from receiver.bufferslots import ClaimedSlot
 from receiver.draining import DrainService, open_buffer
 
 log = logging.getLogger(__name__)
 
-RESTART_BACKOFF_S = 0.5
-MAX_RESTART_BACKOFF_S = 10.0
 STOP_TIMEOUT_S = 30.0
 
 
@@ -93,18 +92,18 @@ class DrainProcess:
                  self._slot.path)
 
     async def _supervise(self) -> None:
-        backoff = RESTART_BACKOFF_S
+        restarts = RestartBackoff()
+        loop = asyncio.get_running_loop()
         while True:
             assert self._process is not None
-            started = asyncio.get_running_loop().time()
+            started = loop.time()
             code = await self._process.wait()
             forget_process(self._process.pid)
-            if asyncio.get_running_loop().time() - started > 10 * MAX_RESTART_BACKOFF_S:
-                backoff = RESTART_BACKOFF_S
+            wait_s = restarts.after_exit(loop.time() - started)
+            assert wait_s is not None  # it never gives up: the receiver needs its drain
             log.error("receiver drain process (pid %d) exited with code %s; restarting it in "
-                      "%.1f s", self._process.pid, code, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_RESTART_BACKOFF_S)
+                      "%.1f s", self._process.pid, code, wait_s)
+            await asyncio.sleep(wait_s)
             try:
                 await self._spawn()
             except OSError as exc:
@@ -115,17 +114,9 @@ class DrainProcess:
     async def close(self) -> None:
         """Stop the drain process (SIGTERM, then SIGKILL after STOP_TIMEOUT_S)."""
         await cancel_and_wait(self._monitor)
-        process = self._process
-        if process is not None and process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
-            except TimeoutError:
-                log.error("receiver drain process (pid %d) did not stop within %.0f s; "
-                          "killing it", process.pid, STOP_TIMEOUT_S)
-                process.kill()
-                await process.wait()
-            forget_process(process.pid)
+        if self._process is not None:
+            await stop_child(self._process, STOP_TIMEOUT_S)
+            forget_process(self._process.pid)
         for fd in (self._bell_read, self._bell_write):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -12,12 +12,12 @@ import os
 
 from pymongo.errors import PyMongoError
 
-from msgbus.bufferslots import claim_slot
 from msgbus.metrics import MULTIPROCESS_DIR_VARIABLE
 from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
 from msgbus.store import MongoStore
 from msgbus.tasks import CloseStep, close_in_order
+from receiver.bufferslots import claim_slot
 from receiver.drain_process import DrainProcess
 from receiver.draining import DrainService, open_buffer
 from receiver.intake import Intake

@@ -37,8 +37,9 @@ make_venv() {
 }
 
 install_project() {
-    local packages=(-e '.[dev,services,analytics]')
-    packages=(-e ./client "${packages[@]}")
+    # the client and the development tooling are packages of their own (devtools/ provides
+    # the `embedded` extra: never in the bus's wheel or image)
+    local packages=(-e ./client -e ./devtools -e '.[dev,embedded,analytics]')
     step "pip install ${packages[*]}"
     "$VENV/bin/python" -m pip install --disable-pip-version-check "${packages[@]}"
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command: install everything into a virtualenv, then lint, type-check and run
-# the test suite against real servers (tansu, SecantusDB, RabbitMQ; see msgbus/services.py).
+# the test suite against real servers (tansu, SecantusDB, RabbitMQ; see devtools/msgbus_devtools/servers.py).
 #
 #   bash scripts/test.sh [pytest args]     e.g. bash scripts/test.sh -k services
 #
@@ -15,9 +15,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 ensure_rabbitmq() {
     step "RabbitMQ on 127.0.0.1:5672 (installed and started if needed)"
-    "$VENV/bin/python" -c 'from msgbus.services import ensure_rabbitmq; print(ensure_rabbitmq())'
+    "$VENV/bin/python" -c 'from msgbus_devtools.servers import ensure_rabbitmq; print(ensure_rabbitmq())'
     # its management API: the broker health metrics read it (tests/integration/test_deploy_*)
-    "$VENV/bin/python" -c 'from msgbus.services import ensure_rabbitmq_management as m; print(m())'
+    "$VENV/bin/python" -c 'from msgbus_devtools.servers import ensure_rabbitmq_management as m; print(m())'
 }
 
 ensure_chromium() {

@@ -1,7 +1,8 @@
 """Shared pytest fixtures.
 
-Real servers (msgbus/services.py) start once per session on free ports and are stopped by PID at
-the end. A server that cannot start skips the tests that need it, or fails them when CI=true.
+Real servers (devtools/msgbus_devtools/servers.py) start once per session on free ports and
+are stopped by PID at the end. A server that cannot start skips the tests that need it, or
+fails them when CI=true.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pytest
-
-from msgbus import services
+from msgbus_devtools import servers as services
 
 if TYPE_CHECKING:
-    from tests.support.deployment import Servers
+    from msgbus_devtools.testkit.deployment import Servers
 
 # ---- real services: tansu (Kafka), SecantusDB (MongoDB), RabbitMQ --------------------------------
 
@@ -76,8 +76,8 @@ def rabbitmq_url() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def private_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     """Servers of this module's own, which its tests stop and restart: SecantusDB, tansu on
-    moto's S3 and a RabbitMQ node (tests/support/deployment.py)."""
-    from tests.support.deployment import start_servers  # only the modules that need them
+    moto's S3 and a RabbitMQ node (devtools/msgbus_devtools/testkit/deployment.py)."""
+    from msgbus_devtools.testkit.deployment import start_servers  # only the modules that need them
 
     started = _start_or_give_up(
         lambda: start_servers(tmp_path_factory.mktemp("private-servers")))

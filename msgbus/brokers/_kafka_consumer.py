@@ -37,6 +37,7 @@ from confluent_kafka import (
 )
 
 from msgbus import codec
+from msgbus.backoff import backoff_s
 from msgbus.brokers._buffer import ReceiveBuffer
 from msgbus.brokers._offsets import OffsetToken, OffsetTracker, Partition
 from msgbus.brokers.base import Received, SubscriptionConsumer, consumer_name, topic_name
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 
 _FETCH_BATCH = 500
 _ERROR_LOG_INTERVAL_S = 10.0
-_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 5.0  # after a failed poll step
 # How far the clocks of the receivers (which stamp a record's timestamp) and this dispatcher
 # may disagree before records appended before an assignment look newer than it.
 CLOCK_MARGIN_S = 5.0
@@ -176,8 +177,8 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
                 self._step(consumer)
                 failures = 0
             except Exception:  # the loop never dies: log, wait, keep polling
-                delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
                 failures += 1
+                delay = backoff_s(failures=failures, first_s=RETRY_FIRST_S, max_s=RETRY_MAX_S)
                 log.exception("kafka consumer %s: poll step failed, retrying in %.1fs",
                               self.group, delay)
                 self._stop.wait(delay)

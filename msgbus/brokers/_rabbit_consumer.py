@@ -30,6 +30,7 @@ from pika.exceptions import AMQPError, ChannelClosedByBroker
 from pika.spec import Basic
 
 from msgbus import codec
+from msgbus.backoff import backoff_s
 from msgbus.brokers._buffer import ReceiveBuffer
 from msgbus.brokers.base import Received, SubscriptionConsumer, consumer_name, topic_name
 from msgbus.errors import BrokerError
@@ -37,7 +38,7 @@ from msgbus.models import BrokerKind, Subscription
 
 log = logging.getLogger(__name__)
 
-_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.5, 10.0
 _MAX_PREFETCH = 65_535
 _POLL_S = 0.2
 STANDBY_S = 1.0  # how often a refused consumer of an ordered queue asks again
@@ -183,8 +184,9 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
             if self.standing_by:
                 self._stop.wait(STANDBY_S)
                 continue
-            delay = _BACKOFF_S[min(self._failures, len(_BACKOFF_S) - 1)]
             self._failures += 1
+            delay = backoff_s(failures=self._failures, first_s=RECONNECT_FIRST_S,
+                              max_s=RECONNECT_MAX_S)
             log.info("rabbitmq consumer %s: reconnecting in %.1fs", self.queue, delay)
             self._stop.wait(delay)
 

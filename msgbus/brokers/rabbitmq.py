@@ -30,6 +30,7 @@ from pika.frame import Method
 from pika.spec import Basic
 
 from msgbus import codec
+from msgbus.backoff import backoff_s
 from msgbus.brokers._batch import PublishBatch
 from msgbus.brokers._rabbit_consumer import RabbitSubscriptionConsumer, declare_topology
 from msgbus.brokers.base import Publisher, PublishOutcome, consumer_name, topic_name
@@ -40,7 +41,7 @@ __all__ = ["RabbitPublisher", "RabbitSubscriptionConsumer"]
 
 log = logging.getLogger(__name__)
 
-_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.5, 10.0
 WIRE_TYPE = "msgbus.MB1"  # AMQP `type`: the body is a codec-encoded envelope
 
 
@@ -140,8 +141,9 @@ class _ConfirmingPublisher:
     def _reconnect_later(self) -> None:
         if self._stopping:
             return
-        delay = _BACKOFF_S[min(self._failures, len(_BACKOFF_S) - 1)]
         self._failures += 1
+        delay = backoff_s(failures=self._failures, first_s=RECONNECT_FIRST_S,
+                          max_s=RECONNECT_MAX_S)
         self._ioloop.call_later(delay, self._connect)
 
     def _on_connection_open(self, connection: object) -> None:

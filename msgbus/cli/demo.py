@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
+from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.models import BrokerKind, Destination, Subscription
 from msgbus.settings import ConnectionSettings
 from msgbus.store import MongoStore

@@ -69,8 +69,8 @@ async def _once(drainer: NodeDrainer) -> int:
 async def _serve(drainer: NodeDrainer) -> None:
     from fastapi import FastAPI
 
+    from msgbus.cli.serving import ServerGroup
     from msgbus.http import service_app
-    from msgbus.serving import ServerGroup
 
     app: FastAPI = service_app("msgbus spool-drainer", drainer)
 

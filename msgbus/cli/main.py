@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import click
@@ -18,7 +19,7 @@ from msgbus.cli.analytics_cmd import analytics
 from msgbus.cli.drainer_cmd import spool_drainer
 from msgbus.cli.ops_cmd import parked, replay
 from msgbus.cli.removal_cmd import destination, subscription
-from msgbus.cli.services_cmd import services
+from msgbus.cli.serving import ServerGroup, reuse_port_socket
 from msgbus.cli.spool_cmd import spool
 from msgbus.cli.stack import (
     ServiceApps,
@@ -28,8 +29,7 @@ from msgbus.cli.stack import (
     stop_on_signals,
 )
 from msgbus.cli.users_cmd import users
-from msgbus.services import pid_alive
-from msgbus.serving import ServerGroup, reuse_port_socket
+from msgbus.processes import pid_alive
 
 DEFAULT_STATE_DIR = Path(".msgbus")
 STATE_DIR = click.option(
@@ -76,7 +76,7 @@ def send(state_dir: Path, destination: str, message: str, biz_id: str | None,
     """Send MESSAGE (JSON) to DESTINATION through the durable client."""
     from msgbus_client import MsgbusClient
 
-    from msgbus.cli.up import CLI_KEY_FILE, RECEIVER_URL_FILE
+    from msgbus.cli.stack import CLI_KEY_FILE, RECEIVER_URL_FILE
 
     try:
         body = orjson.loads(message)
@@ -176,7 +176,6 @@ def _share_metrics_between_processes() -> None:
 
 for _name in ("dispatcher", "compensator", "admin"):
     main.add_command(_service_command(_name))
-main.add_command(services)
 main.add_command(spool)
 main.add_command(spool_drainer)
 main.add_command(replay)
@@ -185,3 +184,13 @@ main.add_command(subscription)
 main.add_command(destination)
 main.add_command(users)
 main.add_command(analytics)
+
+
+def _add_installed_commands() -> None:
+    """Commands other packages add (`msgbus services`, from msgbus-devtools), found by their
+    `msgbus.commands` entry points rather than imported: the bus does not depend on them."""
+    for point in entry_points(group="msgbus.commands"):
+        main.add_command(point.load(), point.name)
+
+
+_add_installed_commands()

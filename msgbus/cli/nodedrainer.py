@@ -29,7 +29,6 @@ from pathlib import Path
 from msgbus_client.errors import MsgbusClientError, SpoolLockedError, SpoolNotIdleError
 from msgbus_client.spooltools import SpoolReport, drain_spool, find_spools, inspect_spool
 
-from msgbus import bufferslots
 from msgbus.metrics import (
     DRAINER_LAST_SCAN,
     NODE_ORPHAN_OLDEST_AGE,
@@ -39,6 +38,7 @@ from msgbus.metrics import (
 )
 from msgbus.settings import SpoolDrainerSettings
 from msgbus.tasks import cancel_and_wait
+from receiver import bufferslots
 from receiver.rescue import BufferRescuer
 
 log = logging.getLogger(__name__)

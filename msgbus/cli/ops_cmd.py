@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 import click
 import httpx
 
-ADMIN_URL_FILE = "admin-url"  # written by `msgbus up`
-ADMIN_TOKEN_FILE = "admin-token"
+from msgbus.cli.stack import ADMIN_TOKEN_FILE, ADMIN_URL_FILE
+
 POLL_S = 0.5
 FINAL_STATES = ("done", "cancelled")
 

@@ -14,8 +14,8 @@ import click
 from pydantic import SecretStr
 
 from msgbus.cli import secrets as stored
+from msgbus.cli.serving import EmbeddedServer, ServerGroup, make_server
 from msgbus.gcfreeze import freeze_startup_objects
-from msgbus.serving import EmbeddedServer, ServerGroup, make_server
 from msgbus.settings import (
     AdminSettings,
     CompensatorSettings,
@@ -27,6 +27,10 @@ from msgbus.settings import (
 INTERNAL_TOKEN_FILE = "internal-token"
 ADMIN_TOKEN_FILE = "admin-token"
 SESSION_SECRET_FILE = "admin-session-secret"
+# what `msgbus up` leaves for the commands run beside it
+CLI_KEY_FILE = "cli-api-key"  # the producer key of `msgbus send`
+RECEIVER_URL_FILE = "receiver-url"
+ADMIN_URL_FILE = "admin-url"  # what `msgbus replay` / `msgbus parked` talk to
 
 
 def connection_settings(state_dir: Path | None = None, **overrides: Any) -> ConnectionSettings:

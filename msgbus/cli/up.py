@@ -1,22 +1,29 @@
 """`msgbus up`: the whole bus in one process on embedded defaults.
 
-With no MongoDB configured it starts a SecantusDB server as a child process (data under the
-state directory); with no Kafka/RabbitMQ configured destinations use the direct path.
+With no MongoDB configured it starts an embedded MongoDB-protocol server as a child process
+(data under the state directory); the server comes from the development tooling
+(`msgbus-devtools`, the `embedded` extra), found through its `msgbus.embedded` entry point. With
+no Kafka/RabbitMQ configured destinations use the direct path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Protocol
 
 import click
 
-from msgbus import services
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.cli import secrets as stored
 from msgbus.cli.demo import DEMO_DESTINATION, PrintingSubscriber, register_demo
+from msgbus.cli.serving import ServerGroup
 from msgbus.cli.stack import (
+    ADMIN_URL_FILE,
+    CLI_KEY_FILE,
+    RECEIVER_URL_FILE,
     ServiceApps,
     connection_settings,
     serve_until_signal,
@@ -24,20 +31,29 @@ from msgbus.cli.stack import (
     stop_on_signals,
 )
 from msgbus.cli.users_cmd import ensure_first_admin
-from msgbus.serving import ServerGroup
 from msgbus.settings import ConnectionSettings
 from msgbus.store import MongoStore
 
 CLI_APP = "cli"
-CLI_KEY_FILE = "cli-api-key"
-RECEIVER_URL_FILE = "receiver-url"
-ADMIN_URL_FILE = "admin-url"  # what `msgbus replay` / `msgbus parked` talk to
 
 
-def _embedded_mongo(state_dir: Path) -> services.Running:
-    click.echo("msgbus: no MSGBUS_MONGO_URI set; starting an embedded SecantusDB ...", err=True)
-    return services.start_secantus(services.free_port(), state_dir / "mongo",
-                                   state_dir / "logs")
+class StartedServer(Protocol):
+    url: str
+
+    def stop(self, timeout_s: float = ...) -> None: ...
+
+
+def _embedded_mongo(state_dir: Path) -> StartedServer:
+    found = entry_points(group="msgbus.embedded", name="mongo")
+    if not found:
+        raise click.UsageError(
+            "MSGBUS_MONGO_URI is not set and no embedded MongoDB-protocol server is installed: "
+            "set MSGBUS_MONGO_URI, or install msgbus-devtools (pip install -e ./devtools)")
+    click.echo("msgbus: no MSGBUS_MONGO_URI set; starting an embedded MongoDB-protocol server "
+               "(SecantusDB) ...", err=True)
+    start = next(iter(found)).load()
+    server: StartedServer = start(state_dir)
+    return server
 
 
 async def _ensure_cli_key(store: MongoStore, state_dir: Path) -> None:
@@ -100,7 +116,7 @@ def _print_banner(conn: ConnectionSettings, urls: dict[str, str], demo: bool,
 
 def run_up(state_dir: Path, demo: bool, demo_port: int) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
-    mongo: services.Running | None = None
+    mongo: StartedServer | None = None
     overrides = {}
     if "MSGBUS_MONGO_URI" not in os.environ:
         mongo = _embedded_mongo(state_dir)
@@ -110,6 +126,6 @@ def run_up(state_dir: Path, demo: bool, demo_port: int) -> None:
         asyncio.run(_run(conn, demo, demo_port))
     finally:
         if mongo is not None:
-            click.echo("msgbus: stopping the embedded SecantusDB ...", err=True)
+            click.echo("msgbus: stopping the embedded MongoDB-protocol server ...", err=True)
             mongo.stop()
         click.echo("msgbus: stopped.", err=True)

@@ -2,7 +2,7 @@
 
 The parent runs no receiver itself. It starts N children (`msgbus receiver --reuse-port`), each
 listening on the same host:port with SO_REUSEPORT, so the kernel spreads connections over them;
-each child claims its own buffer slot under the shared buffer root (msgbus/bufferslots.py). The
+each child claims its own buffer slot under the shared buffer root (receiver/bufferslots.py). The
 parent forwards SIGTERM/SIGINT to the children and waits for them, and restarts a child that
 dies unexpectedly after a short backoff (longer while it keeps dying young). The parent holds a
 bound, non-listening socket on the port the whole time: it resolves port 0 and keeps the port
@@ -11,25 +11,22 @@ for the children across restarts.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
 import click
 
+from msgbus.cli.serving import reuse_port_socket
 from msgbus.metrics import forget_process
-from msgbus.serving import reuse_port_socket
+from msgbus.processes import RestartBackoff, die_with_parent, stop_children
 
-RESTART_BACKOFF_S = 0.5
-MAX_RESTART_BACKOFF_S = 10.0
 SHORT_LIFE_S = 10.0  # a child that dies younger than this backs off longer each time
 MAX_SHORT_LIVES = 5  # ... and after this many in a row, the parent gives up
 STOP_TIMEOUT_S = 30.0  # after SIGTERM, before SIGKILL
@@ -41,20 +38,8 @@ class Worker:
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     restart_at: float = 0.0
-    backoff_s: float = RESTART_BACKOFF_S
-    short_lives: int = 0
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when the parent dies (Linux), or None.
-    `prctl` is looked up here: between fork and exec the child must not dlopen."""
-    if threading.current_thread() is not threading.main_thread():
-        return None  # the kernel ties PDEATHSIG to the forking thread
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    restarts: RestartBackoff = field(default_factory=lambda: RestartBackoff(
+        young_s=SHORT_LIFE_S, give_up_after=MAX_SHORT_LIVES))
 
 
 class WorkerPool:
@@ -103,7 +88,7 @@ class WorkerPool:
         worker.process = subprocess.Popen(
             self.command, env=self.env, stdin=subprocess.DEVNULL,
             start_new_session=True,  # terminal signals reach the parent only; it forwards them
-            preexec_fn=_die_with_parent())
+            preexec_fn=die_with_parent())
         worker.started_at = time.monotonic()
         click.echo(f"msgbus receiver: worker {worker.index} started (pid "
                    f"{worker.process.pid})", err=True)
@@ -112,38 +97,22 @@ class WorkerPool:
         """A worker died unexpectedly: plan its restart; False when it keeps dying young."""
         assert worker.process is not None
         lived_s = now - worker.started_at
-        if lived_s < SHORT_LIFE_S:
-            worker.short_lives += 1
-        else:
-            worker.short_lives, worker.backoff_s = 0, RESTART_BACKOFF_S
         pid, worker.process = worker.process.pid, None
         forget_process(pid)
-        if worker.short_lives >= MAX_SHORT_LIVES:
+        wait_s = worker.restarts.after_exit(lived_s)
+        if wait_s is None:
             click.echo(f"msgbus receiver: worker {worker.index} (pid {pid}) exited with code "
-                       f"{code} {worker.short_lives} times in a row within {SHORT_LIFE_S:.0f} s "
+                       f"{code} {MAX_SHORT_LIVES} times in a row within {SHORT_LIFE_S:.0f} s "
                        "of starting; giving up", err=True)
             return False
-        worker.restart_at = now + worker.backoff_s
+        worker.restart_at = now + wait_s
         click.echo(f"msgbus receiver: worker {worker.index} (pid {pid}) exited with code {code} "
-                   f"after {lived_s:.1f} s; restarting it in {worker.backoff_s:.1f} s", err=True)
-        if lived_s < SHORT_LIFE_S:  # dying young again and again: wait longer each time
-            worker.backoff_s = min(worker.backoff_s * 2, MAX_RESTART_BACKOFF_S)
+                   f"after {lived_s:.1f} s; restarting it in {wait_s:.1f} s", err=True)
         return True
 
     def _stop_all(self) -> None:
-        running = [w.process for w in self.workers if w.process and w.process.poll() is None]
-        sig = signal.SIGINT if self._stop_signal == signal.SIGINT else signal.SIGTERM
-        for process in running:
-            process.send_signal(sig)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for process in running:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                click.echo(f"msgbus receiver: worker pid {process.pid} did not stop within "
-                           f"{STOP_TIMEOUT_S:.0f} s; killing it", err=True)
-                process.kill()
-                process.wait()
+        first = signal.SIGINT if self._stop_signal == signal.SIGINT else signal.SIGTERM
+        stop_children([w.process for w in self.workers if w.process], STOP_TIMEOUT_S, first)
 
 
 def run_receiver_workers(state_dir: Path, count: int, host: str, port: int) -> int:

@@ -1,7 +1,7 @@
 """Issue 10's chaos suite: under a steady load of client send()s, the receiver, the dispatcher
 and a compensator are killed with -9 and restarted, tansu (on S3 storage), the RabbitMQ node
 and MongoDB are stopped and restarted, and a subscriber answers 503 for a while, at moments
-drawn from a seeded RNG (tests/support/chaos.py). Every message whose send() returned must
+drawn from a seeded RNG (msgbus_devtools/testkit/chaos.py). Every message whose send() returned must
 reach every subscriber: lost == 0 is asserted. The goal of duplicates under 1 % of the
 deliveries is checked too; see DUPLICATES_GOAL_IS_MET for how a miss is reported.
 
@@ -19,9 +19,8 @@ import random
 from pathlib import Path
 
 import pytest
-
-from tests.support.chaos import ChaosConfig, run_chaos
-from tests.support.deployment import Servers
+from msgbus_devtools.testkit.chaos import ChaosConfig, run_chaos
+from msgbus_devtools.testkit.deployment import Servers
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from msgbus_devtools.testkit.bus import RunningBus, running_bus
 
 from msgbus.store import MongoStore
-from tests.support.bus import RunningBus, running_bus
 
 
 @pytest.fixture(scope="session")

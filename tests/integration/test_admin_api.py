@@ -6,10 +6,10 @@ from __future__ import annotations
 import uuid
 
 import httpx
+from msgbus_devtools.testkit.bus import RunningBus, wait_until
+from msgbus_devtools.testkit.subscriber import ScriptedSubscriber
 
 from msgbus.ids import uuid7
-from tests.support.bus import RunningBus, wait_until
-from tests.support.subscriber import ScriptedSubscriber
 
 
 def _send(bus: RunningBus, key: str, code: str) -> httpx.Response:

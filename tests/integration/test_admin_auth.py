@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
+from msgbus_devtools.testkit.bus import RunningBus
 
 from admin.security import SESSION_COOKIE
 from msgbus.cli.main import main as cli
-from tests.support.bus import RunningBus
 
 
 def _name(prefix: str) -> str:

@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
+from msgbus_devtools.testkit.bus import CONFIG_REFRESH_S, RunningBus, running_bus, wait_until
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
-from tests.support.bus import CONFIG_REFRESH_S, RunningBus, running_bus, wait_until
-from tests.support.subscriber import RecordingSubscriber
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "admin"

@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from msgbus_devtools.testkit import analytics_seed as seed
 from pymongo import MongoClient
 
 from msgbus.cli.main import main
-from tests.support import analytics_seed as seed
 
 try:
     from pyspark.sql import SparkSession

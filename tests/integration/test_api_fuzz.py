@@ -23,9 +23,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import schemathesis
-
-from tests.support.bus import RunningBus, running_bus
-from tests.support.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.bus import RunningBus, running_bus
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
 SERVICES = ("receiver", "admin", "dispatcher", "compensator")
 PHASES = "coverage,fuzzing,stateful"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import pika
 import pytest
 from confluent_kafka import Producer
+from msgbus_devtools.testkit.loop import eventually
 from pika.adapters.blocking_connection import BlockingChannel
 
 from msgbus.brokers._kafka_consumer import CLOCK_MARGIN_S
@@ -29,7 +30,6 @@ from msgbus.brokers.kafka import KafkaPublisher, KafkaSubscriptionConsumer
 from msgbus.brokers.rabbitmq import RabbitPublisher, RabbitSubscriptionConsumer
 from msgbus.errors import BrokerError
 from msgbus.models import BrokerKind, Destination, Envelope, Subscription
-from tests.support.loop import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

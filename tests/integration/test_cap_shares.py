@@ -9,10 +9,11 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+from msgbus_devtools.testkit.loop import eventually
+
 from msgbus.delivery.shares import CapShares
 from msgbus.store import MongoStore
 from msgbus.store.shares import ShareStore
-from tests.support.loop import eventually
 
 SUB = "orders/billing"
 CAP = 6

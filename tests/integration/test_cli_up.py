@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import httpx
-
-from msgbus import services
-from tests.support.bus import wait_until
+from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.bus import wait_until
 
 MSGBUS = [sys.executable, "-m", "msgbus.cli"]
 
@@ -60,4 +59,4 @@ def test_up_demo_then_send_arrives_at_the_demo_subscriber(tmp_path: Path) -> Non
         log.close()
     output = (tmp_path / "up.log").read_text()
     assert code == 0, output
-    assert "stopping the embedded SecantusDB" in output and "msgbus: stopped." in output
+    assert "stopping the embedded MongoDB-protocol server" in output and "msgbus: stopped." in output

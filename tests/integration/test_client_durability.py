@@ -22,11 +22,11 @@ from urllib.parse import urlsplit
 
 import pytest
 from msgbus_client import MsgbusClient
+from msgbus_devtools.testkit.bus import RunningBus, wait_until
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.tcp_gate import TcpGate
 
 from msgbus.settings import ReceiverSettings
-from tests.support.bus import RunningBus, wait_until
-from tests.support.subscriber import RecordingSubscriber
-from tests.support.tcp_gate import TcpGate
 
 REPO = Path(__file__).resolve().parents[2]
 KILL_SENDS = 10_000
@@ -108,8 +108,8 @@ def test_kill_9_during_sends_loses_no_message_whose_send_returned(
     log = tmp_path / "producer.log"
     with open(log, "w") as stderr:
         producer = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.producer_proc", bus.receiver_url, str(spool),
-             destination, str(KILL_SENDS)],
+            [sys.executable, "-m", "msgbus_devtools.testkit.producer_proc", bus.receiver_url,
+             str(spool), destination, str(KILL_SENDS)],
             cwd=REPO, env={**os.environ, "MSGBUS_API_KEY": api_key},
             stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:

@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
+from msgbus_devtools.testkit.bus import RunningBus, running_bus, sample_value, wait_until
+from msgbus_devtools.testkit.subscriber import ScriptedSubscriber
 
 from compensator.service import CompensatorService
 from msgbus.cli.main import main as cli
@@ -26,8 +28,6 @@ from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus, Envelope, delivery_id, utcnow
 from msgbus.store import documents as docs
 from msgbus.store.claims import DeliveryClaims
-from tests.support.bus import RunningBus, running_bus, sample_value, wait_until
-from tests.support.subscriber import ScriptedSubscriber
 
 SWEEP_AFTER_S = 3.0
 FAST_DELAYS_S = [0.3, 0.6, 0.9]

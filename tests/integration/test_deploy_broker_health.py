@@ -1,4 +1,4 @@
-"""Broker health metrics (msgbus/brokerhealth.py) read off the real brokers: RabbitMQ's
+"""Broker health metrics (dispatcher/brokerhealth.py) read off the real brokers: RabbitMQ's
 management API (nodes, alarms, flow control, a subscription's queue depth) and a Kafka consumer
 group's committed offsets and lag on tansu; an unreachable cluster reads as down."""
 
@@ -11,13 +11,13 @@ import pika
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.bus import sample_value, wait_until
 
-from msgbus import services
-from msgbus.brokerhealth import BrokerHealthMonitor, management_url
+from dispatcher.brokerhealth import BrokerHealthMonitor, management_url
 from msgbus.brokers.base import consumer_name, topic_name
 from msgbus.models import BrokerKind, Subscription
 from msgbus.settings import ConnectionSettings
-from tests.support.bus import sample_value, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.bus import RunningBus, wait_until
 from pydantic import SecretStr
 
 from compensator.app import create_app as compensator_app
 from compensator.service import CompensatorService
-from msgbus import services
 from msgbus.settings import CompensatorSettings, ConnectionSettings
 from msgbus.store import MongoStore
-from tests.support.bus import RunningBus, wait_until
 
 pytestmark = pytest.mark.integration
 

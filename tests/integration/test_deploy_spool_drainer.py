@@ -19,10 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 from msgbus_client.spooltools import inspect_spool
+from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.bus import RunningBus, sample_value, wait_until
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
-from msgbus import bufferslots, services
-from tests.support.bus import RunningBus, sample_value, wait_until
-from tests.support.subscriber import RecordingSubscriber
+from receiver import bufferslots
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +49,7 @@ RECEIVER = textwrap.dedent(
     """
     import asyncio, sys, time, uuid
     from pathlib import Path
-    from msgbus.bufferslots import claim_slot
+    from receiver.bufferslots import claim_slot
     from msgbus.models import Envelope
     from msgbus.settings import ReceiverSettings
     from receiver.draining import open_buffer

@@ -16,13 +16,13 @@ import orjson
 import pytest
 from msgbus_client.errors import WebhookVerificationError
 from msgbus_client.verify import verify_push
+from msgbus_devtools.testkit.bus import RunningBus, sample_value, wait_until
+from msgbus_devtools.testkit.sending import post_batches
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
-from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
+from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus
-from tests.support.bus import RunningBus, sample_value, wait_until
-from tests.support.sending import post_batches
-from tests.support.subscriber import RecordingSubscriber
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,10 @@ import httpx
 import pytest
 from msgbus_client import MsgbusClient
 from msgbus_client.verify import verify_push
+from msgbus_devtools.testkit.bus import RunningBus, sample_value, wait_until
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
 from msgbus.models import CircuitPolicy, DeliveryStatus
-from tests.support.bus import RunningBus, sample_value, wait_until
-from tests.support.subscriber import RecordingSubscriber
 
 MESSAGES = 1000
 BIZ_KEYS = 50

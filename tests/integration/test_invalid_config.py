@@ -14,14 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
+from msgbus_devtools.testkit.bus import RunningBus, sample_value, wait_until
+from msgbus_devtools.testkit.loop import BackgroundLoop
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.ids import uuid7
 from msgbus.models import Destination
 from msgbus.store import MongoStore
-from tests.support.bus import RunningBus, sample_value, wait_until
-from tests.support.loop import BackgroundLoop
-from tests.support.subscriber import RecordingSubscriber
 
 DEST, BAD_DEST = "okdest", "baddest"
 # the request of issue 26: valid as given, 2,084 characters once percent-encoded

@@ -12,9 +12,11 @@ import pika
 import pytest
 from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from msgbus_devtools import servers as services
+from msgbus_devtools import stack as devstack
 from pymongo import MongoClient
 
-from msgbus import devstack, services
+from msgbus import processes
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +101,7 @@ def test_dev_stack_up_status_down(tmp_path: Path, rabbitmq_url: str) -> None:
     assert {state.name: state.pid for state in again if state.pid} == pids  # reused, not restarted
 
     assert sorted(devstack.down(tmp_path)) == ["secantus", "tansu"]
-    assert not any(services.pid_alive(pid) for pid in pids.values())
+    assert not any(processes.pid_alive(pid) for pid in pids.values())
     after = {state.name: state.up for state in devstack.status(tmp_path)}
     assert after == {"tansu": False, "secantus": False, "rabbitmq": True}
     assert not (tmp_path / devstack.STATE_FILE).exists()

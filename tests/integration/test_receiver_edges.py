@@ -10,14 +10,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from msgbus_devtools.testkit.bus import HOST, RunningBus, wait_until
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
+from msgbus.cli.serving import ServerGroup, make_server
 from msgbus.ids import uuid7
-from msgbus.serving import ServerGroup, make_server
 from msgbus.settings import ReceiverSettings
 from receiver.app import create_app
 from receiver.service import ReceiverService
-from tests.support.bus import HOST, RunningBus, wait_until
-from tests.support.subscriber import RecordingSubscriber
 
 
 def _valid() -> dict[str, object]:

@@ -7,10 +7,10 @@ import base64
 
 import httpx
 import pytest
+from msgbus_devtools.testkit.bus import RunningBus, wait_until
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
 from msgbus.ids import uuid7
-from tests.support.bus import RunningBus, wait_until
-from tests.support.subscriber import RecordingSubscriber
 
 
 def _post(http: httpx.Client, destination: str, **kwargs: object) -> httpx.Response:

@@ -5,11 +5,11 @@ class, and the buffer's size."""
 from __future__ import annotations
 
 import httpx
+from msgbus_devtools.testkit.bus import RunningBus
 from prometheus_client.parser import text_string_to_metric_families
 
 from msgbus.ids import uuid7
 from msgbus.settings import ReceiverSettings
-from tests.support.bus import RunningBus
 
 SINGLE = "/v1/destinations/{code}/messages"
 BATCH = "/v1/messages"

@@ -18,16 +18,16 @@ import orjson
 import pika
 import pytest
 from msgbus_client import MsgbusClient
+from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.bus import RunningBus, wait_until
+from msgbus_devtools.testkit.loop import BackgroundLoop
+from msgbus_devtools.testkit.sending import post_batches
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.tcp_gate import TcpGate
 
-from msgbus import services
-from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.brokers.base import consumer_name
+from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.ids import uuid7
-from tests.support.bus import RunningBus, wait_until
-from tests.support.loop import BackgroundLoop
-from tests.support.sending import post_batches
-from tests.support.subscriber import RecordingSubscriber
-from tests.support.tcp_gate import TcpGate
 
 STANDBY_VHOST = "msgbus-standby"
 

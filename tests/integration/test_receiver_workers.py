@@ -22,14 +22,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from msgbus_devtools import servers as services
+from msgbus_devtools.testkit import procnet
+from msgbus_devtools.testkit.bus import sample_value, wait_until
+from msgbus_devtools.testkit.receiver_proc import HOST, ReceiverProcess, prepare_store
+from msgbus_devtools.testkit.tcp_gate import TcpGate
 from pymongo import MongoClient
 
-from msgbus import services
+from msgbus import processes
 from msgbus.ids import uuid7
-from tests.support import procnet
-from tests.support.bus import sample_value, wait_until
-from tests.support.receiver_proc import HOST, ReceiverProcess, prepare_store
-from tests.support.tcp_gate import TcpGate
 
 pytestmark = pytest.mark.integration
 
@@ -149,7 +150,7 @@ def test_two_workers_share_one_port_and_a_dead_one_is_replaced(setup: Setup) -> 
     assert sorted(p.name for p in setup.buffer_root.iterdir()) == ["slot-0", "slot-1"]
 
     assert parent.stop() == 0
-    assert not any(services.pid_alive(pid) for pid in replaced)
+    assert not any(processes.pid_alive(pid) for pid in replaced)
 
 
 def drain_pid(receiver: ReceiverProcess) -> int | None:

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 
 import pytest
+from msgbus_devtools import servers as services
 
 from dispatcher.redelivery import DeliveredCheck
-from msgbus import services
 from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, utcnow
 from msgbus.store import MongoStore

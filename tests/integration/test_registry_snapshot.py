@@ -7,9 +7,9 @@ import stat
 from pathlib import Path
 
 import pytest
+from msgbus_devtools import servers as services
 from pydantic import HttpUrl
 
-from msgbus import services
 from msgbus.models import BrokerKind, Destination, Subscription
 from msgbus.registry import Registry
 from msgbus.store import MongoStore

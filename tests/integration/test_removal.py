@@ -12,15 +12,15 @@ import pika
 import pytest
 from click.testing import CliRunner
 from confluent_kafka.admin import AdminClient
+from msgbus_devtools.testkit.bus import RunningBus, wait_until
+from msgbus_devtools.testkit.sending import post_batches
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from pika.exceptions import ChannelClosedByBroker
 
 from msgbus.brokers.base import consumer_name, topic_name
 from msgbus.cli.main import main as cli
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus
-from tests.support.bus import RunningBus, wait_until
-from tests.support.sending import post_batches
-from tests.support.subscriber import RecordingSubscriber
 
 
 def _send(bus: RunningBus, api_key: str, destination: str, count: int) -> list[str]:

@@ -26,17 +26,17 @@ from typing import Any, cast
 import httpx
 import orjson
 import pytest
+from msgbus_devtools.testkit.bus import sample_value, wait_until
+from msgbus_devtools.testkit.deployment import SUBSCRIPTION, Deployment, Servers, wait_with_progress
+from msgbus_devtools.testkit.procs import say
+from msgbus_devtools.testkit.sending import post_batches
+from msgbus_devtools.testkit.subscriber import PeakSubscriber, RecordingSubscriber
 
 from admin.pushers import pushers_of
-from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
+from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.ids import uuid7
 from msgbus.models import BrokerKind, ReplaySpec, ReplayState, utcnow
 from msgbus.store.replays import ReplayStore
-from tests.support.bus import sample_value, wait_until
-from tests.support.deployment import SUBSCRIPTION, Deployment, Servers, wait_with_progress
-from tests.support.procs import say
-from tests.support.sending import post_batches
-from tests.support.subscriber import PeakSubscriber, RecordingSubscriber
 
 CAP = 4
 RATE = 20

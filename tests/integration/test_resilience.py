@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-from msgbus.models import BrokerKind
-from tests.support.deployment import (
+from msgbus_devtools.testkit.deployment import (
     Deployment,
     Phases,
     Servers,
     wait_with_progress,
 )
-from tests.support.load import Answer, SteadyLoad
-from tests.support.procs import say
+from msgbus_devtools.testkit.load import Answer, SteadyLoad
+from msgbus_devtools.testkit.procs import say
+
+from msgbus.models import BrokerKind
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ import asyncio
 from urllib.parse import urlsplit
 
 import pytest
+from msgbus_devtools.testkit.tcp_gate import TcpGate
 from pymongo.errors import PyMongoError
 
 from msgbus.store import MongoStore
-from tests.support.tcp_gate import TcpGate
 
 SOCKET_TIMEOUT_MS = 500
 NEVER_S = 60  # a call still waiting after this long is taken as hung forever

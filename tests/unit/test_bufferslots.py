@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from msgbus.bufferslots import (
+from msgbus.errors import Unavailable
+from receiver.bufferslots import (
     LMDB_DATA_FILE,
     claim_path,
     claim_slot,
@@ -22,7 +23,6 @@ from msgbus.bufferslots import (
     slots,
     sweep_removed,
 )
-from msgbus.errors import Unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from msgbus.bufferslots import LMDB_DATA_FILE, claim_slot
+from receiver.bufferslots import LMDB_DATA_FILE, claim_slot
 slot = claim_slot(Path(sys.argv[1]))
 (slot.path / LMDB_DATA_FILE).write_bytes(b"entries")
 print(slot.path.name, flush=True)

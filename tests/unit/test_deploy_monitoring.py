@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 from msgbus_client.metrics import ClientMetrics, PrometheusCollector
+from msgbus_devtools.testkit.promtool import PromtoolUnavailable, promtool
 from prometheus_client import REGISTRY, CollectorRegistry
 
 import msgbus.metrics  # noqa: F401  (registers every metric)
-from tests.support.promtool import PromtoolUnavailable, promtool
 
 MONITORING = Path(__file__).parents[2] / "deploy" / "monitoring"
 RULES = MONITORING / "alerts.yml"

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from msgbus_devtools.testkit.loop import eventually
+
 from msgbus.localqueue import LocalQueue
 from receiver.recording import RecordWriter
-from tests.support.loop import eventually
 
 QUEUE = "record"
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
+from msgbus_devtools.servers import free_port
 
 from msgbus.delivery.sender import Sender, make_sender
 from msgbus.delivery.signing import sign
 from msgbus.ids import uuid7
 from msgbus.models import Envelope, Subscription
-from msgbus.services import free_port
 
 HOST = "127.0.0.1"
 SLOW_ANSWER_S = 1.0

@@ -1,4 +1,5 @@
-"""msgbus.services without real servers: ports, waiting, stopping by PID, the dev-stack files."""
+"""msgbus_devtools.servers without real servers: ports, waiting, stopping by PID, the dev-stack
+files."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from msgbus_devtools import servers as services
+from msgbus_devtools import stack as devstack
+from msgbus_devtools.cli import services as services_cli
 
-from msgbus import devstack, services
-from msgbus.cli.services_cmd import services as services_cli
+from msgbus import processes
 from msgbus.errors import Unavailable
 
 
@@ -68,9 +71,9 @@ def test_starting_on_a_busy_port_fails_clearly(listening_port: int, tmp_path: Pa
 
 def test_stop_terminates_a_process() -> None:
     process = python_process("import time; time.sleep(60)")
-    assert services.pid_runs(process.pid, "time.sleep(60)")
+    assert processes.pid_runs(process.pid, "time.sleep(60)")
     assert services.stop(process.pid, timeout_s=5)
-    assert not services.pid_alive(process.pid)
+    assert not processes.pid_alive(process.pid)
     assert not services.stop(process.pid)
 
 
@@ -82,13 +85,13 @@ def test_stop_kills_a_process_that_ignores_sigterm() -> None:
     assert process.stdout is not None
     process.stdout.readline()  # SIGTERM is ignored from here on
     assert services.stop(process.pid, timeout_s=0.3)
-    assert not services.pid_alive(process.pid)
+    assert not processes.pid_alive(process.pid)
 
 
 def test_pid_runs_checks_the_command_line() -> None:
     process = python_process("import time; time.sleep(60)")
     try:
-        assert not services.pid_runs(process.pid, "secantusd-py")
+        assert not processes.pid_runs(process.pid, "secantusd-py")
     finally:
         services.stop(process.pid)
 

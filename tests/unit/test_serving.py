@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from msgbus.serving import reuse_port_socket
+from msgbus.cli.serving import reuse_port_socket
 
 
 async def test_connections_accepted_on_a_reuse_port_socket_do_not_wait_for_nagle() -> None:

@@ -2,7 +2,8 @@
 messages from one thread and prints each message id whose send() returned on its own line,
 flushed at once, so a test that kills this process knows exactly which sends returned.
 
-    MSGBUS_API_KEY=... python -m tests.support.producer_proc RECEIVER_URL SPOOL_DIR DESTINATION N
+    MSGBUS_API_KEY=... python -m msgbus_devtools.testkit.producer_proc \
+        RECEIVER_URL SPOOL_DIR DESTINATION N
 
 Prints "done <left>" after close() when it was not killed first.
 """

@@ -1,13 +1,13 @@
-"""What a chaos run (tests/support/chaos.py) is given and what it reports."""
+"""What a chaos run (devtools/msgbus_devtools/testkit/chaos.py) is given and what it reports."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support import accounting
-from tests.support.deployment import Phases
-from tests.support.faults import FaultPlan, FaultRunner
+from msgbus_devtools.testkit import accounting
+from msgbus_devtools.testkit.deployment import Phases
+from msgbus_devtools.testkit.faults import FaultPlan, FaultRunner
 
 TIMELINE_S = 5
 RECENT_S = 15.0  # a fault's duplicates arrive within this long after it is over

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from msgbus.models import BrokerKind
-from msgbus.services import ServiceError
-from tests.support import accounting
-from tests.support.chaos_result import ChaosConfig, ChaosResult, attribute_duplicates
-from tests.support.client_load import ClientLoad
-from tests.support.deployment import SUBSCRIPTION, Deployment, Phases, Servers
-from tests.support.faults import FaultKind, FaultPlan, FaultRunner, PlannedFault
-from tests.support.procs import BusProcess, say
+from msgbus_devtools.servers import ServiceError
+from msgbus_devtools.testkit import accounting
+from msgbus_devtools.testkit.chaos_result import ChaosConfig, ChaosResult, attribute_duplicates
+from msgbus_devtools.testkit.client_load import ClientLoad
+from msgbus_devtools.testkit.deployment import SUBSCRIPTION, Deployment, Phases, Servers
+from msgbus_devtools.testkit.faults import FaultKind, FaultPlan, FaultRunner, PlannedFault
+from msgbus_devtools.testkit.procs import BusProcess, say
 
 __all__ = ["ChaosConfig", "ChaosResult", "run_chaos"]
 

@@ -26,17 +26,17 @@ from typing import Any, TypeVar
 
 from pydantic import HttpUrl
 
-from msgbus import services
 from msgbus.auth import hash_api_key, new_api_key
+from msgbus.cli.serving import ServerGroup, make_server
 from msgbus.models import BrokerKind, DeliveryStatus, Destination, Subscription
-from msgbus.serving import ServerGroup, make_server
 from msgbus.store import MongoStore
-from tests.support.bus import wait_until
-from tests.support.load import SteadyLoad
-from tests.support.loop import BackgroundLoop
-from tests.support.procs import BusProcess, RabbitNode, ServerSlot, say
-from tests.support.subscriber import RecordingSubscriber
-from tests.support.tcp_gate import TcpGate
+from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.bus import wait_until
+from msgbus_devtools.testkit.load import SteadyLoad
+from msgbus_devtools.testkit.loop import BackgroundLoop
+from msgbus_devtools.testkit.procs import BusProcess, RabbitNode, ServerSlot, say
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.tcp_gate import TcpGate
 
 T = TypeVar("T")
 KAFKA_BUCKET = "tansu"

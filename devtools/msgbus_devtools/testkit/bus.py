@@ -21,7 +21,7 @@ from compensator.app import create_app as compensator_app
 from compensator.service import CompensatorService
 from dispatcher.app import create_app as dispatcher_app
 from dispatcher.service import DispatcherService
-from msgbus.serving import ServerGroup, make_server
+from msgbus.cli.serving import ServerGroup, make_server
 from msgbus.settings import (
     AdminSettings,
     CompensatorSettings,
@@ -30,9 +30,9 @@ from msgbus.settings import (
     ReceiverSettings,
 )
 from msgbus.store import MongoStore
+from msgbus_devtools.testkit.loop import BackgroundLoop
 from receiver.app import create_app as receiver_app
 from receiver.service import ReceiverService
-from tests.support.loop import BackgroundLoop
 
 HOST = "127.0.0.1"
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
 
 @dataclass

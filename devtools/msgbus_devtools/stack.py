@@ -1,7 +1,8 @@
 """The persistent dev stack of `msgbus services up|down|status`, kept in a state dir.
 
 Files: services.json (pids and ports of what `up` started) and services.env (the MSGBUS_*
-addresses, for `set -a; . services.env`). Built from the building blocks in `msgbus.services`.
+addresses, for `set -a; . services.env`). Built from the building blocks in
+`msgbus_devtools.servers`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from msgbus.services import (
+from msgbus.processes import pid_runs
+from msgbus_devtools.servers import (
     HOST,
     RABBITMQ_URL,
     Running,
@@ -20,7 +22,6 @@ from msgbus.services import (
     ServiceState,
     amqp_ready,
     ensure_rabbitmq,
-    pid_runs,
     port_accepts,
     say,
     start_secantus,

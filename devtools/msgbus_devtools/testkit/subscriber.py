@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from msgbus.asgi import answer_lifespan, read_body, request_headers, respond
+from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond
 
 
 @dataclass

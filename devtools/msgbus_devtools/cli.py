@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from msgbus import devstack as svc
+from msgbus_devtools import stack as svc
 
 STATE_DIR_OPTION = click.option(
     "--state-dir",

@@ -4,7 +4,7 @@
   and waited for on /health, stopped (SIGTERM) or killed (-9), restarted with the same
   environment (so the same state and buffer directories). Its output goes to a log file
   under the test's tmp_path; `tail()` shows the end of it.
-- `ServerSlot`: a backing server (`msgbus.services.Running`: SecantusDB, tansu, moto) that
+- `ServerSlot`: a backing server (`msgbus_devtools.servers.Running`: SecantusDB, tansu, moto) that
   the test stops and starts again on the same port and storage.
 - `RabbitNode`: a private RabbitMQ node (own port, node name, Mnesia and log directories), so
   an outage never touches the machine's shared RabbitMQ.
@@ -27,8 +27,9 @@ from typing import Any
 
 import httpx
 
-from msgbus import services
-from msgbus.services import HOST, Running, ServiceError
+from msgbus import processes
+from msgbus_devtools import servers as services
+from msgbus_devtools.servers import HOST, Running, ServiceError
 
 REPO = Path(__file__).resolve().parents[2]
 RABBITMQ_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # runs as the calling user
@@ -96,7 +97,7 @@ class BusProcess:
                 [sys.executable, "-m", "msgbus.cli", self.service], cwd=REPO,
                 env={**env, **self.env}, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=services._parent_death_signal())  # dies with the test
+                preexec_fn=processes.die_with_parent())  # dies with the test
 
     def health(self, timeout_s: float = 10.0) -> dict[str, Any] | None:
         try:
