@@ -9,21 +9,18 @@ import logging
 from typing import Annotated, Any
 
 import orjson
-from fastapi import FastAPI, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 
+from admin.deps import Claims, Replays, Shares, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.params import DestinationCode, GeneratedId, Limit, SubscriptionName
 from admin.schemas import DiscardIn, OperatorIn, RedriveIn, ReplayIn
 from admin.security import AsOperator, AsViewer
-from msgbus.delivery.sender import make_sender
-from msgbus.delivery.shares import CapShares
+from msgbus.delivery.senders import make_sender
 from msgbus.errors import InvalidInput, NotFound, Unavailable
 from msgbus.ids import uuid7
 from msgbus.models import Envelope, ReplaySpec, ReplayState, subscription_id
 from msgbus.store import MongoStore
-from msgbus.store.claims import DeliveryClaims
-from msgbus.store.replays import ReplayStore
-from msgbus.store.users import UserStore
 from msgbus.users import Principal
 
 log = logging.getLogger(__name__)
@@ -73,109 +70,117 @@ def actor(who: Principal, requested_by: str | None) -> str:
     return who.name
 
 
-def add_operation_routes(app: FastAPI, store: MongoStore, users: UserStore,
-                         shares: CapShares) -> None:
-    claims = DeliveryClaims(store, owner="admin")
-    replays = ReplayStore(store)
+router = APIRouter()
 
-    @app.get("/v1/destinations/{code}/subscriptions/{name}/parked")
-    async def list_parked(code: DestinationCode, name: SubscriptionName, _: AsViewer,
-                          limit: Limit = 100) -> list[dict[str, Any]]:
-        """Deliveries the retry policy gave up on (dead letters), oldest first."""
-        sub = await store.get_subscription(subscription_id(code, name))
-        found = await claims.parked(sub.id, limit)
-        return [{k: v for k, v in d.items() if k != "_id"} for d in found]
 
-    @app.post("/v1/destinations/{code}/subscriptions/{name}/parked/redrive")
-    async def redrive_parked(code: DestinationCode, name: SubscriptionName, body: RedriveIn,
-                             who: AsOperator) -> dict[str, Any]:
-        """Parked deliveries (all, or those of `message_ids`) are retried again at once, their
-        policy's attempt count and age starting afresh."""
-        sub = await store.get_subscription(subscription_id(code, name))
-        count = await claims.redrive(sub.id, body.message_ids)
-        by = actor(who, body.requested_by)
-        await users.audit(who, "parked.redrive", sub.id,
-                          {"count": count, "message_ids": body.message_ids, "by": by})
-        return {"subscription": sub.id, "redriven": count, "requested_by": by}
+@router.get("/v1/destinations/{code}/subscriptions/{name}/parked")
+async def list_parked(code: DestinationCode, name: SubscriptionName, _: AsViewer, store: Store,
+                      claims: Claims, limit: Limit = 100) -> list[dict[str, Any]]:
+    """Deliveries the retry policy gave up on (dead letters), oldest first."""
+    sub = await store.get_subscription(subscription_id(code, name))
+    found = await claims.parked(sub.id, limit)
+    return [{k: v for k, v in d.items() if k != "_id"} for d in found]
 
-    @app.post("/v1/destinations/{code}/subscriptions/{name}/parked/discard")
-    async def discard_parked(code: DestinationCode, name: SubscriptionName, body: DiscardIn,
-                             who: AsOperator) -> dict[str, Any]:
-        """Parked deliveries (all, or those of `message_ids`) are dropped for good, with a
-        reason; they stay in the trace as `discarded`."""
-        sub = await store.get_subscription(subscription_id(code, name))
-        count = await claims.discard(sub.id, body.message_ids, body.reason)
-        await users.audit(who, "parked.discard", sub.id, {
-            "count": count, "message_ids": body.message_ids, "reason": body.reason})
-        return {"subscription": sub.id, "discarded": count, "reason": body.reason}
 
-    @app.post("/v1/destinations/{code}/subscriptions/{name}/test")
-    async def test_push(code: DestinationCode, name: SubscriptionName,
-                        who: AsOperator) -> dict[str, Any]:
-        """Push a signed test message to the subscriber now (not through a broker, not
-        recorded on any trace, within the subscription's max_concurrency like every push);
-        answers what the subscriber said and how fast."""
-        sub = await store.get_subscription(subscription_id(code, name))
-        envelope = Envelope(message_id=uuid7(), destination=code,
-                            body=orjson.dumps({"msgbus_test": True, "by": who.name}),
-                            biz_id="msgbus-test", source_app="msgbus-admin",
-                            headers={"test": "true"})
-        slots = shares.slots(sub.id, sub.max_concurrency)
-        try:
-            await asyncio.wait_for(slots.acquire(), TEST_PUSH_SLOT_WAIT_S)
-        except TimeoutError:
-            shares.forget(sub.id)
-            raise Unavailable(f"every slot of {sub.id}'s max_concurrency stayed in use for "
-                              f"{TEST_PUSH_SLOT_WAIT_S:.0f} s; try again", retry_after_s=5
-                              ) from None
-        sender = make_sender("h1", instance="admin-test")
-        try:
-            await sender.start()
-            result = await sender.push(envelope, sub, attempt=1)
-        finally:
-            await sender.close()
-            slots.release()
-            shares.forget(sub.id)
-        await users.audit(who, "subscription.test", sub.id, {
-            "status_code": result.status_code, "error": result.error})
-        return {"message_id": envelope.message_id, "ok": result.ok,
-                "status_code": result.status_code, "latency_ms": round(result.latency_ms, 1),
-                "error": result.error}
+@router.post("/v1/destinations/{code}/subscriptions/{name}/parked/redrive")
+async def redrive_parked(code: DestinationCode, name: SubscriptionName, body: RedriveIn,
+                         who: AsOperator, store: Store, users: Users,
+                         claims: Claims) -> dict[str, Any]:
+    """Parked deliveries (all, or those of `message_ids`) are retried again at once, their
+    policy's attempt count and age starting afresh."""
+    sub = await store.get_subscription(subscription_id(code, name))
+    count = await claims.redrive(sub.id, body.message_ids)
+    by = actor(who, body.requested_by)
+    await users.audit(who, "parked.redrive", sub.id,
+                      {"count": count, "message_ids": body.message_ids, "by": by})
+    return {"subscription": sub.id, "redriven": count, "requested_by": by}
 
-    @app.post("/v1/replays")
-    async def create_replay(body: ReplayIn,
-                            who: AsOperator) -> dict[str, Any]:
-        spec = ReplaySpec.model_validate(body.model_dump(exclude={"dry_run", "requested_by"}))
-        targets = await replay_targets(store, spec)
-        planned = await replays.count_planned(spec, targets)
-        if body.dry_run:
-            return {"dry_run": True, "planned": planned, "subscriptions": targets,
-                    "spec": spec.model_dump(mode="json")}
-        by = actor(who, body.requested_by)
-        job = await replays.create(spec, targets, planned, by)
-        await users.audit(who, "replay.create", job["_id"],
-                          {"planned": planned, "spec": spec.model_dump(mode="json"), "by": by})
-        return replay_view(job)
 
-    @app.get("/v1/replays", responses=LIST_RESPONSES)
-    async def list_replays(_: AsViewer, response: Response,
-                           limit: Annotated[int, Query(ge=1, le=500)] = 50
-                           ) -> list[dict[str, Any]]:
-        loaded = await replays.load_recent(limit)
-        return [replay_view(j) for j in valid_items(response, loaded)]
+@router.post("/v1/destinations/{code}/subscriptions/{name}/parked/discard")
+async def discard_parked(code: DestinationCode, name: SubscriptionName, body: DiscardIn,
+                         who: AsOperator, store: Store, users: Users,
+                         claims: Claims) -> dict[str, Any]:
+    """Parked deliveries (all, or those of `message_ids`) are dropped for good, with a
+    reason; they stay in the trace as `discarded`."""
+    sub = await store.get_subscription(subscription_id(code, name))
+    count = await claims.discard(sub.id, body.message_ids, body.reason)
+    await users.audit(who, "parked.discard", sub.id, {
+        "count": count, "message_ids": body.message_ids, "reason": body.reason})
+    return {"subscription": sub.id, "discarded": count, "reason": body.reason}
 
-    @app.get("/v1/replays/{replay_id}")
-    async def get_replay(replay_id: GeneratedId, _: AsViewer) -> dict[str, Any]:
-        return replay_view(await replays.get(replay_id))
 
-    @app.post("/v1/replays/{replay_id}/{action}")
-    async def change_replay(replay_id: GeneratedId, action: ReplayAction, who: AsOperator,
-                            body: OperatorIn | None = None) -> dict[str, Any]:
-        if action not in TRANSITIONS:
-            raise NotFound(f"unknown replay action {action!r}; one of "
-                           f"{', '.join(TRANSITIONS)}", field="action")
-        by = actor(who, (body or OperatorIn()).requested_by)
-        to, allowed_from = TRANSITIONS[action]
-        job = await replays.transition(replay_id, allowed_from, to, by)
-        await users.audit(who, f"replay.{action}", replay_id, {"by": by, "done": job["done"]})
-        return replay_view(job)
+@router.post("/v1/destinations/{code}/subscriptions/{name}/test")
+async def test_push(code: DestinationCode, name: SubscriptionName, who: AsOperator,
+                    store: Store, users: Users, shares: Shares) -> dict[str, Any]:
+    """Push a signed test message to the subscriber now (not through a broker, not
+    recorded on any trace, within the subscription's max_concurrency like every push);
+    answers what the subscriber said and how fast."""
+    sub = await store.get_subscription(subscription_id(code, name))
+    envelope = Envelope(message_id=uuid7(), destination=code,
+                        body=orjson.dumps({"msgbus_test": True, "by": who.name}),
+                        biz_id="msgbus-test", source_app="msgbus-admin",
+                        headers={"test": "true"})
+    slots = shares.slots(sub.id, sub.max_concurrency)
+    try:
+        await asyncio.wait_for(slots.acquire(), TEST_PUSH_SLOT_WAIT_S)
+    except TimeoutError:
+        shares.forget(sub.id)
+        raise Unavailable(f"every slot of {sub.id}'s max_concurrency stayed in use for "
+                          f"{TEST_PUSH_SLOT_WAIT_S:.0f} s; try again", retry_after_s=5
+                          ) from None
+    sender = make_sender("h1", instance="admin-test")
+    try:
+        await sender.start()
+        result = await sender.push(envelope, sub, attempt=1)
+    finally:
+        await sender.close()
+        slots.release()
+        shares.forget(sub.id)
+    await users.audit(who, "subscription.test", sub.id, {
+        "status_code": result.status_code, "error": result.error})
+    return {"message_id": envelope.message_id, "ok": result.ok,
+            "status_code": result.status_code, "latency_ms": round(result.latency_ms, 1),
+            "error": result.error}
+
+
+@router.post("/v1/replays")
+async def create_replay(body: ReplayIn, who: AsOperator, store: Store, users: Users,
+                        replays: Replays) -> dict[str, Any]:
+    spec = ReplaySpec.model_validate(body.model_dump(exclude={"dry_run", "requested_by"}))
+    targets = await replay_targets(store, spec)
+    planned = await replays.count_planned(spec, targets)
+    if body.dry_run:
+        return {"dry_run": True, "planned": planned, "subscriptions": targets,
+                "spec": spec.model_dump(mode="json")}
+    by = actor(who, body.requested_by)
+    job = await replays.create(spec, targets, planned, by)
+    await users.audit(who, "replay.create", job["_id"],
+                      {"planned": planned, "spec": spec.model_dump(mode="json"), "by": by})
+    return replay_view(job)
+
+
+@router.get("/v1/replays", responses=LIST_RESPONSES)
+async def list_replays(_: AsViewer, response: Response, replays: Replays,
+                       limit: Annotated[int, Query(ge=1, le=500)] = 50
+                       ) -> list[dict[str, Any]]:
+    loaded = await replays.load_recent(limit)
+    return [replay_view(j) for j in valid_items(response, loaded)]
+
+
+@router.get("/v1/replays/{replay_id}")
+async def get_replay(replay_id: GeneratedId, _: AsViewer, replays: Replays) -> dict[str, Any]:
+    return replay_view(await replays.get(replay_id))
+
+
+@router.post("/v1/replays/{replay_id}/{action}")
+async def change_replay(replay_id: GeneratedId, action: ReplayAction, who: AsOperator,
+                        users: Users, replays: Replays,
+                        body: OperatorIn | None = None) -> dict[str, Any]:
+    if action not in TRANSITIONS:
+        raise NotFound(f"unknown replay action {action!r}; one of "
+                       f"{', '.join(TRANSITIONS)}", field="action")
+    by = actor(who, (body or OperatorIn()).requested_by)
+    to, allowed_from = TRANSITIONS[action]
+    job = await replays.transition(replay_id, allowed_from, to, by)
+    await users.audit(who, f"replay.{action}", replay_id, {"by": by, "done": job["done"]})
+    return replay_view(job)

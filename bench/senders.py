@@ -1,4 +1,4 @@
-"""Subscriber pushes, side by side: `AiohttpSender` against `HttpxSender`, and both against a raw
+"""Subscriber pushes, side by side: `H1Sender` against `AiohttpSender`, and both against a raw
 aiohttp push loop (the baseline: what aiohttp itself does with no sender around it).
 
     python -m bench.senders [--runs 3] [--seconds 5] [--concurrency 64] [--warmup-s 1]
@@ -16,11 +16,11 @@ aiohttp push loop (the baseline: what aiohttp itself does with no sender around 
   saturated (with 2 cores shared by sender and subscriber, it is the one to compare).
 - `--uvloop` runs the phases on uvloop instead (the subscriber always uses it).
 - Targets (`--targets`): `raw` posts the same bodies with `session.post` and only a
-  content-type header; `aiohttp`, `httpx` and `h1` call `Sender.push` with an `Envelope` and
+  content-type header; `aiohttp` and `h1` call `Sender.push` with an `Envelope` and
   `Subscription` as the dispatcher does (signed CloudEvents headers, per-subscription timeout,
   an AttemptResult).
-- Runs are interleaved and the order rotates per run (raw, aiohttp, httpx, h1; then aiohttp,
-  httpx, h1, raw; ...), so machine noise and position effects hit every target alike. Ratios
+- Runs are interleaved and the order rotates per run (raw, aiohttp, h1; then aiohttp, h1,
+  raw; ...), so machine noise and position effects hit every target alike. Ratios
   against raw are paired with the raw phase of the same run.
 - After each phase the subscriber is asked how many distinct messages it got; fewer than the
   phase's successful pushes is reported as lost (and the exit code is 1).
@@ -56,7 +56,7 @@ from bench.pipeline import stop_process
 from bench.report import cell, out, percentile, rounded, say, spread
 
 HOST = "127.0.0.1"
-TARGETS = ("raw", "aiohttp", "httpx", "h1")
+TARGETS = ("raw", "aiohttp", "h1")
 BASELINE = "raw"
 PHASE_GRACE_S = 30.0
 PAD = "a benchmark message of typical size " * 4  # bodies of ~200 bytes, as bench.dispatch_load
@@ -149,7 +149,7 @@ async def _pusher(target: str, url: str,
 
         return raw_push, session.close
 
-    from msgbus.delivery.sender import make_sender
+    from msgbus.delivery.senders import make_sender
     from msgbus.models import Envelope, Subscription
 
     sender = make_sender(target, instance=f"bench-{target}")

@@ -12,7 +12,7 @@ import socket
 from compensator.replays import ReplayRunner
 from compensator.retrier import SubscriptionRetrier
 from compensator.sweeper import Sweeper
-from msgbus.delivery.sender import make_sender
+from msgbus.delivery.senders import make_sender
 from msgbus.delivery.shares import CapShares
 from msgbus.registry import Registry
 from msgbus.settings import CompensatorSettings

@@ -17,7 +17,7 @@ from dispatcher.drains import DrainWatch
 from dispatcher.redelivery import REMEMBERED, DeliveredCheck
 from dispatcher.supervisor import WorkerSupervisor
 from msgbus.backoff import backoff_s
-from msgbus.delivery.sender import make_sender
+from msgbus.delivery.senders import make_sender
 from msgbus.delivery.shares import CapShares
 from msgbus.delivery.trace import QUEUE as TRACE_QUEUE
 from msgbus.delivery.trace import TraceWriter

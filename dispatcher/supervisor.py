@@ -14,8 +14,9 @@ import logging
 
 from dispatcher.drains import Consumed, DrainWatch
 from dispatcher.redelivery import DeliveredCheck
-from dispatcher.worker import SubscriptionWorker, is_for
+from dispatcher.worker import SubscriptionWorker
 from msgbus.brokers.base import SubscriptionConsumer
+from msgbus.delivery.filters import subscription_receives
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.shares import CapShares
 from msgbus.delivery.trace import TraceWriter
@@ -149,7 +150,7 @@ class WorkerSupervisor:
         ok = True
         for sub in self._registry.subscriptions_of(envelope.destination):
             entry = self._workers.get(sub.id)
-            if entry is not None and is_for(sub, envelope):
+            if entry is not None and subscription_receives(sub, envelope):
                 ok = entry[2].offer_direct(envelope) and ok
         return ok
 

@@ -15,7 +15,7 @@ from dispatcher.redelivery import DeliveredCheck
 from msgbus.backoff import backoff_s
 from msgbus.brokers.base import Received, SubscriptionConsumer
 from msgbus.delivery.attempt import outcome_of, push_through, skipped_outcome
-from msgbus.delivery.filters import why_not_pushed
+from msgbus.delivery.filters import subscription_receives, why_not_pushed
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.trace import TraceWriter
@@ -30,12 +30,6 @@ RECEIVE_WAIT_S = 0.5
 START_RETRY_FIRST_S, START_RETRY_MAX_S = 1.0, 10.0  # a consumer that cannot start
 
 Ack = Callable[[], None]
-
-
-def is_for(subscription: Subscription, envelope: Envelope) -> bool:
-    """A subscription gets the messages accepted after it was created, not the history."""
-    accepted = envelope.received_at or envelope.created_at
-    return accepted >= subscription.created_at
 
 
 class SubscriptionWorker:
@@ -193,7 +187,7 @@ class SubscriptionWorker:
             batch, done = await checked.get()
             try:
                 for received in batch:
-                    if received.envelope.message_id in done or not is_for(
+                    if received.envelope.message_id in done or not subscription_receives(
                             self.subscription, received.envelope):
                         consumer.ack(received)
                         continue

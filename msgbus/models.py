@@ -84,6 +84,12 @@ class Envelope:
     # MongoDB before pushing (dispatcher/redelivery.py); for the others it need not.
     redelivered: bool = False
 
+    @property
+    def accepted_at(self) -> datetime:
+        """When the bus took the message: the receiver's time, or the client's for a message
+        from before receivers stamped it."""
+        return self.received_at or self.created_at
+
 
 def _not_a_number(value: object) -> object:
     if isinstance(value, int | float) or (isinstance(value, str) and _NUMBER_RE.match(value)):

@@ -15,8 +15,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from msgbus.models import DEFAULT_CLUSTER, BrokerKind
 
-# the push HTTP clients (msgbus/delivery/sender.py `make_sender`); h1 by the figures there
-HttpClient = Literal["h1", "aiohttp", "httpx"]
+# the push HTTP clients (msgbus/delivery/senders.py `make_sender`): h1, or aiohttp as a fallback
+HttpClient = Literal["h1", "aiohttp"]
 
 
 class ConnectionSettings(BaseSettings):
@@ -108,7 +108,6 @@ class DispatcherSettings(BaseSettings):
     instance: str = ""  # default: hostname-pid
     trace_dir: Path | None = None  # default: <state_dir>/dispatcher-trace
     trace_batch_size: int = 1000
-    trace_flush_interval_ms: int = 100
     direct_queue_size: int = 10_000
     # Messages the broker hands out again (after a restart or a rebalance) are looked up in
     # MongoDB first and not pushed when already delivered, and so are those older than this

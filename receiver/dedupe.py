@@ -67,8 +67,7 @@ def buffer_origin(buffer_dir: Path) -> str:
 
 def accept_token(origin: str, envelope: Envelope) -> str:
     """Which acceptance of the message this is: its buffer and its receipt time."""
-    accepted = envelope.received_at or envelope.created_at
-    return f"{origin}:{int(accepted.timestamp() * 1000)}"
+    return f"{origin}:{int(envelope.accepted_at.timestamp() * 1000)}"
 
 
 class AcceptedIds:

@@ -81,7 +81,6 @@ def oldest_age_s(buffer: LocalQueue, queue: str) -> float:
     for partition in buffer.partitions(queue):
         first = buffer.read(queue, 1, partition=partition)
         if first:
-            envelope = decode(first[0][1])
-            accepted = envelope.received_at or envelope.created_at
+            accepted = decode(first[0][1]).accepted_at
             oldest = accepted if oldest is None else min(oldest, accepted)
     return 0.0 if oldest is None else max(0.0, (utcnow() - oldest).total_seconds())

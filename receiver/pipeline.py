@@ -20,6 +20,7 @@ from collections import defaultdict
 
 from msgbus.brokers.base import Publisher
 from msgbus.codec import decode_cooperatively
+from msgbus.delivery.filters import subscription_receives
 from msgbus.drain import PartitionedDrainer
 from msgbus.errors import NotFound
 from msgbus.localqueue import LocalQueue
@@ -107,13 +108,11 @@ class IngestPipeline:
         records = []
         subscriptions: dict[str, list[Subscription]] = {}  # per destination, for this batch
         for envelope in await decode_cooperatively(entries):
-            accepted = envelope.received_at or envelope.created_at
             of_destination = subscriptions.get(envelope.destination)
             if of_destination is None:
                 of_destination = subscriptions[envelope.destination] = (
                     self._registry.subscriptions_of(envelope.destination))
-            subs = [s.id for s in of_destination
-                    if s.created_at <= accepted]  # the same rule as the dispatcher's
+            subs = [s.id for s in of_destination if subscription_receives(s, envelope)]
             records.append((envelope, subs))
         await self._store.record_messages(records)
 

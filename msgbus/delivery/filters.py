@@ -16,10 +16,16 @@ _MISSING = object()
 FILTERED_OUT = "filtered out by the subscription"
 
 
+def subscription_receives(subscription: Subscription, envelope: Envelope) -> bool:
+    """A subscription gets the messages accepted after it was created, not the history (the
+    receiver records a message's deliveries by this rule; the dispatcher pushes by it)."""
+    return _aware(envelope.accepted_at) >= _aware(subscription.created_at)
+
+
 def why_not_pushed(subscription: Subscription, envelope: Envelope) -> str | None:
     """Why the message is recorded as skipped instead of pushed; None: it is pushed."""
     if subscription.skip_before is not None:
-        received = _aware(envelope.received_at or envelope.created_at)
+        received = _aware(envelope.accepted_at)
         if received < _aware(subscription.skip_before):
             return f"skipped by an operator: {subscription.skip_reason}"
     return None if matches(subscription, envelope) else FILTERED_OUT

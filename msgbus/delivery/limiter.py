@@ -26,10 +26,6 @@ class SubscriptionLimiter:
         self._gauge = IN_FLIGHT.labels(subscription_id)
         self._slot_wait = SLOT_WAIT.labels(subscription_id)
 
-    @property
-    def circuit_open(self) -> bool:
-        return self._breaker.is_open
-
     async def acquire(self, closing: asyncio.Event) -> bool:
         """Waits for the circuit breaker and a slot; False (and no slot) when `closing` is set
         first. Every True must be followed by one `release()`."""

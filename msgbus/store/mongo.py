@@ -431,7 +431,7 @@ class MongoStore:
             for sub_id in message.get("subscriptions") or []:
                 if sub_id not in states:
                     states[sub_id] = docs.delivery_doc(
-                        envelope, sub_id, envelope.received_at or envelope.created_at)
+                        envelope, sub_id, envelope.accepted_at)
         return [states[sub_id] for sub_id in sorted(states)]
 
     async def attempts_of(self, message_id: str) -> list[dict[str, Any]]:

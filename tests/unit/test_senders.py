@@ -1,4 +1,4 @@
-"""Both senders (`aiohttp`, `httpx`) against a real HTTP server on 127.0.0.1: what a push returns
+"""Both senders (`h1`, `aiohttp`) against a real HTTP server on 127.0.0.1: what a push returns
 for a 2xx, a 5xx with Retry-After, a timeout and a refused connection, and what the subscriber
 receives (the exact body and the signed headers)."""
 
@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 from msgbus_devtools.servers import free_port
 
-from msgbus.delivery.sender import Sender, make_sender
+from msgbus.delivery.sender import Sender
+from msgbus.delivery.senders import make_sender
 from msgbus.delivery.signing import sign
 from msgbus.ids import uuid7
 from msgbus.models import Envelope, Subscription
@@ -20,8 +21,7 @@ from msgbus.models import Envelope, Subscription
 HOST = "127.0.0.1"
 SLOW_ANSWER_S = 1.0
 # What a refused connect raises, per sender: the error text starts with it.
-CONNECT_ERRORS = {"aiohttp": "ClientConnectorError", "httpx": "ConnectError",
-                  "h1": "ConnectionRefusedError"}
+CONNECT_ERRORS = {"aiohttp": "ClientConnectorError", "h1": "ConnectionRefusedError"}
 
 
 @dataclass
@@ -69,7 +69,7 @@ async def server() -> AsyncIterator[Server]:
     await runner.cleanup()
 
 
-@pytest.fixture(params=["aiohttp", "httpx", "h1"])
+@pytest.fixture(params=["aiohttp", "h1"])
 async def sender(request: pytest.FixtureRequest) -> AsyncIterator[Sender]:
     sender = make_sender(request.param, instance="test-1")
     await sender.start()
@@ -88,7 +88,7 @@ def envelope() -> Envelope:
 
 
 def kind(sender: Sender) -> str:
-    return {"HttpxSender": "httpx", "H1Sender": "h1"}.get(type(sender).__name__, "aiohttp")
+    return {"H1Sender": "h1"}.get(type(sender).__name__, "aiohttp")
 
 
 async def test_2xx_is_ok_and_the_request_is_signed_with_the_exact_body(

@@ -117,7 +117,7 @@ class RunningBus:
     async def _start(self) -> None:
         conn = self.connections
         self.dispatcher_service = DispatcherService(
-            DispatcherSettings(port=0, trace_flush_interval_ms=20,
+            DispatcherSettings(port=0,
                                backlog_interval_s=BACKLOG_INTERVAL_S, cleanup_interval_s=0.5,
                                drain_settle_s=2.0, drain_check_interval_s=0.5,
                                connections=conn))

@@ -1,0 +1,39 @@
+"""`AiohttpSender`: the `Sender` on aiohttp's connection pool, the fallback to `H1Sender` for a
+subscriber that needs what the lean client does not do (e.g. a proxy set in code)."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from msgbus.delivery.sender import BaseSender
+
+
+class AiohttpSender(BaseSender):
+    """aiohttp's connection pool: `max_connections` in all, no per-host limit, no
+    decompression of answers (they are read and dropped)."""
+
+    transport_errors = (aiohttp.ClientError, OSError)
+
+    def __init__(self, *, instance: str, max_connections: int = 1000) -> None:
+        super().__init__(instance=instance, max_connections=max_connections)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        # Idle connections are closed after 4 s, before common servers close theirs (uvicorn
+        # 5 s): a POST on a connection the server is closing at that moment fails without
+        # reaching it, and would wait for a retry.
+        connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
+                                         ttl_dns_cache=60, keepalive_timeout=4.0)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str],
+                    timeout_s: float) -> tuple[int, str | None]:
+        assert self._session is not None, "AiohttpSender.start() was not called"
+        async with self._session.post(url, data=body, headers=headers,
+                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            await response.read()
+            return response.status, response.headers.get("retry-after")
