@@ -1,16 +1,22 @@
 """The management API. Every route but /health and the login needs a user (session cookie or
 API token) or the bootstrap token, with the role the route names (viewer, operator, admin); every
-change is written to the audit log (`GET /v1/audit`)."""
+change is written to the audit log (`GET /v1/audit`).
+
+`create_app` builds the app, keeps the service's parts in its state (admin/deps.py) and
+includes the routers: this module's (configuration: destinations, subscriptions, runtime,
+producer apps; messages) and those of the other admin modules."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import APIRouter, FastAPI, Response
 
-from admin.invalid_docs import LIST_RESPONSES, add_invalid_document_routes, valid_items
-from admin.operations import add_operation_routes
+from admin import invalid_docs, operations, pushers, removal, users_routes
+from admin.deps import AdminParts, Deletions, Service, Store, Users, include
+from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.params import (
     AppName,
     BizIdQuery,
@@ -20,13 +26,11 @@ from admin.params import (
     StoredId,
     SubscriptionName,
 )
-from admin.pushers import add_pusher_routes
-from admin.removal import add_removal_routes, refuse_while_deleting
+from admin.removal import refuse_while_deleting
 from admin.schemas import AppIn, DestinationIn, RuntimeIn, SubscriptionIn
 from admin.security import AsAdmin, AsOperator, AsViewer
 from admin.service import AdminService
-from admin.ui import add_ui_routes
-from admin.users_routes import add_user_routes
+from admin.ui import add_ui
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.errors import InvalidStoredDocument, NotFound
 from msgbus.http import add_readiness, service_app
@@ -38,176 +42,206 @@ from msgbus.models import (
     subscription_id,
     utcnow,
 )
-from msgbus.store.deletions import DeletionStore
+from msgbus.store import MongoStore
+from msgbus.store.users import UserStore
 from msgbus.users import Principal
+
+probes = APIRouter()
+router = APIRouter()
 
 
 def create_app(service: AdminService) -> FastAPI:
     app = service_app("msgbus admin", service)
-    store = service.store
     app.state.authenticator = service.auth
-    audit = service.users.audit
-    deletions = DeletionStore(store)
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "mongo": await store.ping()}
-
-    async def readiness() -> dict[str, bool]:
-        return {"mongo": await store.ping()}
-
-    add_readiness(app, readiness, required=("mongo",), service="admin")
-
-    @app.get("/v1/destinations", responses=LIST_RESPONSES)
-    async def list_destinations(_: AsViewer, response: Response) -> list[dict[str, Any]]:
-        loaded = await store.load_destinations()
-        return [d.model_dump(mode="json") for d in valid_items(response, loaded)]
-
-    @app.put("/v1/destinations/{code}", openapi_extra={"responses": {"200": {"links": {
-        "its_subscriptions": {"operationId": "list_subscriptions",
-                              "parameters": {"destination": "$request.path.code"}}}}}})
-    async def put_destination(code: DestinationCode, body: DestinationIn,
-                              who: AsAdmin) -> dict[str, Any]:
-        await refuse_while_deleting(deletions, code)
-        fields = body.model_dump()
-        try:  # a broker switch is remembered: dispatchers drain the previous broker
-            existing = await store.get_destination(code)
-            switched = existing.with_broker(body.broker, utcnow())
-            destination = Destination.model_validate(
-                switched.model_dump() | {k: v for k, v in fields.items() if k != "broker"})
-        except (NotFound, InvalidStoredDocument):  # new, or replacing one that is invalid
-            destination = Destination(code=code, **fields)
-        await store.save_destination(destination)
-        await audit(who, "destination.put", code, body.model_dump(mode="json"))
-        return destination.model_dump(mode="json")
-
-    @app.get("/v1/runtime")
-    async def get_runtime(_: AsViewer) -> dict[str, Any]:
-        return await service.runtime_view()
-
-    @app.patch("/v1/runtime")
-    async def patch_runtime(body: RuntimeIn, who: AsAdmin) -> dict[str, Any]:
-        await service.update_runtime(body)
-        await audit(who, "runtime.patch", "runtime", body.model_dump(mode="json",
-                                                                     exclude_none=True))
-        return await service.runtime_view()
-
-    @app.get("/v1/subscriptions", responses=LIST_RESPONSES, operation_id="list_subscriptions")
-    async def list_subscriptions(_: AsViewer, response: Response,
-                                 destination: DestinationQuery = None) -> list[dict[str, Any]]:
-        loaded = await store.load_subscriptions(destination)
-        return [s.model_dump(mode="json", exclude={"signing_secrets"})
-                for s in valid_items(response, loaded)]
-
-    @app.put("/v1/destinations/{code}/subscriptions/{name}")
-    async def put_subscription(code: DestinationCode, name: SubscriptionName,
-                               body: SubscriptionIn, who: AsAdmin) -> dict[str, Any]:
-        await store.get_destination(code)
-        await refuse_while_deleting(deletions, code, name)
-        sub_id = subscription_id(code, name)
-        try:
-            existing = await store.get_subscription(sub_id)
-            sub = Subscription.model_validate(
-                existing.model_dump() | body.model_dump() | {"updated_at": utcnow()})
-        except NotFound:
-            sub = Subscription(destination=code, name=name, **body.model_dump())
-        except InvalidStoredDocument:
-            sub = await service.replacement_subscription(code, name, body)
-        await store.save_subscription(sub)
-        await audit(who, "subscription.put", sub.id, body.model_dump(mode="json"))
-        # The signing secrets are shown to whoever configures the subscriber.
-        return sub.model_dump(mode="json")
-
-    async def change_subscription(code: str, name: str, who: Principal, action: str,
-                                  change: Callable[[Subscription], dict[str, Any]]
-                                  ) -> Subscription:
-        """Reads the subscription, applies the fields `change` returns for it, saves it,
-        audits it as `action`."""
-        sub = await store.get_subscription(f"{code}/{name}")
-        sub = sub.model_copy(update={**change(sub), "updated_at": utcnow()})
-        await store.save_subscription(sub)
-        await audit(who, action, sub.id)
-        return sub
-
-    @app.post("/v1/destinations/{code}/subscriptions/{name}/pause")
-    async def pause_subscription(code: DestinationCode, name: SubscriptionName,
-                                 who: AsOperator) -> dict[str, Any]:
-        """Dispatchers stop pushing within seconds; messages wait in the broker."""
-        sub = await change_subscription(code, name, who, "subscription.pause",
-                                        lambda _: {"paused": True})
-        return sub.model_dump(mode="json", exclude={"signing_secrets"})
-
-    @app.post("/v1/destinations/{code}/subscriptions/{name}/resume")
-    async def resume_subscription(code: DestinationCode, name: SubscriptionName,
-                                  who: AsOperator) -> dict[str, Any]:
-        sub = await change_subscription(code, name, who, "subscription.resume",
-                                        lambda _: {"paused": False})
-        return sub.model_dump(mode="json", exclude={"signing_secrets"})
-
-    @app.post("/v1/destinations/{code}/subscriptions/{name}/secrets/rotate")
-    async def rotate_secret(code: DestinationCode, name: SubscriptionName,
-                            who: AsAdmin) -> dict[str, Any]:
-        """A new signing secret; pushes are signed with it and the previous one until
-        `.../secrets/previous` is deleted, so the subscriber can switch without a gap."""
-        sub = await change_subscription(code, name, who, "subscription.secret_rotate",
-                                        lambda old: {"signing_secrets": [
-                                            new_signing_secret(), old.signing_secrets[0]]})
-        return {"signing_secrets": sub.signing_secrets}
-
-    @app.delete("/v1/destinations/{code}/subscriptions/{name}/secrets/previous")
-    async def drop_previous_secret(code: DestinationCode, name: SubscriptionName,
-                                   who: AsAdmin) -> dict[str, Any]:
-        sub = await change_subscription(code, name, who, "subscription.secret_drop",
-                                        lambda old: {"signing_secrets":
-                                                     old.signing_secrets[:1]})
-        return {"signing_secrets": sub.signing_secrets}
-
-    @app.post("/v1/apps", status_code=201)
-    async def create_app_key(body: AppIn, who: AsAdmin) -> dict[str, Any]:
-        key = await service.create_producer_app(body.name, body.destinations)
-        await audit(who, "app.create", body.name, {"destinations": body.destinations})
-        return {"name": body.name, "destinations": body.destinations, "api_key": key,
-                "note": "the key is shown only once; msgbus stores only its hash"}
-
-    @app.get("/v1/apps", responses=LIST_RESPONSES)
-    async def list_apps(_: AsViewer, response: Response) -> list[dict[str, Any]]:
-        """Producer apps without their key hashes: name, destinations, how many keys."""
-        return [{"name": a.name, "destinations": a.destinations, "keys": len(a.key_hashes),
-                 "created_at": a.created_at, "revoked_at": a.revoked_at}
-                for a in valid_items(response, await store.load_apps())]
-
-    @app.post("/v1/apps/{name}/keys", status_code=201)
-    async def add_app_key(name: AppName, who: AsAdmin) -> dict[str, Any]:
-        """A further key (to rotate without a gap: deploy it, then revoke the old ones)."""
-        key = new_api_key()
-        await store.add_app_key(name, hash_api_key(key))
-        await audit(who, "app.key_add", name)
-        return {"name": name, "api_key": key,
-                "note": "the key is shown only once; msgbus stores only its hash"}
-
-    @app.delete("/v1/apps/{name}/keys", status_code=204)
-    async def revoke_app_keys(name: AppName, who: AsAdmin) -> None:
-        """Every key of the app stops working within 30 s (the receivers' key cache)."""
-        await store.revoke_app_keys(name)
-        await audit(who, "app.keys_revoke", name)
-
-    @app.get("/v1/messages")
-    async def find_messages(_: AsViewer, biz_id: BizIdQuery = None,
-                            destination: DestinationQuery = None,
-                            since: Timestamp | None = None, until: Timestamp | None = None,
-                            limit: Limit = 100) -> list[dict[str, Any]]:
-        found = await store.find_messages(biz_id=biz_id, destination=destination, since=since,
-                                          until=until, limit=limit)
-        return [service.message_summary(doc) for doc in found]
-
-    @app.get("/v1/messages/{message_id}")
-    async def message_detail(message_id: StoredId, _: AsViewer) -> dict[str, Any]:
-        return await service.message_timeline(message_id)
-
-    add_invalid_document_routes(app, service)
-    add_pusher_routes(app, store)
-    add_removal_routes(app, store, service.users)
-    add_operation_routes(app, store, service.users, service.shares)
-    add_user_routes(app, service)
-    add_ui_routes(app, service)
+    app.state.parts = AdminParts.of(service)
+    include(app, probes)
+    add_readiness(app, partial(_readiness, service.store), required=("mongo",),
+                  service="admin")
+    for routes in (router, invalid_docs.router, pushers.router, removal.router,
+                   operations.router, users_routes.router):
+        include(app, routes)
+    add_ui(app)
     return app
+
+
+@probes.get("/health")
+async def health(store: Store) -> dict[str, Any]:
+    return {"status": "ok", "mongo": await store.ping()}
+
+
+async def _readiness(store: MongoStore) -> dict[str, bool]:
+    return {"mongo": await store.ping()}
+
+
+@router.get("/v1/destinations", responses=LIST_RESPONSES)
+async def list_destinations(_: AsViewer, response: Response,
+                            store: Store) -> list[dict[str, Any]]:
+    loaded = await store.load_destinations()
+    return [d.model_dump(mode="json") for d in valid_items(response, loaded)]
+
+
+@router.put("/v1/destinations/{code}", openapi_extra={"responses": {"200": {"links": {
+    "its_subscriptions": {"operationId": "list_subscriptions",
+                          "parameters": {"destination": "$request.path.code"}}}}}})
+async def put_destination(code: DestinationCode, body: DestinationIn, who: AsAdmin,
+                          store: Store, users: Users, deletions: Deletions) -> dict[str, Any]:
+    await refuse_while_deleting(deletions, code)
+    fields = body.model_dump()
+    try:  # a broker switch is remembered: dispatchers drain the previous broker
+        existing = await store.get_destination(code)
+        switched = existing.with_broker(body.broker, utcnow())
+        destination = Destination.model_validate(
+            switched.model_dump() | {k: v for k, v in fields.items() if k != "broker"})
+    except (NotFound, InvalidStoredDocument):  # new, or replacing one that is invalid
+        destination = Destination(code=code, **fields)
+    await store.save_destination(destination)
+    await users.audit(who, "destination.put", code, body.model_dump(mode="json"))
+    return destination.model_dump(mode="json")
+
+
+@router.get("/v1/runtime")
+async def get_runtime(_: AsViewer, service: Service) -> dict[str, Any]:
+    return await service.runtime_view()
+
+
+@router.patch("/v1/runtime")
+async def patch_runtime(body: RuntimeIn, who: AsAdmin, service: Service) -> dict[str, Any]:
+    await service.update_runtime(body)
+    await service.users.audit(who, "runtime.patch", "runtime",
+                              body.model_dump(mode="json", exclude_none=True))
+    return await service.runtime_view()
+
+
+@router.get("/v1/subscriptions", responses=LIST_RESPONSES, operation_id="list_subscriptions")
+async def list_subscriptions(_: AsViewer, response: Response, store: Store,
+                             destination: DestinationQuery = None) -> list[dict[str, Any]]:
+    loaded = await store.load_subscriptions(destination)
+    return [s.model_dump(mode="json", exclude={"signing_secrets"})
+            for s in valid_items(response, loaded)]
+
+
+@router.put("/v1/destinations/{code}/subscriptions/{name}")
+async def put_subscription(code: DestinationCode, name: SubscriptionName,
+                           body: SubscriptionIn, who: AsAdmin, service: Service,
+                           deletions: Deletions) -> dict[str, Any]:
+    store = service.store
+    await store.get_destination(code)
+    await refuse_while_deleting(deletions, code, name)
+    sub_id = subscription_id(code, name)
+    try:
+        existing = await store.get_subscription(sub_id)
+        sub = Subscription.model_validate(
+            existing.model_dump() | body.model_dump() | {"updated_at": utcnow()})
+    except NotFound:
+        sub = Subscription(destination=code, name=name, **body.model_dump())
+    except InvalidStoredDocument:
+        sub = await service.replacement_subscription(code, name, body)
+    await store.save_subscription(sub)
+    await service.users.audit(who, "subscription.put", sub.id, body.model_dump(mode="json"))
+    # The signing secrets are shown to whoever configures the subscriber.
+    return sub.model_dump(mode="json")
+
+
+async def change_subscription(store: MongoStore, users: UserStore, code: str, name: str,
+                              who: Principal, action: str,
+                              change: Callable[[Subscription], dict[str, Any]]
+                              ) -> Subscription:
+    """Reads the subscription, applies the fields `change` returns for it, saves it,
+    audits it as `action`."""
+    sub = await store.get_subscription(f"{code}/{name}")
+    sub = sub.model_copy(update={**change(sub), "updated_at": utcnow()})
+    await store.save_subscription(sub)
+    await users.audit(who, action, sub.id)
+    return sub
+
+
+async def _set_paused(store: MongoStore, users: UserStore, code: str, name: str,
+                      who: Principal, paused: bool) -> dict[str, Any]:
+    """Pauses or resumes the subscription; its view without the signing secrets."""
+    action = "subscription.pause" if paused else "subscription.resume"
+    sub = await change_subscription(store, users, code, name, who, action,
+                                    lambda _: {"paused": paused})
+    return sub.model_dump(mode="json", exclude={"signing_secrets"})
+
+
+@router.post("/v1/destinations/{code}/subscriptions/{name}/pause")
+async def pause_subscription(code: DestinationCode, name: SubscriptionName, who: AsOperator,
+                             store: Store, users: Users) -> dict[str, Any]:
+    """Dispatchers stop pushing within seconds; messages wait in the broker."""
+    return await _set_paused(store, users, code, name, who, paused=True)
+
+
+@router.post("/v1/destinations/{code}/subscriptions/{name}/resume")
+async def resume_subscription(code: DestinationCode, name: SubscriptionName, who: AsOperator,
+                              store: Store, users: Users) -> dict[str, Any]:
+    return await _set_paused(store, users, code, name, who, paused=False)
+
+
+@router.post("/v1/destinations/{code}/subscriptions/{name}/secrets/rotate")
+async def rotate_secret(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
+                        store: Store, users: Users) -> dict[str, Any]:
+    """A new signing secret; pushes are signed with it and the previous one until
+    `.../secrets/previous` is deleted, so the subscriber can switch without a gap."""
+    sub = await change_subscription(store, users, code, name, who,
+                                    "subscription.secret_rotate",
+                                    lambda old: {"signing_secrets": [
+                                        new_signing_secret(), old.signing_secrets[0]]})
+    return {"signing_secrets": sub.signing_secrets}
+
+
+@router.delete("/v1/destinations/{code}/subscriptions/{name}/secrets/previous")
+async def drop_previous_secret(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
+                               store: Store, users: Users) -> dict[str, Any]:
+    sub = await change_subscription(store, users, code, name, who, "subscription.secret_drop",
+                                    lambda old: {"signing_secrets": old.signing_secrets[:1]})
+    return {"signing_secrets": sub.signing_secrets}
+
+
+@router.post("/v1/apps", status_code=201)
+async def create_app_key(body: AppIn, who: AsAdmin, service: Service) -> dict[str, Any]:
+    key = await service.create_producer_app(body.name, body.destinations)
+    await service.users.audit(who, "app.create", body.name,
+                              {"destinations": body.destinations})
+    return {"name": body.name, "destinations": body.destinations, "api_key": key,
+            "note": "the key is shown only once; msgbus stores only its hash"}
+
+
+@router.get("/v1/apps", responses=LIST_RESPONSES)
+async def list_apps(_: AsViewer, response: Response, store: Store) -> list[dict[str, Any]]:
+    """Producer apps without their key hashes: name, destinations, how many keys."""
+    return [{"name": a.name, "destinations": a.destinations, "keys": len(a.key_hashes),
+             "created_at": a.created_at, "revoked_at": a.revoked_at}
+            for a in valid_items(response, await store.load_apps())]
+
+
+@router.post("/v1/apps/{name}/keys", status_code=201)
+async def add_app_key(name: AppName, who: AsAdmin, store: Store,
+                      users: Users) -> dict[str, Any]:
+    """A further key (to rotate without a gap: deploy it, then revoke the old ones)."""
+    key = new_api_key()
+    await store.add_app_key(name, hash_api_key(key))
+    await users.audit(who, "app.key_add", name)
+    return {"name": name, "api_key": key,
+            "note": "the key is shown only once; msgbus stores only its hash"}
+
+
+@router.delete("/v1/apps/{name}/keys", status_code=204)
+async def revoke_app_keys(name: AppName, who: AsAdmin, store: Store, users: Users) -> None:
+    """Every key of the app stops working within 30 s (the receivers' key cache)."""
+    await store.revoke_app_keys(name)
+    await users.audit(who, "app.keys_revoke", name)
+
+
+@router.get("/v1/messages")
+async def find_messages(_: AsViewer, service: Service, biz_id: BizIdQuery = None,
+                        destination: DestinationQuery = None,
+                        since: Timestamp | None = None, until: Timestamp | None = None,
+                        limit: Limit = 100) -> list[dict[str, Any]]:
+    found = await service.store.find_messages(biz_id=biz_id, destination=destination,
+                                              since=since, until=until, limit=limit)
+    return [service.message_summary(doc) for doc in found]
+
+
+@router.get("/v1/messages/{message_id}")
+async def message_detail(message_id: StoredId, _: AsViewer, service: Service) -> dict[str, Any]:
+    return await service.message_timeline(message_id)

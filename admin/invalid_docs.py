@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Response
+from fastapi import APIRouter, Response
 
+from admin.deps import Store, Users
 from admin.params import ConfigCollection, StoredId
 from admin.security import AsAdmin, AsViewer
-from admin.service import AdminService
 from msgbus.store.checked import Loaded
 
 T = TypeVar("T")
@@ -37,17 +37,18 @@ def valid_items(response: Response, loaded: Loaded[T]) -> list[T]:
     return loaded.items
 
 
-def add_invalid_document_routes(app: FastAPI, service: AdminService) -> None:
-    store = service.store
+router = APIRouter()
 
-    @app.get("/v1/invalid-documents")
-    async def list_invalid_documents(_: AsViewer) -> dict[str, Any]:
-        """Stored configuration that does not validate and that every service skips."""
-        found = [d.to_json() for d in await store.all_invalid_documents()]
-        return {"count": len(found), "documents": found}
 
-    @app.delete("/v1/invalid-documents/{collection}/{doc_id:path}", status_code=204)
-    async def delete_invalid_document(collection: ConfigCollection, doc_id: StoredId,
-                                      who: AsAdmin) -> None:
-        await store.delete_invalid_document(collection, doc_id)
-        await service.users.audit(who, "invalid_document.delete", f"{collection}/{doc_id}")
+@router.get("/v1/invalid-documents")
+async def list_invalid_documents(_: AsViewer, store: Store) -> dict[str, Any]:
+    """Stored configuration that does not validate and that every service skips."""
+    found = [d.to_json() for d in await store.all_invalid_documents()]
+    return {"count": len(found), "documents": found}
+
+
+@router.delete("/v1/invalid-documents/{collection}/{doc_id:path}", status_code=204)
+async def delete_invalid_document(collection: ConfigCollection, doc_id: StoredId,
+                                  who: AsAdmin, store: Store, users: Users) -> None:
+    await store.delete_invalid_document(collection, doc_id)
+    await users.audit(who, "invalid_document.delete", f"{collection}/{doc_id}")

@@ -11,8 +11,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter
 
+from admin.deps import Store
 from admin.params import DestinationCode, SubscriptionName
 from admin.security import AsViewer
 from msgbus.delivery.shares import RATE_SUFFIX
@@ -48,10 +49,12 @@ def _circuit_seen_by(instance: dict[str, Any], sub_id: str) -> dict[str, Any]:
             "last_success_at": datetime.fromtimestamp(ok_at, UTC) if ok_at else None}
 
 
-def add_pusher_routes(app: FastAPI, store: MongoStore) -> None:
-    @app.get("/v1/destinations/{code}/subscriptions/{name}/pushers")
-    async def list_pushers(code: DestinationCode, name: SubscriptionName,
-                           _: AsViewer) -> dict[str, Any]:
-        """The processes pushing to the subscription now and their shares of its cap."""
-        sub = await store.get_subscription(subscription_id(code, name))
-        return await pushers_of(store, sub.id)
+router = APIRouter()
+
+
+@router.get("/v1/destinations/{code}/subscriptions/{name}/pushers")
+async def list_pushers(code: DestinationCode, name: SubscriptionName, _: AsViewer,
+                       store: Store) -> dict[str, Any]:
+    """The processes pushing to the subscription now and their shares of its cap."""
+    sub = await store.get_subscription(subscription_id(code, name))
+    return await pushers_of(store, sub.id)

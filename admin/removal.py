@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
+from admin.deps import Claims, Deletions, Store, Users
 from admin.operations import actor
 from admin.params import DestinationCode, SubscriptionName
 from admin.schemas import OPERATOR_PATTERN
@@ -24,9 +25,7 @@ from admin.security import AsAdmin, AsOperator
 from msgbus.errors import Conflict
 from msgbus.models import subscription_id, utcnow
 from msgbus.store import MongoStore
-from msgbus.store.claims import DeliveryClaims
 from msgbus.store.deletions import DESTINATION, SUBSCRIPTION, DeletionStore
-from msgbus.store.users import UserStore
 
 
 class SkipIn(BaseModel):
@@ -46,51 +45,57 @@ async def refuse_while_deleting(deletions: DeletionStore, code: str,
                        " try again in a minute", field="code" if name is None else "name")
 
 
-def add_removal_routes(app: FastAPI, store: MongoStore, users: UserStore) -> None:
-    deletions = DeletionStore(store)
-    claims = DeliveryClaims(store, owner="admin")
+router = APIRouter()
 
-    async def delete_one_subscription(code: str, name: str, by: str) -> None:
-        await deletions.record(SUBSCRIPTION, code, name, by)
-        await store.subscriptions.delete_one({"_id": subscription_id(code, name)})
 
-    @app.delete("/v1/destinations/{code}/subscriptions/{name}")
-    async def delete_subscription(code: DestinationCode, name: SubscriptionName,
-                                  who: AsAdmin) -> dict[str, Any]:
-        """Stops its pushes everywhere and removes its consumer group and queue; its records
-        stay until retention."""
-        sub = await store.get_subscription(subscription_id(code, name))
-        await delete_one_subscription(code, name, who.name)
-        await users.audit(who, "subscription.delete", sub.id)
-        return {"deleted": sub.id}
+async def _delete_one_subscription(store: MongoStore, deletions: DeletionStore, code: str,
+                                   name: str, by: str) -> None:
+    await deletions.record(SUBSCRIPTION, code, name, by)
+    await store.subscriptions.delete_one({"_id": subscription_id(code, name)})
 
-    @app.delete("/v1/destinations/{code}")
-    async def delete_destination(code: DestinationCode, who: AsAdmin) -> dict[str, Any]:
-        """Deletes the destination and every subscription of it: producers get 404, pushes
-        stop, topics, exchanges, consumer groups and queues are removed; records stay until
-        retention."""
-        await store.get_destination(code)
-        names = [s.name for s in await store.list_subscriptions(code)]
-        await deletions.record(DESTINATION, code, None, who.name)
-        for name in names:
-            await delete_one_subscription(code, name, who.name)
-        await store.destinations.delete_one({"_id": code})
-        await users.audit(who, "destination.delete", code, {"subscriptions": names})
-        return {"deleted": code, "subscriptions": names}
 
-    @app.post("/v1/destinations/{code}/subscriptions/{name}/skip")
-    async def skip_backlog(code: DestinationCode, name: SubscriptionName, body: SkipIn,
-                           who: AsOperator) -> dict[str, Any]:
-        """Everything received before now that the subscription has not got is recorded as
-        skipped with `reason` instead of pushed."""
-        sub = await store.get_subscription(subscription_id(code, name))
-        now = utcnow()
-        by = actor(who, body.requested_by)
-        reason = f"{body.reason} (by {by})"
-        await store.save_subscription(sub.model_copy(update={
-            "skip_before": now, "skip_reason": reason, "updated_at": now}))
-        skipped = await claims.skip_open(sub.id, f"skipped by an operator: {reason}")
-        await users.audit(who, "subscription.skip", sub.id,
-                          {"reason": body.reason, "by": by, "skipped_states": skipped})
-        return {"subscription": sub.id, "skip_before": now.isoformat(), "reason": reason,
-                "skipped_states": skipped}
+@router.delete("/v1/destinations/{code}/subscriptions/{name}")
+async def delete_subscription(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
+                              store: Store, users: Users,
+                              deletions: Deletions) -> dict[str, Any]:
+    """Stops its pushes everywhere and removes its consumer group and queue; its records
+    stay until retention."""
+    sub = await store.get_subscription(subscription_id(code, name))
+    await _delete_one_subscription(store, deletions, code, name, who.name)
+    await users.audit(who, "subscription.delete", sub.id)
+    return {"deleted": sub.id}
+
+
+@router.delete("/v1/destinations/{code}")
+async def delete_destination(code: DestinationCode, who: AsAdmin, store: Store, users: Users,
+                             deletions: Deletions) -> dict[str, Any]:
+    """Deletes the destination and every subscription of it: producers get 404, pushes
+    stop, topics, exchanges, consumer groups and queues are removed; records stay until
+    retention."""
+    await store.get_destination(code)
+    names = [s.name for s in await store.list_subscriptions(code)]
+    await deletions.record(DESTINATION, code, None, who.name)
+    for name in names:
+        await _delete_one_subscription(store, deletions, code, name, who.name)
+    await store.destinations.delete_one({"_id": code})
+    await users.audit(who, "destination.delete", code, {"subscriptions": names})
+    return {"deleted": code, "subscriptions": names}
+
+
+@router.post("/v1/destinations/{code}/subscriptions/{name}/skip")
+async def skip_backlog(code: DestinationCode, name: SubscriptionName, body: SkipIn,
+                       who: AsOperator, store: Store, users: Users,
+                       claims: Claims) -> dict[str, Any]:
+    """Everything received before now that the subscription has not got is recorded as
+    skipped with `reason` instead of pushed."""
+    sub = await store.get_subscription(subscription_id(code, name))
+    now = utcnow()
+    by = actor(who, body.requested_by)
+    reason = f"{body.reason} (by {by})"
+    await store.save_subscription(sub.model_copy(update={
+        "skip_before": now, "skip_reason": reason, "updated_at": now}))
+    skipped = await claims.skip_open(sub.id, f"skipped by an operator: {reason}")
+    await users.audit(who, "subscription.skip", sub.id,
+                      {"reason": body.reason, "by": by, "skipped_states": skipped})
+    return {"subscription": sub.id, "skip_before": now.isoformat(), "reason": reason,
+            "skipped_states": skipped}

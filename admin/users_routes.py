@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, Request, Response
 
+from admin.deps import Service, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.params import GeneratedId, Limit, TargetQuery, UserName
 from admin.schemas import LoginIn, TokenIn, UserIn
 from admin.security import SESSION_COOKIE, AsAdmin, AsViewer
-from admin.service import AdminService
 from msgbus.errors import Forbidden, InvalidInput, Unauthorized
 from msgbus.models import Timestamp
 from msgbus.users import Principal, Role, check_password, hash_password
@@ -29,96 +29,108 @@ def _user_view(doc: dict[str, Any]) -> dict[str, Any]:
                                    if k not in ("_id", "password_hash")}}
 
 
-def add_user_routes(app: FastAPI, service: AdminService) -> None:
-    users = service.users
-    sessions = service.auth.sessions
+router = APIRouter()
 
-    @app.post("/v1/session")
-    async def login(body: LoginIn, request: Request, response: Response) -> dict[str, Any]:
-        user = await users.find_user(body.username)
-        if (user is None or user.get("disabled")
-                or not check_password(body.password, user["password_hash"])):
-            raise Unauthorized("wrong user name or password")
-        cookie, session_id = sessions.issue(body.username)
-        response.set_cookie(SESSION_COOKIE, cookie, max_age=int(sessions.ttl_s), httponly=True,
-                            samesite="strict", secure=request.url.scheme == "https")
-        principal = Principal(body.username, Role(user["role"]), "session", session_id)
-        await users.audit(principal, "session.login", body.username)
-        return {"name": body.username, "role": user["role"],
-                "csrf_token": sessions.csrf_token(session_id), "expires_in_s": sessions.ttl_s}
 
-    @app.get("/v1/session")
-    async def whoami(who: AsViewer) -> dict[str, Any]:
-        answer: dict[str, Any] = {"name": who.name, "role": who.role.value, "via": who.via}
-        if who.session_id is not None:
-            answer["csrf_token"] = sessions.csrf_token(who.session_id)
-        return answer
+@router.post("/v1/session")
+async def login(body: LoginIn, request: Request, response: Response,
+                service: Service) -> dict[str, Any]:
+    users, sessions = service.users, service.auth.sessions
+    user = await users.find_user(body.username)
+    if (user is None or user.get("disabled")
+            or not check_password(body.password, user["password_hash"])):
+        raise Unauthorized("wrong user name or password")
+    cookie, session_id = sessions.issue(body.username)
+    response.set_cookie(SESSION_COOKIE, cookie, max_age=int(sessions.ttl_s), httponly=True,
+                        samesite="strict", secure=request.url.scheme == "https")
+    principal = Principal(body.username, Role(user["role"]), "session", session_id)
+    await users.audit(principal, "session.login", body.username)
+    return {"name": body.username, "role": user["role"],
+            "csrf_token": sessions.csrf_token(session_id), "expires_in_s": sessions.ttl_s}
 
-    @app.delete("/v1/session", status_code=204)
-    async def logout(response: Response) -> None:
-        response.delete_cookie(SESSION_COOKIE)
 
-    @app.get("/v1/users", responses=LIST_RESPONSES)
-    async def list_users(_: AsAdmin, response: Response) -> list[dict[str, Any]]:
-        return [_user_view(u) for u in valid_items(response, await users.load_users())]
+@router.get("/v1/session")
+async def whoami(who: AsViewer, service: Service) -> dict[str, Any]:
+    answer: dict[str, Any] = {"name": who.name, "role": who.role.value, "via": who.via}
+    if who.session_id is not None:
+        answer["csrf_token"] = service.auth.sessions.csrf_token(who.session_id)
+    return answer
 
-    @app.put("/v1/users/{name}")
-    async def put_user(name: UserName, body: UserIn, who: AsAdmin) -> dict[str, Any]:
-        state = await users.user_state(name)
-        if state != "valid":  # a new user, or one in place of a stored one that is invalid
-            if body.password is None or body.role is None:
-                what = "a new user" if state == "missing" else (
-                    "replacing a stored user that does not validate")
-                raise InvalidInput(f"{what} needs a password and a role", field="password")
-            doc = await users.create_user(name, hash_password(body.password), body.role,
-                                          replace_invalid=state == "invalid")
-            await users.audit(who, "user.create", name, {"role": body.role.value})
-            return _user_view(doc)
-        fields: dict[str, Any] = {}
-        if body.password is not None:
-            fields["password_hash"] = hash_password(body.password)
-        if body.role is not None:
-            fields["role"] = body.role.value
-        if body.disabled is not None:
-            fields["disabled"] = body.disabled
-        doc = await users.update_user(name, **fields)
-        await users.audit(who, "user.change", name, {
-            k: v for k, v in fields.items() if k != "password_hash"}
-            | ({"password": "changed"} if "password_hash" in fields else {}))
+
+@router.delete("/v1/session", status_code=204)
+async def logout(response: Response) -> None:
+    response.delete_cookie(SESSION_COOKIE)
+
+
+@router.get("/v1/users", responses=LIST_RESPONSES)
+async def list_users(_: AsAdmin, response: Response, users: Users) -> list[dict[str, Any]]:
+    return [_user_view(u) for u in valid_items(response, await users.load_users())]
+
+
+@router.put("/v1/users/{name}")
+async def put_user(name: UserName, body: UserIn, who: AsAdmin, users: Users) -> dict[str, Any]:
+    state = await users.user_state(name)
+    if state != "valid":  # a new user, or one in place of a stored one that is invalid
+        if body.password is None or body.role is None:
+            what = "a new user" if state == "missing" else (
+                "replacing a stored user that does not validate")
+            raise InvalidInput(f"{what} needs a password and a role", field="password")
+        doc = await users.create_user(name, hash_password(body.password), body.role,
+                                      replace_invalid=state == "invalid")
+        await users.audit(who, "user.create", name, {"role": body.role.value})
         return _user_view(doc)
+    fields: dict[str, Any] = {}
+    if body.password is not None:
+        fields["password_hash"] = hash_password(body.password)
+    if body.role is not None:
+        fields["role"] = body.role.value
+    if body.disabled is not None:
+        fields["disabled"] = body.disabled
+    doc = await users.update_user(name, **fields)
+    await users.audit(who, "user.change", name, {
+        k: v for k, v in fields.items() if k != "password_hash"}
+        | ({"password": "changed"} if "password_hash" in fields else {}))
+    return _user_view(doc)
 
-    @app.delete("/v1/users/{name}", status_code=204)
-    async def delete_user(name: UserName, who: AsAdmin) -> None:
-        if name == who.name:
-            raise Forbidden("you cannot delete yourself")
-        await users.delete_user(name)
-        await users.audit(who, "user.delete", name)
 
-    @app.post("/v1/tokens", status_code=201)
-    async def create_token(body: TokenIn, who: AsViewer) -> dict[str, Any]:
-        if who.via == "bootstrap":
-            raise InvalidInput("the bootstrap token has no user: create a user and log in as "
-                               "them to make API tokens", field="authorization")
-        role = body.role or who.role
-        if not who.role.allows(role):
-            raise Forbidden(f"a {who.role.value} cannot make a {role.value} token")
-        token, doc = await users.create_token(who.name, body.name, role)
-        await users.audit(who, "token.create", doc["token_id"],
-                          {"name": body.name, "role": role.value})
-        return {"token": token, "token_id": doc["token_id"], "name": body.name,
-                "role": role.value, "note": "the token is shown only once"}
+@router.delete("/v1/users/{name}", status_code=204)
+async def delete_user(name: UserName, who: AsAdmin, users: Users) -> None:
+    if name == who.name:
+        raise Forbidden("you cannot delete yourself")
+    await users.delete_user(name)
+    await users.audit(who, "user.delete", name)
 
-    @app.get("/v1/tokens", responses=LIST_RESPONSES)
-    async def list_tokens(who: AsViewer, response: Response) -> list[dict[str, Any]]:
-        loaded = await users.load_tokens(None if who.role is Role.ADMIN else who.name)
-        return valid_items(response, loaded)
 
-    @app.delete("/v1/tokens/{token_id}", status_code=204)
-    async def revoke_token(token_id: GeneratedId, who: AsViewer) -> None:
-        await users.revoke_token(token_id, None if who.role is Role.ADMIN else who.name)
-        await users.audit(who, "token.revoke", token_id)
+@router.post("/v1/tokens", status_code=201)
+async def create_token(body: TokenIn, who: AsViewer, users: Users) -> dict[str, Any]:
+    if who.via == "bootstrap":
+        raise InvalidInput("the bootstrap token has no user: create a user and log in as "
+                           "them to make API tokens", field="authorization")
+    role = body.role or who.role
+    if not who.role.allows(role):
+        raise Forbidden(f"a {who.role.value} cannot make a {role.value} token")
+    token, doc = await users.create_token(who.name, body.name, role)
+    await users.audit(who, "token.create", doc["token_id"],
+                      {"name": body.name, "role": role.value})
+    return {"token": token, "token_id": doc["token_id"], "name": body.name,
+            "role": role.value, "note": "the token is shown only once"}
 
-    @app.get("/v1/audit")
-    async def audit_log(_: AsViewer, limit: Limit = 100, before: Timestamp | None = None,
-                        target: TargetQuery = None) -> list[dict[str, Any]]:
-        return await users.audit_log(limit, before, target)
+
+@router.get("/v1/tokens", responses=LIST_RESPONSES)
+async def list_tokens(who: AsViewer, response: Response,
+                      users: Users) -> list[dict[str, Any]]:
+    loaded = await users.load_tokens(None if who.role is Role.ADMIN else who.name)
+    return valid_items(response, loaded)
+
+
+@router.delete("/v1/tokens/{token_id}", status_code=204)
+async def revoke_token(token_id: GeneratedId, who: AsViewer, users: Users) -> None:
+    await users.revoke_token(token_id, None if who.role is Role.ADMIN else who.name)
+    await users.audit(who, "token.revoke", token_id)
+
+
+@router.get("/v1/audit")
+async def audit_log(_: AsViewer, users: Users, limit: Limit = 100,
+                    before: Timestamp | None = None,
+                    target: TargetQuery = None) -> list[dict[str, Any]]:
+    return await users.audit_log(limit, before, target)
