@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 from msgbus_client.errors import ClientClosedError
 from msgbus_client.message import Entry
@@ -31,6 +32,33 @@ log = logging.getLogger("msgbus_client")
 GroupResult = list[BaseException | None]
 
 _MAX_GROUPS_PER_LEADER = 4  # at most ~2 ms of extra wait for one leader
+
+QueuedT = TypeVar("QueuedT")
+
+
+class _CommitQueue(Generic[QueuedT]):
+    """What both flavours share: the queued senders, taken a group at a time, and no new ones
+    once close() has begun."""
+
+    def __init__(self, max_group: int) -> None:
+        self._max_group = max_group
+        self._queue: list[QueuedT] = []
+        self._closing = False
+
+    def _refuse_if_closing(self) -> None:
+        if self._closing:
+            raise ClientClosedError("the client is closed")
+
+    def _take(self) -> list[QueuedT]:
+        group = self._queue[: self._max_group]
+        del self._queue[: self._max_group]
+        return group
+
+
+def _failed(exc: BaseException, size: int) -> GroupResult:
+    """A commit that raised fails every sender of its group with the same error."""
+    log.error("msgbus_client: group commit failed", exc_info=exc)
+    return [exc] * size
 
 
 class _Waiter:
@@ -53,32 +81,25 @@ class _Waiter:
             self.next.done.release()
 
 
-class GroupCommitter:
+class GroupCommitter(_CommitQueue[_Waiter]):
     """Thread flavour. `commit(build)` blocks until the built entry is durable."""
 
     def __init__(
-        self,
-        handle: Callable[[list[Entry]], GroupResult],
-        *,
-        window_s: float,
-        max_group: int,
+        self, handle: Callable[[list[Entry]], GroupResult], *, window_s: float, max_group: int
     ) -> None:
+        super().__init__(max_group)
         self._handle = handle
         self._window_s = window_s
-        self._max_group = max_group
         self._cond = threading.Condition(threading.Lock())
-        self._queue: list[_Waiter] = []
         self._arriving = 0  # senders encoding their message, about to queue
         self._lingering = False
         self._leading = False
-        self._closing = False
 
     def commit(self, build: Callable[[], Entry]) -> Entry:
         """Build the entry (errors propagate as they are), commit it with whoever else is
         sending, and return it; raises the commit's error for this entry."""
         with self._cond:
-            if self._closing:
-                raise ClientClosedError("the client is closed")
+            self._refuse_if_closing()
             self._arriving += 1
         try:
             entry = build()
@@ -142,11 +163,6 @@ class GroupCommitter:
                     return
                 group = self._take()
 
-    def _take(self) -> list[_Waiter]:
-        group = self._queue[: self._max_group]
-        del self._queue[: self._max_group]
-        return group
-
     def _commit_and_release(self, group: list[_Waiter], own: _Waiter) -> None:
         results = _call(self._handle, [waiter.entry for waiter in group])
         followers = [waiter for waiter in group if waiter is not own]
@@ -177,32 +193,24 @@ class GroupCommitter:
 
 def _call(handle: Callable[[list[Entry]], GroupResult], entries: list[Entry]) -> GroupResult:
     try:
-        results = handle(entries)
+        return handle(entries)
     except BaseException as exc:  # hand the failure to every sender of the group
-        log.exception("msgbus_client: group commit failed")
-        return [exc] * len(entries)
-    return results
+        return _failed(exc, len(entries))
 
 
-class AsyncGroupCommitter:
+class AsyncGroupCommitter(_CommitQueue[tuple[Entry, asyncio.Future[None]]]):
     """asyncio flavour; `await submit(entry)`. Must be used from one event loop."""
 
     def __init__(
-        self,
-        handle: Callable[[list[Entry]], Awaitable[GroupResult]],
-        *,
-        max_group: int,
+        self, handle: Callable[[list[Entry]], Awaitable[GroupResult]], *, max_group: int
     ) -> None:
+        super().__init__(max_group)
         self._handle = handle
-        self._max_group = max_group
-        self._queue: list[tuple[Entry, asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
-        self._closing = False
         self._task = asyncio.create_task(self._run(), name="msgbus-client-group-commit")
 
     async def submit(self, entry: Entry) -> None:
-        if self._closing:
-            raise ClientClosedError("the client is closed")
+        self._refuse_if_closing()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((entry, future))
         self._wake.set()
@@ -231,8 +239,7 @@ class AsyncGroupCommitter:
                 self._wake.clear()
                 continue
             await asyncio.sleep(0)  # let senders that are ready to run join this group
-            group = [item for item in self._queue[: self._max_group] if not item[1].done()]
-            del self._queue[: self._max_group]
+            group = [item for item in self._take() if not item[1].done()]
             if not group:
                 continue  # every sender in it was cancelled before its message was written
             try:
@@ -243,8 +250,7 @@ class AsyncGroupCommitter:
                         future.set_exception(ClientClosedError("the client closed mid-commit"))
                 raise
             except Exception as exc:
-                log.exception("msgbus_client: group commit failed")
-                results = [exc] * len(group)
+                results = _failed(exc, len(group))
             for (_, future), error in zip(group, results, strict=True):
                 if future.done():
                     continue
