@@ -114,11 +114,10 @@ class DispatcherSettings(BaseSettings):
     # (a backlog the compensator may have swept): keep it below the compensator's
     # sweep_after_s. dispatcher/redelivery.py.
     check_delivered_after_s: float = Field(default=60.0, ge=0)
-    # The longest a Kafka fetch waits for data (librdkafka's fetch.wait.max.ms). Apache Kafka
-    # answers as soon as data arrives; tansu waits the whole time, so this is most of its
-    # produce->consume latency (memory storage, p50 here: 500 -> ~180 ms, 50 -> ~65 ms). But
-    # every idle consumer fetches 1000/this times a second, which overloaded tansu on s3
-    # storage at 50 ms (consumers stalled for minutes): lower it only where the broker copes.
+    # The longest a Kafka fetch waits for data (librdkafka's fetch.wait.max.ms); a broker
+    # answers earlier as soon as data is ready, so this bounds an idle consumer's wait, not a
+    # message's latency. Each idle consumer sends 1000/this fetches a second: lower it only
+    # where the brokers take that load (docs/decisions.md).
     kafka_fetch_wait_ms: int = Field(default=500, ge=1, le=10_000)
     # How often the backlog and oldest-undelivered-age gauges are read from MongoDB.
     backlog_interval_s: float = Field(default=15.0, gt=0)
@@ -130,7 +129,8 @@ class DispatcherSettings(BaseSettings):
     # publish already under way at the switch may still land in the old broker
     drain_settle_s: float = Field(default=30.0, ge=0)
     drain_check_interval_s: float = Field(default=5.0, gt=0)
-    # Push HTTP client; h1 by the `python -m bench.senders` figures in delivery/sender.py.
+    # Push HTTP client: h1 (several times aiohttp's pushes per CPU-second, bench/RESULTS.md) or
+    # aiohttp, the fallback.
     http_client: HttpClient = "h1"
     # How often the brokers' own health (dispatcher/brokerhealth.py) is read; 0: never.
     broker_health_interval_s: float = Field(default=30.0, ge=0)

@@ -5,8 +5,8 @@ A claim is a lease: `next_attempt_at` moves to the lease's end and `lease` holds
 claim. Nobody else claims the delivery until then; if the claimer dies, the delivery simply
 becomes due again when the lease ends. Claiming is three indexed, batched round trips (find the
 due ids in time windows (`DueScan`), update those still due, read back the ones this claim won),
-never one `find_one_and_update` per delivery: the MongoDB-compatible test server scans the whole
-collection for each of those.
+never one `find_one_and_update` per delivery: a claim of hundreds of deliveries costs three
+round trips, not hundreds (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ class DeliveryClaims:
             return []
         token = f"{self.owner}:{secrets.token_hex(8)}"
         lease_until = now + timedelta(seconds=lease_s)
-        # by _id only (and the due condition again, against a race): given the subscription
-        # too, the test server plans this update on the subscription's index and scans it
+        # by _id only (and the due condition again, against a race): the _id index finds
+        # exactly these documents, with no other index for a planner to choose
+        # (docs/decisions.md)
         claimed = await update_by_ids(
             self._deliveries, ids,
             {"status": DeliveryStatus.FAILED.value, "next_attempt_at": {"$lte": now}},

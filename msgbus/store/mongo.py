@@ -7,10 +7,10 @@ each), attempts (append-only, one per push), destinations, subscriptions, apps, 
 document: the knobs operators change at runtime).
 Hot-path writes are batched: insert_many and bulk_write, never one round trip per message.
 
-Why no delivery document before the first outcome: on the MongoDB-compatible test server an
-insert of a delivery costs ~0.18 ms of its CPU and turning a pending one into delivered ~0.50
-(`python -m bench.mongo_writes`); one pending batch per record batch replaces the pending
-documents, and the first outcome inserts the delivery.
+No delivery document before the first outcome: a pending state per message and subscription
+would cost every delivery an insert by the receiver and an update by its first outcome. One
+pending batch per record batch and subscription lists what is to be delivered instead, and the
+first outcome inserts the delivery's state (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ INDEXES: dict[str, list[IndexModel]] = {
         IndexModel([("created_at", DESCENDING)]),
     ],
     "deliveries": [
-        # a message's trace; its ids begin with the message id, but on the test server an _id
-        # range is a collection scan
+        # a message's trace: an equality on message_id (docs/decisions.md: why not a range
+        # of the _ids, which begin with the message id)
         IndexModel([("message_id", ASCENDING)]),
         IndexModel([("subscription", ASCENDING), ("status", ASCENDING), ("created_at", ASCENDING)]),
         # the compensator's claims: one subscription's failed deliveries by due time
@@ -87,8 +87,7 @@ INDEXES: dict[str, list[IndexModel]] = {
     "instances": [IndexModel([("expires_at", ASCENDING)])],  # the live ones (cap shares)
 }
 # Indexes earlier versions created that no query uses any more: dropped by `ensure_indexes`,
-# since every index costs each write of its collection (on the test server ~0.05-0.15 ms of
-# CPU per document, a good part of a record's cost).
+# since every index costs a write per document written to its collection (docs/decisions.md).
 OBSOLETE_INDEXES: dict[str, list[str]] = {"deliveries": ["status_1_next_attempt_at_1"]}
 
 
@@ -335,7 +334,8 @@ class MongoStore:
         A delivered state is final: a later failed attempt (a duplicate push) never turns it
         back. Several outcomes of one delivery in a batch are folded into one write. A
         delivery's first outcome inserts its state; only the ones that exist already (retries,
-        duplicates, sweeps) are updated, an update costing MongoDB several inserts.
+        duplicates, sweeps) are updated, an update (find, then write) costing more than an
+        insert.
         """
         if not outcomes:
             return
