@@ -31,7 +31,7 @@ from msgbus_client.errors import ClientClosedError
 from msgbus_client.groupcommit import AsyncGroupCommitter, GroupResult
 from msgbus_client.message import Entry, build_entry
 from msgbus_client.metrics import ClientCounters, ClientMetrics
-from msgbus_client.resender import AsyncResender
+from msgbus_client.resender import AsyncResender, ResendPlan
 from msgbus_client.settings import ClientSettings
 from msgbus_client.spool import DEFAULT_MAX_SPOOL_BYTES, RejectedMessage
 from msgbus_client.transport import AsyncHttpSender
@@ -85,14 +85,7 @@ class AsyncMsgbusClient:
         self.spool, self._sender, self._health = open_spool_and_sender(
             self.settings,
             api_key,
-            lambda: AsyncHttpSender(
-                receiver_url,
-                api_key,
-                request_timeout_s=request_timeout_s,
-                connect_timeout_s=connect_timeout_s,
-                max_connections=max_inline_requests + 1,  # + the resender
-                transport=transport,
-            ),
+            lambda: AsyncHttpSender(self.settings, api_key, transport=transport),
         )
         s = self.settings
         self.counters = ClientCounters()
@@ -122,9 +115,7 @@ class AsyncMsgbusClient:
         self._idle = asyncio.Event()
         self._idle.set()
         s = self.settings
-        self._resender = AsyncResender(
-            self.spool, self._deliverer, self._health, self._in_flight, self._backlog, s
-        )
+        self._resender = AsyncResender(self._resend_plan(), self._deliverer)
         self.spool.add_listener(self._resender.wake)
         if s.group_commit:
             self._committer = AsyncGroupCommitter(
@@ -232,10 +223,7 @@ class AsyncMsgbusClient:
 
     async def _flush_unstarted(self, deadline: float) -> None:
         """close() on a client that never started: flush leftovers like the resender would."""
-        resender = AsyncResender(
-            self.spool, self._deliverer, self._health, self._in_flight, self._backlog,
-            self.settings,
-        )
+        resender = AsyncResender(self._resend_plan(), self._deliverer)
         await resender.stop(max(0.0, deadline - time.monotonic()))
 
     async def _commit_group(self, entries: list[Entry]) -> GroupResult:
@@ -265,6 +253,9 @@ class AsyncMsgbusClient:
                 self._in_flight.discard([entry.key])
         if not delivered:
             self._leave_to_resender()
+
+    def _resend_plan(self) -> ResendPlan:
+        return ResendPlan(self.settings, self._health, self._backlog, self.spool, self._in_flight)
 
     def _leave_to_resender(self) -> None:
         self._backlog.mark()

@@ -38,7 +38,7 @@ from msgbus_client.errors import ClientClosedError
 from msgbus_client.groupcommit import GroupCommitter, GroupResult
 from msgbus_client.message import Entry, build_entry
 from msgbus_client.metrics import ClientCounters, ClientMetrics
-from msgbus_client.resender import Resender
+from msgbus_client.resender import Resender, ResendPlan
 from msgbus_client.settings import ClientSettings
 from msgbus_client.spool import DEFAULT_MAX_SPOOL_BYTES, RejectedMessage
 from msgbus_client.transport import HttpSender
@@ -96,14 +96,7 @@ class MsgbusClient:
         self.spool, self._sender, self._health = open_spool_and_sender(
             self.settings,
             api_key,
-            lambda: HttpSender(
-                receiver_url,
-                api_key,
-                request_timeout_s=request_timeout_s,
-                connect_timeout_s=connect_timeout_s,
-                max_connections=max_inline_requests + 1,  # + the resender
-                transport=transport,
-            ),
+            lambda: HttpSender(self.settings, api_key, transport=transport),
         )
         s = self.settings
         self.counters = ClientCounters()
@@ -121,9 +114,8 @@ class MsgbusClient:
                 window_s=s.group_commit_ms / 1000,
                 max_group=s.max_group_messages,
             )
-        self._resender = Resender(
-            self.spool, self._deliverer, self._health, self._in_flight, self._backlog, s
-        )
+        plan = ResendPlan(s, self._health, self._backlog, self.spool, self._in_flight)
+        self._resender = Resender(plan, self._deliverer)
         self.spool.add_listener(self._resender.wake)
         self._resender.start()
 

@@ -1,7 +1,8 @@
 """Deliver spooled entries: POST them, then settle the outcome in the spool in one transaction
 (delete what was acknowledged, move what was rejected) and report to `ReceiverHealth`.
 
-`Deliverer` (threads) and `AsyncDeliverer` (asyncio) do the same; only the I/O differs.
+`Exchange` decides which requests to make and what their answers mean; `Deliverer` (threads)
+and `AsyncDeliverer` (asyncio) only carry them, blocking or awaiting.
 """
 
 from __future__ import annotations
@@ -9,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from msgbus_client import metrics
 from msgbus_client.message import Entry
 from msgbus_client.metrics import ClientCounters
 from msgbus_client.protocol import (
     Outcome,
+    PostResult,
+    PreparedRequest,
     batch_request,
     interpret_batch,
     interpret_single,
@@ -54,6 +58,15 @@ class InFlight:
     def discard(self, keys: Iterable[bytes]) -> None:
         with self._lock:
             self._keys.difference_update(keys)
+
+    @contextmanager
+    def holding(self, key: bytes) -> Iterator[None]:
+        """`key` is in flight for the duration of the block."""
+        self.add(key)
+        try:
+            yield
+        finally:
+            self.discard([key])
 
     def __contains__(self, key: object) -> bool:
         with self._lock:
@@ -137,95 +150,103 @@ def _report(outcome: Outcome, health: ReceiverHealth) -> None:
         log.warning("msgbus_client: receiver reachable again")
 
 
-def _fallback_result(entries: Sequence[Entry], done: Outcome, start: int) -> Outcome:
-    """After a failed single send during batch fallback, keep the untried rest for later."""
-    done.retry.extend(entries[start:])
-    return done
+class Exchange:
+    """The POSTs that deliver some entries, decided one answer at a time, without I/O: the single
+    endpoint for one entry, the batch endpoint for several, and, when the receiver refuses a
+    batch as a whole, each message alone until one of them is not settled (the untried rest is
+    kept for later). A deliverer POSTs `request` and hands the answer back until it is None;
+    `outcome` is then the verdict on every entry."""
+
+    def __init__(self, entries: Sequence[Entry]) -> None:
+        self.outcome = Outcome()
+        self._steps = _exchange(entries)
+        self.request: PreparedRequest | None = next(self._steps)
+
+    def answer(self, result: PostResult) -> None:
+        try:
+            self.request = self._steps.send(result)
+        except StopIteration as done:
+            self.request, self.outcome = None, done.value
 
 
-class Deliverer:
+def _exchange(entries: Sequence[Entry]) -> Generator[PreparedRequest, PostResult, Outcome]:
+    if len(entries) == 1:
+        return interpret_single(entries[0], (yield single_request(entries[0])))
+    outcome = interpret_batch(entries, (yield batch_request(entries)))
+    if not outcome.fallback_single:
+        return outcome
+    log.info("msgbus_client: %s; sending its messages one by one", outcome.reason)
+    merged = Outcome()
+    for index, entry in enumerate(entries):
+        single = interpret_single(entry, (yield single_request(entry)))
+        merged.merge(single)
+        if single.retry:
+            merged.retry.extend(entries[index + 1 :])
+            return merged
+    return merged
+
+
+class _DelivererBase(Generic[SenderT]):
+    """POST entries and settle the outcome in the spool (one transaction: delete what was
+    acknowledged, move what was rejected), then count and report it. The flavours only carry
+    the `Exchange`'s requests and settle, blocking or awaiting."""
+
+    sender: SenderT
+
     def __init__(
         self,
         spool: Spool,
-        sender: HttpSender,
+        sender: SenderT,
         health: ReceiverHealth,
         counters: ClientCounters | None = None,
     ) -> None:
+        self.sender = sender
         self._spool = spool
-        self._sender = sender
         self._health = health
         self._counters = counters or ClientCounters()
 
+    def _settled(self, entries: Sequence[Entry], outcome: Outcome, resend: bool) -> Outcome:
+        _count(self._counters, entries, outcome, resend)
+        _report(outcome, self._health)
+        return outcome
+
+
+class Deliverer(_DelivererBase[HttpSender]):
     def deliver(
         self, entries: Sequence[Entry], timeout_s: float | None = None, *, resend: bool = False
     ) -> Outcome:
-        """POST `entries` (single endpoint for one, batch endpoint for several) and settle.
-        `resend`: the resender is sending (for the counters)."""
-        outcome = self._post(entries, timeout_s)
-        self._spool.settle(outcome.acked, outcome.rejected)
-        _count(self._counters, entries, outcome, resend)
-        _report(outcome, self._health)
-        return outcome
-
-    def _post(self, entries: Sequence[Entry], timeout_s: float | None) -> Outcome:
-        if len(entries) == 1:
-            return self._post_single(entries[0], timeout_s)
-        outcome = interpret_batch(entries, self._sender.post(batch_request(entries), timeout_s))
-        if not outcome.fallback_single:
-            return outcome
-        log.info("msgbus_client: %s; sending its messages one by one", outcome.reason)
-        merged = Outcome()
-        for index, entry in enumerate(entries):
-            single = self._post_single(entry, timeout_s)
-            merged.merge(single)
-            if single.retry:
-                return _fallback_result(entries, merged, index + 1)
-        return merged
-
-    def _post_single(self, entry: Entry, timeout_s: float | None) -> Outcome:
-        return interpret_single(entry, self._sender.post(single_request(entry), timeout_s))
+        """POST `entries` and settle them; `timeout_s` caps each request's timeout. `resend`:
+        the resender is sending (for the counters)."""
+        exchange = Exchange(entries)
+        while exchange.request is not None:
+            exchange.answer(self.sender.post(exchange.request, timeout_s))
+        self._spool.settle(exchange.outcome.acked, exchange.outcome.rejected)
+        return self._settled(entries, exchange.outcome, resend)
 
 
-class AsyncDeliverer:
-    def __init__(
-        self,
-        spool: Spool,
-        sender: AsyncHttpSender,
-        health: ReceiverHealth,
-        counters: ClientCounters | None = None,
-    ) -> None:
-        self._spool = spool
-        self._sender = sender
-        self._health = health
-        self._counters = counters or ClientCounters()
-
+class AsyncDeliverer(_DelivererBase[AsyncHttpSender]):
     async def deliver(
         self, entries: Sequence[Entry], timeout_s: float | None = None, *, resend: bool = False
     ) -> Outcome:
-        outcome = await self._post(entries, timeout_s)
+        """As Deliverer.deliver(); the spool is settled in a worker thread."""
+        exchange = Exchange(entries)
+        while exchange.request is not None:
+            exchange.answer(await self.sender.post(exchange.request, timeout_s))
+        outcome = exchange.outcome
         await asyncio.to_thread(self._spool.settle, outcome.acked, outcome.rejected)
-        _count(self._counters, entries, outcome, resend)
-        _report(outcome, self._health)
-        return outcome
+        return self._settled(entries, outcome, resend)
 
-    async def _post(self, entries: Sequence[Entry], timeout_s: float | None) -> Outcome:
-        if len(entries) == 1:
-            return await self._post_single(entries[0], timeout_s)
-        result = await self._sender.post(batch_request(entries), timeout_s)
-        outcome = interpret_batch(entries, result)
-        if not outcome.fallback_single:
-            return outcome
-        log.info("msgbus_client: %s; sending its messages one by one", outcome.reason)
-        merged = Outcome()
-        for index, entry in enumerate(entries):
-            single = await self._post_single(entry, timeout_s)
-            merged.merge(single)
-            if single.retry:
-                return _fallback_result(entries, merged, index + 1)
-        return merged
 
-    async def _post_single(self, entry: Entry, timeout_s: float | None) -> Outcome:
-        return interpret_single(entry, await self._sender.post(single_request(entry), timeout_s))
+def open_spool(settings: ClientSettings) -> Spool:
+    """The spool of `settings`: its own dir, or a free slot below a shared root."""
+    if settings.spool_root is not None:
+        return Spool.open_slot(
+            settings.spool_root,
+            max_slots=settings.max_slots,
+            max_spool_bytes=settings.max_spool_bytes,
+        )
+    assert settings.spool_dir is not None  # ClientSettings checks that one is given
+    return Spool(settings.spool_dir, max_spool_bytes=settings.max_spool_bytes)
 
 
 def open_spool_and_sender(
@@ -234,26 +255,13 @@ def open_spool_and_sender(
     """The parts both clients start from. The spool is closed again if the sender fails."""
     if not api_key:
         raise ValueError("api_key must not be empty")
-    if settings.spool_root is not None:
-        spool = Spool.open_slot(
-            settings.spool_root,
-            max_slots=settings.max_slots,
-            max_spool_bytes=settings.max_spool_bytes,
-        )
-    else:
-        assert settings.spool_dir is not None  # ClientSettings checks that one is given
-        spool = Spool(settings.spool_dir, max_spool_bytes=settings.max_spool_bytes)
+    spool = open_spool(settings)
     try:
         sender = make_sender()
     except BaseException:
         spool.close()
         raise
-    health = ReceiverHealth(
-        base_s=settings.retry_base_s,
-        max_s=settings.retry_max_s,
-        max_retry_after_s=settings.max_retry_after_s,
-    )
-    return spool, sender, health
+    return spool, sender, ReceiverHealth.for_settings(settings)
 
 
 def group_results(

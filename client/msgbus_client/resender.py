@@ -7,8 +7,8 @@ earlier process (kill -9, power cut) go out first. It sleeps when the spool is e
 when a delivery fails or a rejected message is queued again. It never stops on an error: it
 logs, waits and goes on.
 
-`stop(deadline)` turns it into a flush: it keeps sending until the spool is empty or the deadline
-passes, with request timeouts cut to the time left.
+`stop(timeout_s)` turns it into a flush: it keeps sending until the spool is empty or `timeout_s`
+has passed, with request timeouts cut to the time left.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import contextlib
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 
 from msgbus_client.delivery import AsyncDeliverer, Backlog, Deliverer, InFlight
 from msgbus_client.errors import SpoolError
@@ -31,60 +32,66 @@ log = logging.getLogger("msgbus_client")
 _ERROR_PAUSE_S = 1.0
 
 
-class _Plan:
-    """Shared decisions of both flavours: what to wait for, what to send, with what timeout."""
+@dataclass(eq=False, slots=True)
+class ResendPlan:
+    """Every decision of the resender, shared by both flavours: when to try again, what to send
+    next and with what timeout, and whether an error ends the loop. The flavours only wait,
+    read and deliver, blocking or awaiting."""
 
-    def __init__(self, settings: ClientSettings, health: ReceiverHealth, backlog: Backlog) -> None:
-        self.settings = settings
-        self.health = health
-        self.backlog = backlog
-        self.deadline: float | None = None  # set by stop(): flush until then
+    settings: ClientSettings
+    health: ReceiverHealth
+    backlog: Backlog
+    spool: Spool
+    in_flight: InFlight
+    deadline: float | None = field(default=None, init=False)  # set by flush_for()
 
     @property
     def flushing(self) -> bool:
         return self.deadline is not None
 
-    def time_left(self) -> float:
-        assert self.deadline is not None
-        return self.deadline - time.monotonic()
+    def flush_for(self, timeout_s: float) -> None:
+        """From now on send until the spool is empty or `timeout_s` has passed."""
+        self.deadline = time.monotonic() + max(0.0, timeout_s)
 
-    def backoff_wait(self) -> float | None:
-        """Seconds to wait before the next attempt; None means give up (flush deadline)."""
+    def next_wait(self) -> float | None:
+        """Seconds to wait before the next attempt (0: now); None ends the loop: a flush whose
+        deadline has come, or would come during the wait."""
         if self.deadline is None:
             return self.health.wait_s()
+        if self.deadline <= time.monotonic():
+            return None
         return flush_wait_s(self.health, self.deadline)
 
     def request_timeout(self) -> float | None:
         return None if self.deadline is None else flush_request_timeout_s(self.deadline)
 
-    def batch(self, spool: Spool, in_flight: InFlight) -> list[Entry]:
+    def batch(self) -> list[Entry]:
         """The next batch, oldest first; an empty spool (but for messages a send() is
-        delivering itself) ends the backlog."""
+        delivering itself) ends the backlog. Reads the spool (the async flavour runs it in a
+        worker thread)."""
         generation = self.backlog.generation()
-        found = spool.oldest(
-            self.settings.max_batch_messages, self.settings.max_batch_bytes, skip=in_flight
+        found = self.spool.oldest(
+            self.settings.max_batch_messages, self.settings.max_batch_bytes, skip=self.in_flight
         )
         if not found:
             self.backlog.clear_unless_marked_since(generation)
         return found
 
+    def goes_on_after(self, exc: Exception) -> bool:
+        """After an error in a round: False when the spool was closed under the loop (it ends);
+        else the error is logged and the loop pauses, then goes on."""
+        if isinstance(exc, SpoolError) and self.spool.closed:
+            return False
+        log.error("msgbus_client: resender error; retrying", exc_info=exc)
+        return True
+
 
 class Resender:
     """Thread flavour."""
 
-    def __init__(
-        self,
-        spool: Spool,
-        deliverer: Deliverer,
-        health: ReceiverHealth,
-        in_flight: InFlight,
-        backlog: Backlog,
-        settings: ClientSettings,
-    ) -> None:
-        self._spool = spool
+    def __init__(self, plan: ResendPlan, deliverer: Deliverer) -> None:
+        self._plan = plan
         self._deliverer = deliverer
-        self._in_flight = in_flight
-        self._plan = _Plan(settings, health, backlog)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -99,7 +106,7 @@ class Resender:
 
     def stop(self, timeout_s: float) -> None:
         """Flush for up to timeout_s, then stop the thread."""
-        self._plan.deadline = time.monotonic() + max(0.0, timeout_s)
+        self._plan.flush_for(timeout_s)
         self._stop.set()
         self._wake.set()
         # an HTTP request in progress is bounded by the request timeout
@@ -112,57 +119,44 @@ class Resender:
             try:
                 if not self._step():
                     return
-            except SpoolError:
-                if self._spool.closed:
+            except Exception as exc:
+                if not self._plan.goes_on_after(exc):
                     return
-                log.exception("msgbus_client: resender error; retrying")
-                self._stop.wait(_ERROR_PAUSE_S)
-            except Exception:
-                log.exception("msgbus_client: resender error; retrying")
                 self._stop.wait(_ERROR_PAUSE_S)
 
     def _step(self) -> bool:
         """One round; False when the thread should end."""
         plan = self._plan
-        if plan.flushing and plan.time_left() <= 0:
-            return False
-        wait = plan.backoff_wait()
+        wait = plan.next_wait()
         if wait is None:
             return False
         if wait > 0:
-            if plan.flushing:
-                time.sleep(wait)  # backoff_wait() made sure it ends before the deadline
-            else:
-                self._stop.wait(wait)  # only stop() cuts a backoff short
+            self._back_off(wait)
             return True
-        batch = plan.batch(self._spool, self._in_flight)
-        if not batch:
-            if plan.flushing:
-                return False
+        batch = plan.batch()
+        if batch:
+            self._deliverer.deliver(batch, timeout_s=plan.request_timeout(), resend=True)
+        elif plan.flushing:
+            return False
+        else:
             self._wake.wait(plan.settings.idle_poll_s)
             self._wake.clear()
-            return True
-        self._deliverer.deliver(batch, timeout_s=plan.request_timeout(), resend=True)
         return True
+
+    def _back_off(self, wait: float) -> None:
+        if self._plan.flushing:
+            time.sleep(wait)  # next_wait() made sure it ends before the deadline
+        else:
+            self._stop.wait(wait)  # only stop() cuts a backoff short
 
 
 class AsyncResender:
     """asyncio flavour; create it inside the event loop that will run it."""
 
-    def __init__(
-        self,
-        spool: Spool,
-        deliverer: AsyncDeliverer,
-        health: ReceiverHealth,
-        in_flight: InFlight,
-        backlog: Backlog,
-        settings: ClientSettings,
-    ) -> None:
-        self._spool = spool
-        self._deliverer = deliverer
-        self._in_flight = in_flight
-        self._plan = _Plan(settings, health, backlog)
+    def __init__(self, plan: ResendPlan, deliverer: AsyncDeliverer) -> None:
         self._loop = asyncio.get_running_loop()
+        self._plan = plan
+        self._deliverer = deliverer
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._task = self._loop.create_task(self._run(), name="msgbus-client-resender")
@@ -175,7 +169,7 @@ class AsyncResender:
             self._loop.call_soon_threadsafe(self._wake.set)
 
     async def stop(self, timeout_s: float) -> None:
-        self._plan.deadline = time.monotonic() + max(0.0, timeout_s)
+        self._plan.flush_for(timeout_s)
         self._stop.set()
         self._wake.set()
         try:
@@ -191,37 +185,34 @@ class AsyncResender:
             try:
                 if not await self._step():
                     return
-            except SpoolError:
-                if self._spool.closed:
+            except Exception as exc:
+                if not self._plan.goes_on_after(exc):
                     return
-                log.exception("msgbus_client: resender error; retrying")
-                await _wait(self._stop, _ERROR_PAUSE_S)
-            except Exception:
-                log.exception("msgbus_client: resender error; retrying")
                 await _wait(self._stop, _ERROR_PAUSE_S)
 
     async def _step(self) -> bool:
         plan = self._plan
-        if plan.flushing and plan.time_left() <= 0:
-            return False
-        wait = plan.backoff_wait()
+        wait = plan.next_wait()
         if wait is None:
             return False
         if wait > 0:
-            if plan.flushing:
-                await asyncio.sleep(wait)  # backoff_wait() made sure it ends before the deadline
-            else:
-                await _wait(self._stop, wait)  # only stop() cuts a backoff short
+            await self._back_off(wait)
             return True
-        batch = await asyncio.to_thread(plan.batch, self._spool, self._in_flight)
-        if not batch:
-            if plan.flushing:
-                return False
+        batch = await asyncio.to_thread(plan.batch)
+        if batch:
+            await self._deliverer.deliver(batch, timeout_s=plan.request_timeout(), resend=True)
+        elif plan.flushing:
+            return False
+        else:
             await _wait(self._wake, plan.settings.idle_poll_s)
             self._wake.clear()
-            return True
-        await self._deliverer.deliver(batch, timeout_s=plan.request_timeout(), resend=True)
         return True
+
+    async def _back_off(self, wait: float) -> None:
+        if self._plan.flushing:
+            await asyncio.sleep(wait)  # next_wait() made sure it ends before the deadline
+        else:
+            await _wait(self._stop, wait)  # only stop() cuts a backoff short
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> None:

@@ -11,6 +11,10 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from msgbus_client.settings import ClientSettings
 
 
 def compute_backoff_s(
@@ -52,6 +56,14 @@ class ReceiverHealth:
         self._lock = threading.Lock()
         self.failures = 0
         self._retry_at = 0.0  # time.monotonic()
+
+    @classmethod
+    def for_settings(cls, settings: ClientSettings) -> ReceiverHealth:
+        return cls(
+            base_s=settings.retry_base_s,
+            max_s=settings.retry_max_s,
+            max_retry_after_s=settings.max_retry_after_s,
+        )
 
     def record_success(self) -> bool:
         """Returns True when this ends a run of failures."""

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import lmdb
 
-from msgbus_client.delivery import Deliverer, open_spool_and_sender
+from msgbus_client.delivery import Deliverer, open_spool
 from msgbus_client.errors import SpoolError, SpoolLockedError, SpoolNotIdleError
 from msgbus_client.ids import now_ms
 from msgbus_client.lockfile import LOCK_FILE_NAME, is_held, owner_name
@@ -245,20 +245,18 @@ def _deliver_all(
 def _open_for_drain(
     path: Path, settings: ClientSettings, api_key: str, transport: httpx.BaseTransport | None
 ) -> tuple[Spool, HttpSender, ReceiverHealth]:
-    def make_sender() -> HttpSender:
-        return HttpSender(
-            settings.receiver_url,
-            api_key,
-            request_timeout_s=settings.request_timeout_s,
-            connect_timeout_s=settings.connect_timeout_s,
-            max_connections=2,
-            transport=transport,
-        )
-
+    if not api_key:
+        raise ValueError("api_key must not be empty")
     try:
-        return open_spool_and_sender(settings, api_key, make_sender)
+        spool = open_spool(settings)
     except SpoolLockedError as exc:
         raise _held_error(path, is_held(path)) from exc
+    try:
+        sender = HttpSender(settings, api_key, max_connections=2, transport=transport)
+    except BaseException:
+        spool.close()
+        raise
+    return spool, sender, ReceiverHealth.for_settings(settings)
 
 
 def _refuse_unless_orphaned(report: SpoolReport, min_idle_s: float) -> None:

@@ -6,14 +6,21 @@ from __future__ import annotations
 import email.utils
 import logging
 import time
+from abc import ABC, abstractmethod
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Generic, TypedDict, TypeVar
 
 import httpx
 
 from msgbus_client._version import __version__
 from msgbus_client.protocol import PostResult, PreparedRequest
 
+if TYPE_CHECKING:
+    from msgbus_client.settings import ClientSettings
+
 log = logging.getLogger("msgbus_client")
+
+TransportT = TypeVar("TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -64,15 +71,37 @@ def _failure(request: PreparedRequest, exc: Exception) -> PostResult:
     return PostResult(status=None, error=text)
 
 
-class _SenderBase:
-    """What the sync and async senders share: client options, per-attempt timeout, logging."""
+class _ClientOptions(TypedDict):
+    base_url: str
+    headers: dict[str, str]
+    timeout: httpx.Timeout
+    limits: httpx.Limits
 
-    def __init__(self, request_timeout_s: float, connect_timeout_s: float) -> None:
-        self._request_timeout_s = request_timeout_s
-        self._connect_timeout_s = connect_timeout_s
 
-    def _default_timeout(self) -> httpx.Timeout:
-        return _timeout(self._request_timeout_s, self._connect_timeout_s)
+class _SenderBase(ABC, Generic[TransportT]):
+    """What the sync and async senders share: client options, per-attempt timeout, logging.
+    A flavour only opens its httpx client (`_open`) and makes the blocking or awaited call."""
+
+    def __init__(
+        self, settings: ClientSettings, api_key: str, *, max_connections: int | None = None,
+        transport: TransportT | None = None,
+    ) -> None:
+        """`max_connections` defaults to one per inline send() at once, plus the resender's."""
+        self._request_timeout_s = settings.request_timeout_s
+        self._connect_timeout_s = settings.connect_timeout_s
+        if max_connections is None:
+            max_connections = settings.max_inline_requests + 1
+        options = _ClientOptions(
+            base_url=settings.receiver_url,
+            headers=_headers(api_key),
+            timeout=_timeout(self._request_timeout_s, self._connect_timeout_s),
+            limits=_limits(max_connections),
+        )
+        self._open(options, transport)
+
+    @abstractmethod
+    def _open(self, options: _ClientOptions, transport: TransportT | None) -> None:
+        """Create this flavour's pooled httpx client."""
 
     def _attempt_timeout(self, timeout_s: float | None) -> httpx.Timeout:
         """`timeout_s` (e.g. what close() has left) caps the request timeout, never raises it."""
@@ -93,27 +122,13 @@ class _SenderBase:
         return _result(response)
 
 
-class HttpSender(_SenderBase):
+class HttpSender(_SenderBase[httpx.BaseTransport]):
     """Blocking POSTs over one pooled httpx.Client (safe to share between threads)."""
 
-    def __init__(
-        self,
-        receiver_url: str,
-        api_key: str,
-        *,
-        request_timeout_s: float,
-        connect_timeout_s: float,
-        max_connections: int = 100,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        super().__init__(request_timeout_s, connect_timeout_s)
-        self._client = httpx.Client(
-            base_url=receiver_url,
-            headers=_headers(api_key),
-            timeout=self._default_timeout(),
-            limits=_limits(max_connections),
-            transport=transport,
-        )
+    _client: httpx.Client
+
+    def _open(self, options: _ClientOptions, transport: httpx.BaseTransport | None) -> None:
+        self._client = httpx.Client(transport=transport, **options)
 
     def post(self, request: PreparedRequest, timeout_s: float | None = None) -> PostResult:
         started = time.monotonic()
@@ -129,27 +144,13 @@ class HttpSender(_SenderBase):
         self._client.close()
 
 
-class AsyncHttpSender(_SenderBase):
+class AsyncHttpSender(_SenderBase[httpx.AsyncBaseTransport]):
     """Non-blocking POSTs over one pooled httpx.AsyncClient."""
 
-    def __init__(
-        self,
-        receiver_url: str,
-        api_key: str,
-        *,
-        request_timeout_s: float,
-        connect_timeout_s: float,
-        max_connections: int = 100,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(request_timeout_s, connect_timeout_s)
-        self._client = httpx.AsyncClient(
-            base_url=receiver_url,
-            headers=_headers(api_key),
-            timeout=self._default_timeout(),
-            limits=_limits(max_connections),
-            transport=transport,
-        )
+    _client: httpx.AsyncClient
+
+    def _open(self, options: _ClientOptions, transport: httpx.AsyncBaseTransport | None) -> None:
+        self._client = httpx.AsyncClient(transport=transport, **options)
 
     async def post(self, request: PreparedRequest, timeout_s: float | None = None) -> PostResult:
         started = time.monotonic()
