@@ -8,104 +8,48 @@ blocks on the disk; HTTP goes through httpx.AsyncClient. The resender is a task,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping
-from os import PathLike
-from pathlib import Path
+from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Self
+from typing import Self, Unpack
 
 import httpx
 
 from msgbus_client import metrics
-from msgbus_client.delivery import (
-    AsyncDeliverer,
-    Backlog,
-    InFlight,
-    group_results,
-    inline_allowed,
-    open_spool_and_sender,
-)
-from msgbus_client.errors import ClientClosedError
+from msgbus_client.base import DEFAULT_CLOSE_TIMEOUT_S, BaseClient, time_left
+from msgbus_client.delivery import AsyncDeliverer
 from msgbus_client.groupcommit import AsyncGroupCommitter, GroupResult
-from msgbus_client.message import Entry, build_entry
-from msgbus_client.metrics import ClientCounters, ClientMetrics
-from msgbus_client.resender import AsyncResender, ResendPlan
-from msgbus_client.settings import ClientSettings
-from msgbus_client.spool import DEFAULT_MAX_SPOOL_BYTES, RejectedMessage
+from msgbus_client.message import Entry, MessageOptions, build_entry
+from msgbus_client.resender import AsyncResender
+from msgbus_client.spool import RejectedMessage
 from msgbus_client.transport import AsyncHttpSender
 
 log = logging.getLogger("msgbus_client")
 
-DEFAULT_CLOSE_TIMEOUT_S = 10.0
 
+class AsyncMsgbusClient(BaseClient[httpx.AsyncBaseTransport, AsyncDeliverer]):
+    """asyncio producer client; options as for MsgbusClient (see `BaseClient`)."""
 
-class AsyncMsgbusClient:
-    """asyncio producer client; `spool_dir` / `spool_root` as for MsgbusClient."""
+    _resender: AsyncResender | None
 
-    def __init__(
-        self,
-        receiver_url: str,
-        api_key: str,
-        *,
-        spool_dir: str | PathLike[str] | None = None,
-        spool_root: str | PathLike[str] | None = None,
-        max_slots: int = 64,
-        group_commit_ms: float = 0.0,
-        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
-        inline_send: bool = True,
-        max_inline_requests: int = 32,
-        request_timeout_s: float = 10.0,
-        connect_timeout_s: float = 3.0,
-        retry_base_s: float = 0.5,
-        retry_max_s: float = 30.0,
-        max_batch_messages: int = 100,
-        max_batch_bytes: int = 1_000_000,
-        idle_poll_s: float = 5.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self.settings = ClientSettings(
-            receiver_url=receiver_url,
-            spool_dir=None if spool_dir is None else Path(spool_dir),
-            spool_root=None if spool_root is None else Path(spool_root),
-            max_slots=max_slots,
-            group_commit_ms=group_commit_ms,
-            max_spool_bytes=max_spool_bytes,
-            inline_send=inline_send,
-            max_inline_requests=max_inline_requests,
-            request_timeout_s=request_timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            retry_base_s=retry_base_s,
-            retry_max_s=retry_max_s,
-            max_batch_messages=max_batch_messages,
-            max_batch_bytes=max_batch_bytes,
-            idle_poll_s=idle_poll_s,
-        )
-        self.spool, self._sender, self._health = open_spool_and_sender(
-            self.settings,
-            api_key,
-            lambda: AsyncHttpSender(self.settings, api_key, transport=transport),
-        )
-        s = self.settings
-        self.counters = ClientCounters()
-        self._in_flight = InFlight()
-        self._backlog = Backlog(present=self.spool.pending_count() > 0)
-        self._inline_slots = asyncio.Semaphore(s.max_inline_requests)
-        self._deliverer = AsyncDeliverer(self.spool, self._sender, self._health, self.counters)
+    def _connect(self, api_key: str, transport: httpx.AsyncBaseTransport | None) -> AsyncDeliverer:
+        sender = AsyncHttpSender(self.settings, api_key, transport=transport)
+        return AsyncDeliverer(self.spool, sender, self._health, self.counters)
+
+    def _set_up(self) -> None:
+        """The loop-bound parts (resender task, group committer) wait for start()."""
+        self._inline_slots = asyncio.Semaphore(self.settings.max_inline_requests)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._resender: AsyncResender | None = None
         self._committer: AsyncGroupCommitter | None = None
-        self._active_sends = 0
         self._idle: asyncio.Event | None = None
-        self._closed = False
 
     # -- public API -----------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start the resender (idempotent). It picks up what an earlier process left behind."""
-        if self._closed:
-            raise ClientClosedError("the client is closed")
+        self._refuse_if_closed()
         loop = asyncio.get_running_loop()
         if self._loop is not None:
             if self._loop is not loop:
@@ -114,45 +58,29 @@ class AsyncMsgbusClient:
         self._loop = loop
         self._idle = asyncio.Event()
         self._idle.set()
-        s = self.settings
         self._resender = AsyncResender(self._resend_plan(), self._deliverer)
         self.spool.add_listener(self._resender.wake)
-        if s.group_commit:
+        if self.settings.group_commit:
             self._committer = AsyncGroupCommitter(
-                self._commit_group, max_group=s.max_group_messages
+                self._commit_group, max_group=self.settings.max_group_messages
             )
 
     async def send(
-        self,
-        destination: str,
-        message: object,
-        *,
-        biz_id: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        content_type: str | None = None,
+        self, destination: str, message: object, **options: Unpack[MessageOptions]
     ) -> str:
         """Spool `message` durably and return its message id.
 
-        Same contract and errors as MsgbusClient.send(). With group commit, concurrent send()s
-        share a commit that starts as soon as the previous one ends.
+        Same contract, keywords and errors as MsgbusClient.send(). With group commit,
+        concurrent send()s share a commit that starts as soon as the previous one ends.
         """
         try:
-            entry = build_entry(
-                destination, message, biz_id=biz_id, headers=headers, content_type=content_type
-            )
+            entry = build_entry(destination, message, **options)
             await self.start()
-            assert self._idle is not None
-            self._active_sends += 1
-            self._idle.clear()
-            try:
+            async with self._sending():
                 if self._committer is not None:
                     await self._committer.submit(entry)
                 else:
                     await self._spool_and_deliver(entry)
-            finally:
-                self._active_sends -= 1
-                if self._active_sends == 0:
-                    self._idle.set()
         except BaseException as exc:
             self.counters.send_error(exc)
             raise
@@ -176,20 +104,13 @@ class AsyncMsgbusClient:
         if self._committer is not None:
             await self._committer.close(self.settings.request_timeout_s + 1)
         if self._resender is not None:
-            await self._resender.stop(max(0.0, deadline - time.monotonic()))
-        elif timeout_s > 0:
-            await self._flush_unstarted(deadline)
+            await self._resender.stop(time_left(deadline))
+        elif timeout_s > 0:  # never started: flush leftovers like the resender would
+            await AsyncResender(self._resend_plan(), self._deliverer).stop(time_left(deadline))
         left = await asyncio.to_thread(self.spool.pending_count)
-        await self._sender.aclose()
+        await self._deliverer.sender.aclose()
         await asyncio.to_thread(self.spool.close)
-        if left:
-            log.warning(
-                "msgbus_client: closed with %d message(s) left in spool %s; a client on the same "
-                "spool_dir will send them",
-                left,
-                self.spool.path,
-            )
-        return left
+        return self._closed_with(left)
 
     async def list_rejected(self, limit: int | None = None) -> list[RejectedMessage]:
         return await asyncio.to_thread(self.spool.list_rejected, limit)
@@ -199,13 +120,6 @@ class AsyncMsgbusClient:
 
     async def purge_rejected(self, message_id: str | None = None) -> int:
         return await asyncio.to_thread(self.spool.purge_rejected, message_id)
-
-    def metrics(self) -> ClientMetrics:
-        """Spool depth, oldest message age, counters (see msgbus_client.metrics). It reads
-        LMDB (microseconds), so it is a plain method that a Prometheus scrape can call."""
-        return metrics.snapshot(
-            self.spool, self.counters, backing_off=self._health.backing_off()
-        )
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -221,43 +135,39 @@ class AsyncMsgbusClient:
 
     # -- internals ------------------------------------------------------------------------------
 
-    async def _flush_unstarted(self, deadline: float) -> None:
-        """close() on a client that never started: flush leftovers like the resender would."""
-        resender = AsyncResender(self._resend_plan(), self._deliverer)
-        await resender.stop(max(0.0, deadline - time.monotonic()))
+    @contextlib.asynccontextmanager
+    async def _sending(self) -> AsyncIterator[None]:
+        """Counts a send() in progress; close() waits until none is."""
+        assert self._idle is not None  # start() made it
+        self._active_sends += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._active_sends -= 1
+            if self._active_sends == 0:
+                self._idle.set()
 
     async def _commit_group(self, entries: list[Entry]) -> GroupResult:
         """One commit for the group; the resender delivers them."""
         refused = await asyncio.to_thread(self.spool.append, entries)
-        if len(refused) < len(entries) and self._resender is not None:
-            self._resender.wake()
-        return group_results(self.spool, entries, refused)
+        return self._committed(entries, refused)
 
     async def _spool_and_deliver(self, entry: Entry) -> None:
         """One commit, then the inline attempt if it may go; only the commit can raise."""
-        allowed = inline_allowed(self.settings, self._backlog, self._health)
-        if not allowed or self._inline_slots.locked():
+        if not self._inline_allowed() or self._inline_slots.locked():
             await asyncio.to_thread(self.spool.put, entry)
             self._leave_to_resender()
             return
-        delivered = False
         async with self._inline_slots:
-            self._in_flight.add(entry.key)  # only while this task delivers it
-            try:
+            with self._in_flight.holding(entry.key):  # the resender skips it meanwhile
                 await asyncio.to_thread(self.spool.put, entry)
-                try:
-                    delivered = not (await self._deliverer.deliver([entry])).retry
-                except Exception:
-                    log.exception("msgbus_client: inline delivery failed; the resender will retry")
-            finally:
-                self._in_flight.discard([entry.key])
+                delivered = await self._deliver_inline(entry)
         if not delivered:
             self._leave_to_resender()
 
-    def _resend_plan(self) -> ResendPlan:
-        return ResendPlan(self.settings, self._health, self._backlog, self.spool, self._in_flight)
-
-    def _leave_to_resender(self) -> None:
-        self._backlog.mark()
-        if self._resender is not None:
-            self._resender.wake()
+    async def _deliver_inline(self, entry: Entry) -> bool:
+        try:
+            return not (await self._deliverer.deliver([entry])).retry
+        except Exception:
+            return self._inline_failed()

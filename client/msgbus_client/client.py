@@ -14,123 +14,51 @@ the message stays for the resender.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Mapping
-from os import PathLike
-from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, Unpack
 
 import httpx
 
 from msgbus_client import metrics
-from msgbus_client.delivery import (
-    Backlog,
-    Deliverer,
-    InFlight,
-    group_results,
-    inline_allowed,
-    open_spool_and_sender,
-)
-from msgbus_client.errors import ClientClosedError
+from msgbus_client.base import DEFAULT_CLOSE_TIMEOUT_S, BaseClient, time_left
+from msgbus_client.delivery import Deliverer
 from msgbus_client.groupcommit import GroupCommitter, GroupResult
-from msgbus_client.message import Entry, build_entry
-from msgbus_client.metrics import ClientCounters, ClientMetrics
-from msgbus_client.resender import Resender, ResendPlan
-from msgbus_client.settings import ClientSettings
-from msgbus_client.spool import DEFAULT_MAX_SPOOL_BYTES, RejectedMessage
+from msgbus_client.message import Entry, MessageOptions, build_entry
+from msgbus_client.resender import Resender
+from msgbus_client.spool import RejectedMessage
 from msgbus_client.transport import HttpSender
 
-log = logging.getLogger("msgbus_client")
 
-DEFAULT_CLOSE_TIMEOUT_S = 10.0
+class MsgbusClient(BaseClient[httpx.BaseTransport, Deliverer]):
+    """Blocking producer client; thread-safe. Options as described on `BaseClient`."""
 
+    _resender: Resender
 
-class MsgbusClient:
-    """Blocking producer client; thread-safe.
+    def _connect(self, api_key: str, transport: httpx.BaseTransport | None) -> Deliverer:
+        sender = HttpSender(self.settings, api_key, transport=transport)
+        return Deliverer(self.spool, sender, self._health, self.counters)
 
-    Give it `spool_dir`, a dir this process owns (a second owner gets SpoolLockedError), or
-    `spool_root`, shared by several processes: each takes the first free `slot-N` below it.
-    """
-
-    def __init__(
-        self,
-        receiver_url: str,
-        api_key: str,
-        *,
-        spool_dir: str | PathLike[str] | None = None,
-        spool_root: str | PathLike[str] | None = None,
-        max_slots: int = 64,
-        group_commit_ms: float = 0.0,
-        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
-        inline_send: bool = True,
-        max_inline_requests: int = 32,
-        request_timeout_s: float = 10.0,
-        connect_timeout_s: float = 3.0,
-        retry_base_s: float = 0.5,
-        retry_max_s: float = 30.0,
-        max_batch_messages: int = 100,
-        max_batch_bytes: int = 1_000_000,
-        idle_poll_s: float = 5.0,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        self.settings = ClientSettings(
-            receiver_url=receiver_url,
-            spool_dir=None if spool_dir is None else Path(spool_dir),
-            spool_root=None if spool_root is None else Path(spool_root),
-            max_slots=max_slots,
-            group_commit_ms=group_commit_ms,
-            max_spool_bytes=max_spool_bytes,
-            inline_send=inline_send,
-            max_inline_requests=max_inline_requests,
-            request_timeout_s=request_timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            retry_base_s=retry_base_s,
-            retry_max_s=retry_max_s,
-            max_batch_messages=max_batch_messages,
-            max_batch_bytes=max_batch_bytes,
-            idle_poll_s=idle_poll_s,
-        )
-        self.spool, self._sender, self._health = open_spool_and_sender(
-            self.settings,
-            api_key,
-            lambda: HttpSender(self.settings, api_key, transport=transport),
-        )
+    def _set_up(self) -> None:
         s = self.settings
-        self.counters = ClientCounters()
-        self._in_flight = InFlight()
-        self._backlog = Backlog(present=self.spool.pending_count() > 0)
         self._inline_slots = threading.BoundedSemaphore(s.max_inline_requests)
-        self._deliverer = Deliverer(self.spool, self._sender, self._health, self.counters)
         self._cond = threading.Condition()
-        self._active_sends = 0
-        self._closed = False
         self._committer: GroupCommitter | None = None
         if s.group_commit:
+            window_s = s.group_commit_ms / 1000
             self._committer = GroupCommitter(
-                self._commit_group,
-                window_s=s.group_commit_ms / 1000,
-                max_group=s.max_group_messages,
+                self._commit_group, window_s=window_s, max_group=s.max_group_messages
             )
-        plan = ResendPlan(s, self._health, self._backlog, self.spool, self._in_flight)
-        self._resender = Resender(plan, self._deliverer)
+        self._resender = Resender(self._resend_plan(), self._deliverer)
         self.spool.add_listener(self._resender.wake)
         self._resender.start()
 
     # -- public API -----------------------------------------------------------------------------
 
-    def send(
-        self,
-        destination: str,
-        message: object,
-        *,
-        biz_id: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        content_type: str | None = None,
-    ) -> str:
+    def send(self, destination: str, message: object, **options: Unpack[MessageOptions]) -> str:
         """Spool `message` durably and return its message id (see the module docstring).
+        Keywords: `biz_id`, `headers`, `content_type` (see `build_entry`).
 
         Raises InvalidMessageError (a TypeError and ValueError) for input it cannot encode,
         SpoolFullError when max_spool_bytes is reached, SpoolDiskFullError when the disk is
@@ -138,18 +66,10 @@ class MsgbusClient:
         once the message is spooled.
         """
         try:
-            if self._committer is not None:
-                entry = self._committer.commit(  # counts SENT per group, see _commit_group
-                    lambda: build_entry(
-                        destination, message, biz_id=biz_id, headers=headers,
-                        content_type=content_type,
-                    )
-                )
+            if self._committer is not None:  # counts SENT per group, see _commit_group
+                entry = self._committer.commit(lambda: build_entry(destination, message, **options))
             else:
-                entry = build_entry(
-                    destination, message, biz_id=biz_id, headers=headers,
-                    content_type=content_type,
-                )
+                entry = build_entry(destination, message, **options)
                 self._send_one(entry)
         except BaseException as exc:
             self.counters.send_error(exc)
@@ -171,18 +91,11 @@ class MsgbusClient:
             self._cond.wait_for(lambda: self._active_sends == 0, limit)
         if self._committer is not None:
             self._committer.close(self.settings.request_timeout_s + 1)
-        self._resender.stop(max(0.0, deadline - time.monotonic()))
+        self._resender.stop(time_left(deadline))
         left = self.spool.pending_count()
-        self._sender.close()
+        self._deliverer.sender.close()
         self.spool.close()
-        if left:
-            log.warning(
-                "msgbus_client: closed with %d message(s) left in spool %s; a client on the same "
-                "spool_dir will send them",
-                left,
-                self.spool.path,
-            )
-        return left
+        return self._closed_with(left)
 
     def list_rejected(self, limit: int | None = None) -> list[RejectedMessage]:
         return self.spool.list_rejected(limit)
@@ -192,12 +105,6 @@ class MsgbusClient:
 
     def purge_rejected(self, message_id: str | None = None) -> int:
         return self.spool.purge_rejected(message_id)
-
-    def metrics(self) -> ClientMetrics:
-        """Spool depth, oldest message age, counters (see msgbus_client.metrics)."""
-        return metrics.snapshot(
-            self.spool, self.counters, backing_off=self._health.backing_off()
-        )
 
     def __enter__(self) -> Self:
         return self
@@ -215,15 +122,12 @@ class MsgbusClient:
     def _commit_group(self, entries: list[Entry]) -> GroupResult:
         """Run by a group's leader: one commit for all; the resender delivers them."""
         refused = self.spool.append(entries)
-        if len(refused) < len(entries):
-            self.counters.add(metrics.SENT, len(entries) - len(refused))
-            self._resender.wake()
-        return group_results(self.spool, entries, refused)
+        self.counters.add(metrics.SENT, len(entries) - len(refused))
+        return self._committed(entries, refused)
 
     def _send_one(self, entry: Entry) -> None:
         with self._cond:
-            if self._closed:
-                raise ClientClosedError("the client is closed")
+            self._refuse_if_closed()
             self._active_sends += 1
         try:
             self._spool_and_deliver(entry)
@@ -235,27 +139,21 @@ class MsgbusClient:
 
     def _spool_and_deliver(self, entry: Entry) -> None:
         """One commit, then the inline attempt if it may go; only the commit can raise."""
-        inline = inline_allowed(
-            self.settings, self._backlog, self._health
-        ) and self._inline_slots.acquire(blocking=False)
-        if not inline:
+        if not (self._inline_allowed() and self._inline_slots.acquire(blocking=False)):
             self.spool.put(entry)
             self._leave_to_resender()
             return
-        delivered = False
-        self._in_flight.add(entry.key)  # only while this thread delivers it: the resender skips it
         try:
-            self.spool.put(entry)
-            try:
-                delivered = not self._deliverer.deliver([entry]).retry
-            except Exception:
-                log.exception("msgbus_client: inline delivery failed; the resender will retry")
+            with self._in_flight.holding(entry.key):  # the resender skips it meanwhile
+                self.spool.put(entry)
+                delivered = self._deliver_inline(entry)
         finally:
-            self._in_flight.discard([entry.key])
             self._inline_slots.release()
         if not delivered:
             self._leave_to_resender()
 
-    def _leave_to_resender(self) -> None:
-        self._backlog.mark()
-        self._resender.wake()
+    def _deliver_inline(self, entry: Entry) -> bool:
+        try:
+            return not self._deliverer.deliver([entry]).retry
+        except Exception:
+            return self._inline_failed()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -103,12 +103,6 @@ class Backlog:
 
     def __bool__(self) -> bool:
         return self._present
-
-
-def inline_allowed(settings: ClientSettings, backlog: Backlog, health: ReceiverHealth) -> bool:
-    """Whether send() may POST a fresh message itself: inline sends are on, no older message
-    waits for the resender (it would be overtaken), and the receiver is not failing."""
-    return settings.inline_send and not backlog and not health.backing_off()
 
 
 def _count(counters: ClientCounters, entries: Sequence[Entry], outcome: Outcome,
@@ -247,29 +241,3 @@ def open_spool(settings: ClientSettings) -> Spool:
         )
     assert settings.spool_dir is not None  # ClientSettings checks that one is given
     return Spool(settings.spool_dir, max_spool_bytes=settings.max_spool_bytes)
-
-
-def open_spool_and_sender(
-    settings: ClientSettings, api_key: str, make_sender: Callable[[], SenderT]
-) -> tuple[Spool, SenderT, ReceiverHealth]:
-    """The parts both clients start from. The spool is closed again if the sender fails."""
-    if not api_key:
-        raise ValueError("api_key must not be empty")
-    spool = open_spool(settings)
-    try:
-        sender = make_sender()
-    except BaseException:
-        spool.close()
-        raise
-    return spool, sender, ReceiverHealth.for_settings(settings)
-
-
-def group_results(
-    spool: Spool, entries: Sequence[Entry], refused: Sequence[Entry]
-) -> list[BaseException | None]:
-    """Each sender's result after a group commit: None, or a spool-full error for the entries
-    the spool refused for lack of space."""
-    if not refused:
-        return [None] * len(entries)
-    refused_keys = {e.key for e in refused}
-    return [spool.full_error(e) if e.key in refused_keys else None for e in entries]

@@ -13,7 +13,7 @@ import struct
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from msgbus_client.errors import InvalidMessageError
 from msgbus_client.ids import now_ms, rfc3339_ms, uuid7_with_key
@@ -66,6 +66,14 @@ class Entry:
     def batch_item(self) -> bytes:
         """This message as an item of `POST /v1/messages`: the payload plus `destination`."""
         return b'{"destination":' + _dumps(self.destination) + b"," + self.payload[1:]
+
+
+class MessageOptions(TypedDict, total=False):
+    """The keyword options of send(), passed on to `build_entry` as they are."""
+
+    biz_id: str | None
+    headers: Mapping[str, str] | None
+    content_type: str | None
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))

@@ -1,12 +1,21 @@
 """One typed settings object for a client (sync or async). The API key is deliberately not here:
-settings may be logged or shown, the key never is."""
+settings may be logged or shown, the key never is.
+
+Both clients take the same keywords: `spool_dir` / `spool_root` (any path-like) and the
+`ClientOptions`, which are the `ClientSettings` fields of the same names; defaults and checks
+are written once, here.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from msgbus_client.spool import DEFAULT_MAX_SPOOL_BYTES
+
+StrPath = str | PathLike[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +69,43 @@ class ClientSettings:
         if self.group_commit_ms < 0:
             raise ValueError("group_commit_ms must be >= 0")
 
+    @classmethod
+    def from_options(
+        cls,
+        receiver_url: str,
+        *,
+        spool_dir: StrPath | None = None,
+        spool_root: StrPath | None = None,
+        **options: Unpack[ClientOptions],
+    ) -> ClientSettings:
+        """The settings for a client's keyword arguments (paths as str or path-like)."""
+        return cls(
+            receiver_url=receiver_url,
+            spool_dir=None if spool_dir is None else Path(spool_dir),
+            spool_root=None if spool_root is None else Path(spool_root),
+            **options,
+        )
+
     @property
     def group_commit(self) -> bool:
         return self.group_commit_ms > 0
+
+
+class ClientOptions(TypedDict, total=False):
+    """The keyword options of MsgbusClient and AsyncMsgbusClient besides the spool path and the
+    transport: each is the ClientSettings field of the same name (meaning and default there)."""
+
+    max_slots: int
+    group_commit_ms: float
+    max_group_messages: int
+    max_spool_bytes: int
+    inline_send: bool
+    max_inline_requests: int
+    request_timeout_s: float
+    connect_timeout_s: float
+    retry_base_s: float
+    retry_max_s: float
+    max_retry_after_s: float
+    max_batch_messages: int
+    max_batch_bytes: int
+    idle_poll_s: float
