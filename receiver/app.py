@@ -10,11 +10,12 @@ of a single message's CPU time. They answer errors exactly as the FastAPI handle
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Request
 from pymongo.errors import PyMongoError
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
@@ -32,6 +33,7 @@ from msgbus.errors import (
 from msgbus.http import Asgi, LeanEndpoint, RequestTimer, add_readiness, service_app
 from msgbus.metrics import BUFFER_BYTES, MESSAGES_REJECTED, REQUEST_LATENCY
 from msgbus.models import JSON_CONTENT_TYPE, Envelope, is_destination_code, utcnow
+from msgbus.settings import ReceiverSettings
 from receiver.intake import Intake
 from receiver.openapi import BATCH_PATH, SINGLE_PATH, receiver_openapi
 from receiver.parsing import (
@@ -51,6 +53,7 @@ _AUTHORIZATION, _CONTENT_TYPE = b"authorization", b"content-type"
 _CONTENT_LENGTH = b"content-length"
 _RAW_ID = ID_HEADER.encode()
 _WANTED_HEADERS = frozenset({_AUTHORIZATION, _CONTENT_TYPE, _CONTENT_LENGTH, _RAW_ID})
+LeanRoute = Callable[[dict[str, Any], str], Asgi | None]
 
 
 def endpoint_of(path: str) -> str | None:
@@ -169,22 +172,32 @@ class Ingest:
             raise
 
 
-def create_app(service: ReceiverService) -> FastAPI:
-    settings = service.settings
-    auth = service.auth
-    ingest = Ingest(service)
+class IngestEndpoints:
+    """The two ingest endpoints' handlers (each a LeanEndpoint's `handle`), with what they read
+    of the service bound once; `install` adds their routes and the RequestTimer that calls
+    them directly."""
 
-    def refresh_gauges() -> None:
-        service.intake.depths()
-        BUFFER_BYTES.labels("receiver", "used").set(service.buffer.used_bytes)
-        BUFFER_BYTES.labels("receiver", "limit").set(service.buffer.max_bytes)
+    __slots__ = ("_auth", "_ingest", "_settings", "_single_limit")
 
-    # Rejections are counted by the handlers, which know the destination (no on_error hook).
-    app = service_app("msgbus receiver", service, before_metrics=refresh_gauges)
-    # JSON overhead around a body of max_message_bytes
-    single_limit = settings.max_message_bytes * 2 + 16 * 1024
+    def __init__(self, service: ReceiverService) -> None:
+        self._settings = service.settings
+        self._auth = service.auth
+        self._ingest = Ingest(service)
+        # JSON overhead around a body of max_message_bytes
+        self._single_limit = service.settings.max_message_bytes * 2 + 16 * 1024
 
-    async def send_one(scope: dict[str, Any], receive: Any) -> tuple[int, bytes]:
+    def install(self, app: FastAPI) -> None:
+        lean_one, lean_batch = LeanEndpoint(self.send_one), LeanEndpoint(self.send_batch)
+        # plain Starlette routes, where the FastAPI routes were (same 404/405 for other requests)
+        app.router.routes.append(Route(SINGLE_PATH, lean_one, methods=["POST"], name="send_one"))
+        app.router.routes.append(Route(BATCH_PATH, lean_batch, methods=["POST"],
+                                       name="send_batch"))
+        app.add_middleware(RequestTimer, histogram=REQUEST_LATENCY, endpoint_of=endpoint_of,
+                           lean_route=_lean_route(lean_one, lean_batch))
+
+    async def send_one(self, scope: dict[str, Any], receive: Any) -> tuple[int, bytes]:
+        settings, auth, ingest = self._settings, self._auth, self._ingest
+        single_limit = self._single_limit
         code = _code_of(scope)
         headers = _headers_of(scope)
         destination = ""  # the metric label: only a known destination, never any URL text
@@ -221,7 +234,8 @@ def create_app(service: ReceiverService) -> FastAPI:
         return _json({"message_id": envelope.message_id,
                       "status": "accepted" if fresh else "duplicate"}, 202)
 
-    async def send_batch(scope: dict[str, Any], receive: Any) -> tuple[int, bytes]:
+    async def send_batch(self, scope: dict[str, Any], receive: Any) -> tuple[int, bytes]:
+        settings, auth, ingest = self._settings, self._auth, self._ingest
         headers = _headers_of(scope)
         try:
             producer = await auth.authenticate(headers.get(_AUTHORIZATION))
@@ -269,11 +283,8 @@ def create_app(service: ReceiverService) -> FastAPI:
                     results[index]["duplicate"] = True
         return _json({"results": results}, 200)
 
-    lean_one, lean_batch = LeanEndpoint(send_one), LeanEndpoint(send_batch)
-    # plain Starlette routes, where the FastAPI routes were (same 404/405 for other requests)
-    app.router.routes.append(Route(SINGLE_PATH, lean_one, methods=["POST"], name="send_one"))
-    app.router.routes.append(Route(BATCH_PATH, lean_batch, methods=["POST"], name="send_batch"))
 
+def _lean_route(lean_one: Asgi, lean_batch: Asgi) -> LeanRoute:
     def lean_route(scope: dict[str, Any], endpoint: str) -> Asgi | None:
         """A POST to an ingest route goes straight to its handler (what the router would pick:
         endpoint_of's single-message paths but one, with an empty code, match the route)."""
@@ -283,34 +294,62 @@ def create_app(service: ReceiverService) -> FastAPI:
             return lean_batch
         return lean_one if _code_of(scope) else None
 
-    app.add_middleware(RequestTimer, histogram=REQUEST_LATENCY, endpoint_of=endpoint_of,
-                       lean_route=lean_route)
+    return lean_route
 
-    def drainer_state() -> dict[str, Any]:
-        process = service.drain_process
-        if process is None:
-            return {"mode": "inline"}
-        return {"mode": "process", "pid": process.pid, "restarts": process.restarts}
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "mongo": await service.store.ping(),
-                "buffer": service.intake.depths(), "drainer": drainer_state()}
+def _refresh_gauges(service: ReceiverService) -> None:
+    service.intake.depths()
+    BUFFER_BYTES.labels("receiver", "used").set(service.buffer.used_bytes)
+    BUFFER_BYTES.labels("receiver", "limit").set(service.buffer.max_bytes)
 
-    async def readiness() -> dict[str, bool]:
-        buffer = service.buffer
-        checks = {"buffer_has_room": buffer.used_bytes < buffer.max_bytes,
-                  "mongo": await service.store.ping()}  # not required: the buffer absorbs it
-        if service.drain_process is not None:
-            checks["drainer_running"] = service.drain_process.pid is not None
-        return checks
 
-    add_readiness(app, readiness, required=("buffer_has_room",), service="receiver")
+def _openapi(app: FastAPI, settings: ReceiverSettings) -> dict[str, Any]:
+    """The app's OpenAPI document (FastAPI's documented override of app.openapi)."""
+    if app.openapi_schema is None:
+        app.openapi_schema = receiver_openapi(app, settings)
+    return app.openapi_schema
 
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            app.openapi_schema = receiver_openapi(app, settings)
-        return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
+async def _service(request: Request) -> ReceiverService:
+    service: ReceiverService = request.app.state.service
+    return service
+
+
+probes = APIRouter()
+
+
+def drainer_state(service: ReceiverService) -> dict[str, Any]:
+    process = service.drain_process
+    if process is None:
+        return {"mode": "inline"}
+    return {"mode": "process", "pid": process.pid, "restarts": process.restarts}
+
+
+@probes.get("/health")
+async def health(service: Annotated[ReceiverService, Depends(_service)]) -> dict[str, Any]:
+    return {"status": "ok", "mongo": await service.store.ping(),
+            "buffer": service.intake.depths(), "drainer": drainer_state(service)}
+
+
+async def _readiness(service: ReceiverService) -> dict[str, bool]:
+    buffer = service.buffer
+    checks = {"buffer_has_room": buffer.used_bytes < buffer.max_bytes,
+              "mongo": await service.store.ping()}  # not required: the buffer absorbs it
+    if service.drain_process is not None:
+        checks["drainer_running"] = service.drain_process.pid is not None
+    return checks
+
+
+def create_app(service: ReceiverService) -> FastAPI:
+    # Rejections are counted by the handlers, which know the destination (no on_error hook).
+    app = service_app("msgbus receiver", service,
+                      before_metrics=partial(_refresh_gauges, service))
+    app.state.service = service
+    IngestEndpoints(service).install(app)
+    # the router's routes as app.get would add them (include_router would hide their methods
+    # from the Allow header of a 405, msgbus.http.allowed_methods)
+    app.router.routes.extend(probes.routes)
+    add_readiness(app, partial(_readiness, service), required=("buffer_has_room",),
+                  service="receiver")
+    app.openapi = partial(_openapi, app, service.settings)  # type: ignore[method-assign]
     return app
