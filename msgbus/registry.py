@@ -52,6 +52,9 @@ class Registry:
         self._listeners: list[ChangeListener] = []
         self._task: asyncio.Task[None] | None = None
         self._misses: dict[str, float] = {}  # code -> when to look it up again
+        # monotonic time of the last read of MongoDB that is served and acted on (listeners
+        # done): a change written before it is in effect here
+        self.current_as_of = 0.0
 
     def on_change(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
@@ -78,6 +81,7 @@ class Registry:
         await cancel_and_wait(self._task)
 
     async def reload(self) -> None:
+        read_at = time.monotonic()
         destinations = await self._store.list_destinations()
         subscriptions = await self._store.list_subscriptions()
         changed = self._apply(destinations, subscriptions, await self._store.get_runtime())
@@ -85,6 +89,7 @@ class Registry:
             self._save_snapshot()
         if changed:
             await self._notify()
+        self.current_as_of = read_at
 
     def _apply(self, destinations: list[Destination], subscriptions: list[Subscription],
                runtime: RuntimeConfig) -> bool:

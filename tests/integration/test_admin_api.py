@@ -6,8 +6,9 @@ from __future__ import annotations
 import uuid
 
 import httpx
-from msgbus_devtools.testkit.bus import RunningBus, wait_until
+from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import ScriptedSubscriber
+from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.ids import uuid7
 

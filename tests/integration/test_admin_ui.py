@@ -6,7 +6,6 @@ Named `admin` so that `pytest -k admin` selects them."""
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -15,8 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
-from msgbus_devtools.testkit.bus import CONFIG_REFRESH_S, RunningBus, running_bus, wait_until
+from msgbus_devtools.testkit.bus import RunningBus, running_bus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
@@ -223,7 +223,7 @@ def test_admin_ui_lists_and_shows_a_message_still_pending_for_a_paused_subscript
     code = f"ui-pending-{uuid.uuid4().hex[:6]}"
     bus.create_destination(code, "kafka")
     bus.subscribe(code, "billing", bus.serve_subscriber(RecordingSubscriber()), paused=True)
-    time.sleep(3 * CONFIG_REFRESH_S)  # the receiver learns of the subscription
+    bus.wait_for_config()  # the receiver learns of the subscription
     message_id = uuid7()
     httpx.post(f"{bus.receiver_url}/v1/destinations/{code}/messages", timeout=10,
                headers={"authorization": f"Bearer {api_key}"},

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pika
 import pytest
 from confluent_kafka import Producer
-from msgbus_devtools.testkit.loop import eventually
+from msgbus_devtools.testkit.waiting import eventually
 from pika.adapters.blocking_connection import BlockingChannel
 
 from msgbus.brokers._kafka_consumer import CLOCK_MARGIN_S

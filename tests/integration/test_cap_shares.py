@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
-from msgbus_devtools.testkit.loop import eventually
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.delivery.shares import CapShares
 from msgbus.store import MongoStore

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from msgbus_client import MsgbusClient
 from msgbus_devtools import servers as services
-from msgbus_devtools.testkit.bus import RunningBus, wait_until
+from msgbus_devtools.testkit.bus import RunningBus
+from msgbus_devtools.testkit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MSGBUS = [sys.executable, "-m", "msgbus.cli"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 from msgbus_devtools import servers as services
-from msgbus_devtools.testkit.bus import wait_until
+from msgbus_devtools.testkit.waiting import wait_until
 
 MSGBUS = [sys.executable, "-m", "msgbus.cli"]
 

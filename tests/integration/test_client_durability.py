@@ -22,9 +22,10 @@ from urllib.parse import urlsplit
 
 import pytest
 from msgbus_client import MsgbusClient
-from msgbus_devtools.testkit.bus import RunningBus, wait_until
+from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.tcp_gate import TcpGate
+from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.settings import ReceiverSettings
 

@@ -19,8 +19,9 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from msgbus_devtools.testkit.bus import RunningBus, running_bus, sample_value, wait_until
+from msgbus_devtools.testkit.bus import RunningBus, running_bus, sample_value
 from msgbus_devtools.testkit.subscriber import ScriptedSubscriber
+from msgbus_devtools.testkit.waiting import wait_until
 
 from compensator.service import CompensatorService
 from msgbus.cli.main import main as cli

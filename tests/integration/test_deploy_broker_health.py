@@ -12,7 +12,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from msgbus_devtools import servers as services
-from msgbus_devtools.testkit.bus import sample_value, wait_until
+from msgbus_devtools.testkit.bus import sample_value
+from msgbus_devtools.testkit.waiting import wait_until
 
 from dispatcher.brokerhealth import BrokerHealthMonitor, management_url
 from msgbus.brokers.base import consumer_name, topic_name

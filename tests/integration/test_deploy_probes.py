@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 from msgbus_devtools import servers as services
-from msgbus_devtools.testkit.bus import RunningBus, wait_until
+from msgbus_devtools.testkit.bus import RunningBus
+from msgbus_devtools.testkit.waiting import wait_until
 from pydantic import SecretStr
 
 from compensator.app import create_app as compensator_app

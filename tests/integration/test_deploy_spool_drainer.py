@@ -20,8 +20,9 @@ import httpx
 import pytest
 from msgbus_client.spooltools import inspect_spool
 from msgbus_devtools import servers as services
-from msgbus_devtools.testkit.bus import RunningBus, sample_value, wait_until
+from msgbus_devtools.testkit.bus import RunningBus, sample_value
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.waiting import wait_until
 
 from receiver import bufferslots
 

@@ -4,13 +4,12 @@ and a retry written below the floor (a failure recorded late) is found by the ne
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus, utcnow
@@ -76,11 +75,7 @@ async def test_a_retry_recorded_below_the_floor_is_found_by_the_next_full_scan(
     # a dispatcher's trace held back while MongoDB was down: due an hour ago, written now
     late = delivery(utcnow() - timedelta(hours=1))
     await store.deliveries.insert_one(late)
-    deadline = time.monotonic() + 5
-    found: list[str] = []
-    while not found and time.monotonic() < deadline:
-        found = await scan.due_ids(SUB, utcnow(), 10)
-        await asyncio.sleep(0.1)
+    found = await eventually(lambda: scan.due_ids(SUB, utcnow(), 10), 5, "the late delivery")
     assert found == [late["_id"]]
 
 

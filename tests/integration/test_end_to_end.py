@@ -9,8 +9,9 @@ import httpx
 import pytest
 from msgbus_client import MsgbusClient
 from msgbus_client.verify import verify_push
-from msgbus_devtools.testkit.bus import RunningBus, sample_value, wait_until
+from msgbus_devtools.testkit.bus import RunningBus, sample_value
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.models import CircuitPolicy, DeliveryStatus
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
-from msgbus_devtools.testkit.bus import RunningBus, sample_value, wait_until
+from msgbus_devtools.testkit.bus import RunningBus, sample_value
 from msgbus_devtools.testkit.loop import BackgroundLoop
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.ids import uuid7

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from msgbus_devtools import servers as services
 from msgbus_devtools import stack as devstack
+from msgbus_devtools.testkit.waiting import wait_until
 from pymongo import MongoClient
 
 from msgbus import processes
@@ -74,11 +75,9 @@ def test_rabbitmq_publish_and_get(rabbitmq_url: str) -> None:
         channel = connection.channel()
         channel.queue_declare(queue, auto_delete=True)
         channel.basic_publish("", queue, b"hello")
-        deadline = time.monotonic() + 10
-        method, _, body = channel.basic_get(queue, auto_ack=True)
-        while method is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-            method, _, body = channel.basic_get(queue, auto_ack=True)
+        _, _, body = wait_until(
+            lambda: (got := channel.basic_get(queue, auto_ack=True))[0] is not None and got,
+            10, "the message back from RabbitMQ")
         assert body == b"hello"
         channel.queue_delete(queue)
     finally:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from msgbus_devtools.testkit.bus import HOST, RunningBus, wait_until
+from msgbus_devtools.testkit.bus import HOST, RunningBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.cli.serving import ServerGroup, make_server
 from msgbus.ids import uuid7

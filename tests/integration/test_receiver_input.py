@@ -7,8 +7,9 @@ import base64
 
 import httpx
 import pytest
-from msgbus_devtools.testkit.bus import RunningBus, wait_until
+from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.ids import uuid7
 

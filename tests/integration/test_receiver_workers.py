@@ -24,9 +24,10 @@ import httpx
 import pytest
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit import procnet
-from msgbus_devtools.testkit.bus import sample_value, wait_until
+from msgbus_devtools.testkit.bus import sample_value
 from msgbus_devtools.testkit.receiver_proc import HOST, ReceiverProcess, prepare_store
 from msgbus_devtools.testkit.tcp_gate import TcpGate
+from msgbus_devtools.testkit.waiting import wait_until
 from pymongo import MongoClient
 
 from msgbus import processes

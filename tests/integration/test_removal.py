@@ -12,9 +12,10 @@ import pika
 import pytest
 from click.testing import CliRunner
 from confluent_kafka.admin import AdminClient
-from msgbus_devtools.testkit.bus import RunningBus, wait_until
+from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.sending import post_batches
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.waiting import wait_until
 from pika.exceptions import ChannelClosedByBroker
 
 from msgbus.brokers.base import consumer_name, topic_name

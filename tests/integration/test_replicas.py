@@ -26,11 +26,12 @@ from typing import Any, cast
 import httpx
 import orjson
 import pytest
-from msgbus_devtools.testkit.bus import sample_value, wait_until
+from msgbus_devtools.testkit.bus import sample_value
 from msgbus_devtools.testkit.deployment import SUBSCRIPTION, Deployment, Servers, wait_with_progress
 from msgbus_devtools.testkit.procs import say
 from msgbus_devtools.testkit.sending import post_batches
 from msgbus_devtools.testkit.subscriber import PeakSubscriber, RecordingSubscriber
+from msgbus_devtools.testkit.waiting import wait_until
 
 from admin.pushers import pushers_of
 from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond

@@ -175,7 +175,7 @@ async def test_one_process_appends_and_rings_while_another_drains(tmp_path: Path
 async def test_notify_appended_wakes_a_waiting_drainer(tmp_path: Path) -> None:
     queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8)
     waiting = asyncio.create_task(queue.wait_for_entries("q", timeout_s=30))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # it starts waiting
     queue.notify_appended()  # what the drain process does when the receiver rings
     await asyncio.wait_for(waiting, 5)
     queue.close()

@@ -4,20 +4,12 @@ others, and nothing is lost or reordered within a partition."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.drain import PartitionedDrainer
 from msgbus.localqueue import LocalQueue, Target
-
-
-async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def test_a_stuck_partition_does_not_hold_back_the_others(tmp_path: Path) -> None:
@@ -36,12 +28,14 @@ async def test_a_stuck_partition_does_not_hold_back_the_others(tmp_path: Path) -
     drainer.start()
     await queue.append([(("q", "stuck"), b"stuck:%d" % i) for i in range(12)])
     await queue.append([(("q", "free"), b"free:%d" % i) for i in range(30)])
-    await _until(lambda: len(received["free"]) == 30, "the free partition to drain")
+    await eventually(lambda: len(received["free"]) == 30, 10, "the free partition to drain",
+                     interval_s=0.01)
     assert received["stuck"] == []
     assert drainer.busy_partitions() == ["stuck"]
 
     released.set()
-    await _until(lambda: len(received["stuck"]) == 12, "the stuck partition to drain")
+    await eventually(lambda: len(received["stuck"]) == 12, 10, "the stuck partition to drain",
+                     interval_s=0.01)
     await drainer.close()
     assert received["stuck"] == [b"stuck:%d" % i for i in range(12)]
     assert received["free"] == [b"free:%d" % i for i in range(30)]
@@ -67,7 +61,7 @@ async def test_a_failing_partition_is_retried_while_the_others_move(tmp_path: Pa
     entries: list[tuple[Target, bytes]] = [(("q", p), b"%s:%d" % (p.encode(), i))
                                            for i in range(10) for p in ("bad", "good")]
     await queue.append(entries)
-    await _until(lambda: len(received) == 20, "both partitions to drain")
+    await eventually(lambda: len(received) == 20, 10, "both partitions to drain", interval_s=0.01)
     await drainer.close()
     assert [e for e in received if e.startswith(b"bad")] == [b"bad:%d" % i for i in range(10)]
     assert drainer.failures == 3 and queue.depth("q") == 0

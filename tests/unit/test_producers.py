@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import pytest
+from msgbus_devtools.testkit.waiting import eventually
 from pymongo.errors import AutoReconnect
 
 from msgbus.auth import hash_api_key
@@ -44,14 +44,6 @@ class FakeAppStore:
 
 def bearer(key: str) -> str:
     return f"Bearer {key}"
-
-
-async def eventually(condition: Any, what: str, attempts: int = 500) -> None:
-    for _ in range(attempts):
-        if condition():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError(f"never happened: {what}")
 
 
 async def until_unauthorized(auth: ProducerAuthenticator, key: str) -> list[str]:
@@ -89,7 +81,7 @@ async def test_a_known_key_keeps_working_through_an_outage_logged_once(
         def outage_logs() -> list[logging.LogRecord]:
             return [r for r in caplog.records if "unavailable" in r.getMessage()]
 
-        await eventually(lambda: outage_logs(), "the outage to be logged")
+        await eventually(lambda: outage_logs(), 1, "the outage to be logged", interval_s=0.002)
     assert len(outage_logs()) == 1, caplog.text
     await auth.close()
 
@@ -134,7 +126,7 @@ async def test_concurrent_requests_share_one_lookup(store: FakeAppStore) -> None
     auth = ProducerAuthenticator(store)
     store.gate = asyncio.Event()
     waiting = [asyncio.create_task(auth.authenticate(bearer(KEY))) for _ in range(50)]
-    await eventually(lambda: store.lookups == 1, "the first lookup")
+    await eventually(lambda: store.lookups == 1, 1, "the first lookup", interval_s=0.002)
     store.gate.set()
     assert {p.name for p in await asyncio.gather(*waiting)} == {"shop"}
     assert store.lookups == 1
@@ -145,7 +137,7 @@ async def test_a_cancelled_request_does_not_cancel_the_shared_lookup(store: Fake
     store.gate = asyncio.Event()
     first = asyncio.create_task(auth.authenticate(bearer(KEY)))
     second = asyncio.create_task(auth.authenticate(bearer(KEY)))
-    await eventually(lambda: store.lookups == 1, "the lookup")
+    await eventually(lambda: store.lookups == 1, 1, "the lookup", interval_s=0.002)
     first.cancel()
     store.gate.set()
     assert (await second).name == "shop"

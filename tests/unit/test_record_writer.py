@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from msgbus_devtools.testkit.loop import eventually
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.localqueue import LocalQueue
 from receiver.recording import RecordWriter

@@ -8,7 +8,7 @@ import contextlib
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from msgbus.settings import (
 )
 from msgbus.store import MongoStore
 from msgbus_devtools.testkit.loop import BackgroundLoop
+from msgbus_devtools.testkit.waiting import wait_until
 from receiver.app import create_app as receiver_app
 from receiver.service import ReceiverService
 
@@ -56,23 +57,6 @@ CONFIG_REFRESH_S = 0.5  # how soon the bus's services see a configuration change
 BACKLOG_INTERVAL_S = 3.0
 SHUTDOWN_TIMEOUT_S = 240.0
 SLOW_SHUTDOWN_S = 30.0
-
-def wait_until(
-    condition: Callable[[], Any],
-    timeout_s: float = 30,
-    what: str = "condition",
-    interval_s: float = 0.05,
-) -> Any:
-    """Poll until `condition()` is truthy; fail with `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
-
 
 class RunningBus:
     def __init__(
@@ -130,21 +114,11 @@ class RunningBus:
             "dispatcher",
         )
         self.dispatcher_url = f"http://{HOST}:{dispatcher.port}"
+        self.receiver_service = ReceiverService(
+            ReceiverSettings(port=0, dispatcher_url=self.dispatcher_url, connections=conn,
+                             drainer="inline"))  # in-process, so tests read its metrics
         receiver = await self._group.start(
-            make_server(
-                receiver_app(
-                    ReceiverService(
-                        ReceiverSettings(
-                            port=0, dispatcher_url=self.dispatcher_url, connections=conn,
-                            drainer="inline",  # in-process, so tests read its metrics
-                        )
-                    )
-                ),
-                HOST,
-                0,
-            ),
-            "receiver",
-        )
+            make_server(receiver_app(self.receiver_service), HOST, 0), "receiver")
         self.receiver_url = f"http://{HOST}:{receiver.port}"
         self.compensator_service = self.new_compensator()
         compensator = await self._group.start(
@@ -221,6 +195,15 @@ class RunningBus:
             return set(sub_ids) <= set(health["subscriptions"])
 
         wait_until(ready, timeout_s, f"dispatcher workers for {sub_ids}")
+
+    def wait_for_config(self, timeout_s: float = 30) -> None:
+        """Until every service has read the configuration written before this call and acted
+        on it (queues declared, workers started or stopped, rates applied)."""
+        since = time.monotonic()
+        registries = [self.receiver_service.registry, self.dispatcher_service.registry,
+                      self.compensator_service.registry]
+        wait_until(lambda: all(r.current_as_of > since for r in registries), timeout_s,
+                   "every service to re-read the configuration")
 
     def query(self, coro: Any) -> Any:
         """Run a store coroutine (e.g. `bus.store.count_deliveries(...)`) in the bus loop."""

@@ -31,12 +31,12 @@ from msgbus.cli.serving import ServerGroup, make_server
 from msgbus.models import BrokerKind, DeliveryStatus, Destination, Subscription
 from msgbus.store import MongoStore
 from msgbus_devtools import servers as services
-from msgbus_devtools.testkit.bus import wait_until
 from msgbus_devtools.testkit.load import SteadyLoad
 from msgbus_devtools.testkit.loop import BackgroundLoop
 from msgbus_devtools.testkit.procs import BusProcess, RabbitNode, ServerSlot, say
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.tcp_gate import TcpGate
+from msgbus_devtools.testkit.waiting import wait_until
 
 T = TypeVar("T")
 KAFKA_BUCKET = "tansu"

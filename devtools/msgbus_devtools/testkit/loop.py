@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -25,13 +24,3 @@ class BackgroundLoop:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
-
-
-async def eventually(condition: Callable[[], object], timeout_s: float = 15,
-                     what: str = "condition") -> None:
-    """In async tests: poll until `condition()` is truthy; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.05)

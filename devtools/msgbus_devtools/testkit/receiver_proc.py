@@ -15,7 +15,7 @@ import httpx
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.models import BrokerKind, Destination
 from msgbus.store import MongoStore
-from msgbus_devtools.testkit.bus import wait_until
+from msgbus_devtools.testkit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
