@@ -16,7 +16,6 @@ typical message), which `bench.subscriber.Recorder` records by `n`.
 from __future__ import annotations
 
 import asyncio
-import resource
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -25,31 +24,14 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench.load import client_session, own_cpu_s, pacer, post, run_loop
 from msgbus.ids import uuid7
 
-REQUEST_TIMEOUT_S = 10.0
 PAD = "a benchmark message of typical size " * 4
 
 
 def body(n: int, sent_at: float | None = None) -> dict[str, Any]:
     return {"sent_at": time.time() if sent_at is None else sent_at, "n": n, "pad": PAD}
-
-
-def own_cpu_s() -> float:
-    """User + system CPU seconds of this process so far."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def run_loop(coro: Any) -> Any:
-    try:
-        import uvloop
-
-        factory: Any = uvloop.new_event_loop
-    except ImportError:
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
 
 
 def raw_push(url: str, start: int, count: int, concurrency: int,
@@ -77,9 +59,7 @@ async def _raw_push(url: str, start: int, count: int, concurrency: int,
             except (aiohttp.ClientError, TimeoutError):
                 stats["failed"] += 1
 
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with client_session(concurrency) as session:
         cpu0, started = own_cpu_s(), time.time()
         await asyncio.gather(*(pusher(session) for _ in range(concurrency)))
         finished, cpu1 = time.time(), own_cpu_s()
@@ -101,25 +81,18 @@ async def _paced_send(url: str, api_key: str, start: int, count: int, rate_per_s
     answer_ms: list[float] = []
     stats: Counter[str] = Counter()
     headers = {"content-type": "application/json", "authorization": f"Bearer {api_key}"}
-    loop = asyncio.get_running_loop()
-    t0 = loop.time() + 0.05
+    pace = pacer(start, rate_per_s)
 
     async def sender(session: aiohttp.ClientSession) -> None:
         for n in numbers:
-            delay = t0 + (n - start) / rate_per_s - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await pace(n)
             if time.time() > deadline:
                 stats["not_sent"] += 1
                 continue
             sent_at = time.time()
             data = orjson.dumps({"message_id": uuid7(), "body": body(n, sent_at)})
-            try:
-                async with session.post(url, data=data, headers=headers) as response:
-                    await response.read()
-                    status = response.status
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                stats[f"error:{type(exc).__name__}"] += 1
+            status = await post(session, url, data, headers, stats)
+            if status is None:
                 continue
             now = time.time()
             if status == 202:
@@ -128,9 +101,7 @@ async def _paced_send(url: str, api_key: str, start: int, count: int, rate_per_s
             else:
                 stats[f"status:{status}"] += 1
 
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with client_session(concurrency) as session:
         started = time.time()
         await asyncio.gather(*(sender(session) for _ in range(concurrency)))
         finished = time.time()

@@ -26,7 +26,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.dispatch_load import REQUEST_TIMEOUT_S, body, own_cpu_s, run_loop
+from bench.dispatch_load import body
+from bench.load import client_session, own_cpu_s, pacer, post, run_loop
 
 GROUP_COMMIT_MS = 2.0
 DRAIN_POLL_S = 0.02
@@ -91,25 +92,16 @@ async def _paced_direct(url: str, first: int, count: int, rate_per_s: float,
     numbers = iter(range(first, first + count))
     stats: Counter[str] = Counter()
     headers = {"content-type": "application/json"}
-    loop = asyncio.get_running_loop()
-    t0 = loop.time() + 0.05
+    pace = pacer(first, rate_per_s)
 
     async def poster(session: aiohttp.ClientSession) -> None:
         for n in numbers:
-            delay = t0 + (n - first) / rate_per_s - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            try:
-                async with session.post(url, data=orjson.dumps(body(n)),
-                                        headers=headers) as response:
-                    await response.read()
-                    stats["ok" if response.status == 200 else f"status:{response.status}"] += 1
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                stats[f"error:{type(exc).__name__}"] += 1
+            await pace(n)
+            status = await post(session, url, orjson.dumps(body(n)), headers, stats)
+            if status is not None:
+                stats["ok" if status == 200 else f"status:{status}"] += 1
 
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with client_session(concurrency) as session:
         cpu0, started = own_cpu_s(), time.time()
         await asyncio.gather(*(poster(session) for _ in range(concurrency)))
         finished = time.time()

@@ -25,10 +25,10 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench.load import client_session, post, run_loop
 from msgbus.ids import uuid7
 
 MAX_ATTEMPTS = 5
-REQUEST_TIMEOUT_S = 10.0
 RETRY_STATUSES = {429, 503}
 
 
@@ -38,20 +38,9 @@ def worker(conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         while (job := conn.recv()) is not None:
-            conn.send(("done", _run(conn, job)))
+            conn.send(("done", run_loop(produce(conn, **job))))
     except (KeyboardInterrupt, EOFError, BrokenPipeError):
         pass
-
-
-def _run(conn: Connection, job: dict[str, Any]) -> dict[str, Any]:
-    try:
-        import uvloop
-
-        factory: Any = uvloop.new_event_loop
-    except ImportError:
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(produce(conn, **job))
 
 
 async def produce(conn: Connection | None, *, url: str, api_key: str, start: int, count: int,
@@ -72,12 +61,8 @@ async def produce(conn: Connection | None, *, url: str, api_key: str, start: int
             if attempt > 1:
                 stats["retries"] += 1
                 await asyncio.sleep(0.05 * 2**attempt)
-            try:
-                async with session.post(url, data=data, headers=headers) as response:
-                    await response.read()
-                    status = response.status
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                stats[f"error:{type(exc).__name__}"] += 1
+            status = await post(session, url, data, headers, stats)
+            if status is None:
                 continue
             if 200 <= status < 300:
                 stats["accepted"] += 1
@@ -99,9 +84,7 @@ async def produce(conn: Connection | None, *, url: str, api_key: str, start: int
             await asyncio.sleep(1.0)
             conn.send(("progress", stats["accepted"]))
 
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with client_session(concurrency) as session:
         progress = asyncio.create_task(report_progress())
         started = time.time()
         await asyncio.gather(*(sender(session) for _ in range(concurrency)))

@@ -51,7 +51,7 @@ import orjson
 from msgbus_devtools import servers as services
 
 from bench import subscriber
-from bench.dispatch_load import own_cpu_s
+from bench.load import own_cpu_s
 from bench.pipeline import stop_process
 from bench.report import cell, out, percentile, rounded, say, spread
 
