@@ -34,7 +34,7 @@ from datetime import datetime
 from msgbus.metrics import REDELIVERIES_SKIPPED
 from msgbus.models import Envelope, utcnow
 from msgbus.store import MongoStore
-from msgbus.tasks import run_on
+from msgbus.tasks import detached_task
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class DeliveredCheck:
         if (not suspects or time.monotonic() < self._paused_until
                 or (running is not None and not running.done())):
             return known
-        lookup = self._lookups[subscription] = run_on(
+        lookup = self._lookups[subscription] = detached_task(
             self._store.handled_among(subscription, suspects))
         try:
             found = await asyncio.wait_for(asyncio.shield(lookup), self._timeout_s)

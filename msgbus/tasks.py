@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 GAUGE_MAX_BUSY = 0.25
 
 
-def run_on(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+def detached_task(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
     """A task to await through `asyncio.shield`: a caller that gives up (a timeout) leaves it
     running instead of cancelling it mid-flight (which costs a MongoDB call its connection),
     and a failure that comes after nobody waits any more is retrieved, not reported."""

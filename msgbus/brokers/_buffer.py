@@ -1,4 +1,5 @@
-"""A thread-to-asyncio hand-over buffer shared by the threaded broker consumers.
+"""What the threaded broker consumers share: a thread-to-asyncio hand-over buffer and the
+consumer thread's start and stop.
 
 A consumer thread `put`s received messages; the event loop takes them with `get`. The deque is
 guarded by a lock; the loop is woken through `call_soon_threadsafe`, never by polling.
@@ -13,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from msgbus.brokers.base import Received
+from msgbus.brokers.base import Received, SubscriptionConsumer
 
 
 class ReceiveBuffer:
@@ -85,3 +86,36 @@ class ReceiveBuffer:
                 await asyncio.wait_for(self._ready.wait(), remaining)
             except TimeoutError:
                 return self._take(max_messages)
+
+
+class ThreadedConsumer(SubscriptionConsumer):
+    """A consumer whose broker client blocks (confluent-kafka, pika): it runs on a daemon
+    thread of its own, which stops when `_stop` is set and hands what it receives over through
+    `_buffer`."""
+
+    def _init_thread(self) -> None:
+        self._buffer = ReceiveBuffer()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _start_thread(self, name: str, run: Callable[[], None]) -> None:
+        """Called on the event loop that will `receive`."""
+        self._buffer.bind(asyncio.get_running_loop())
+        self._stop.clear()
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    async def receive(self, max_messages: int, timeout_s: float) -> list[Received]:
+        return await self._buffer.get(max_messages, timeout_s)
+
+    async def close(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        await asyncio.to_thread(thread.join)
+        self._buffer.close()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)

@@ -20,7 +20,7 @@ backlog). The exception: a first member killed before its first commit (every
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 import threading
 import time
@@ -38,9 +38,9 @@ from confluent_kafka import (
 
 from msgbus import codec
 from msgbus.backoff import backoff_s
-from msgbus.brokers._buffer import ReceiveBuffer
+from msgbus.brokers._buffer import ThreadedConsumer
 from msgbus.brokers._offsets import OffsetToken, OffsetTracker, Partition
-from msgbus.brokers.base import Received, SubscriptionConsumer, consumer_name, topic_name
+from msgbus.brokers.base import Received, consumer_name, topic_name
 from msgbus.errors import BrokerError
 from msgbus.models import BrokerKind, Envelope, Subscription
 
@@ -60,7 +60,7 @@ def _offsets(moved: dict[Partition, int]) -> list[TopicPartition]:
             moved.items()]
 
 
-class KafkaSubscriptionConsumer(SubscriptionConsumer):
+class KafkaSubscriptionConsumer(ThreadedConsumer):
     kind = BrokerKind.KAFKA
 
     def __init__(
@@ -97,11 +97,9 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
             "error_cb": self._on_error,
             **(extra_config or {}),
         }
-        self._buffer = ReceiveBuffer()
+        self._init_thread()
         self._tracker = OffsetTracker()
         self._lock = threading.Lock()  # guards _tracker (acks arrive on the event loop thread)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._consumer: Consumer | None = None
         self._paused = False
         self._full_since: float | None = None
@@ -119,7 +117,6 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
     async def start(self) -> None:
         if self._thread is not None:
             return
-        self._buffer.bind(asyncio.get_running_loop())
         try:
             consumer = Consumer(self._config)
             consumer.subscribe(
@@ -129,14 +126,7 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
         except (KafkaException, ValueError, TypeError) as exc:
             raise BrokerError(f"kafka consumer {self.group}: {exc}") from exc
         self._consumer = consumer
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._run, args=(consumer,), name=f"kafka-{self.group}", daemon=True
-        )
-        self._thread.start()
-
-    async def receive(self, max_messages: int, timeout_s: float) -> list[Received]:
-        return await self._buffer.get(max_messages, timeout_s)
+        self._start_thread(f"kafka-{self.group}", functools.partial(self._run, consumer))
 
     def ack(self, received: Received) -> None:
         token = received.token
@@ -147,14 +137,6 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
             if self._tracker.in_flight < self.max_buffered:
                 self._room.set()
 
-    async def close(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stop.set()
-        await asyncio.to_thread(thread.join)
-        self._buffer.close()
-
     @property
     def paused(self) -> bool:
         return self._paused
@@ -163,10 +145,6 @@ class KafkaSubscriptionConsumer(SubscriptionConsumer):
     def in_flight(self) -> int:
         with self._lock:
             return self._tracker.in_flight
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
 
     # -- poll thread -------------------------------------------------------------------
 

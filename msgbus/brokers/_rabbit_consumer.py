@@ -16,7 +16,6 @@ declared: existing queues could not become ordered (docs/decisions.md).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -31,8 +30,8 @@ from pika.spec import Basic
 
 from msgbus import codec
 from msgbus.backoff import backoff_s
-from msgbus.brokers._buffer import ReceiveBuffer
-from msgbus.brokers.base import Received, SubscriptionConsumer, consumer_name, topic_name
+from msgbus.brokers._buffer import ThreadedConsumer
+from msgbus.brokers.base import Received, consumer_name, topic_name
 from msgbus.errors import BrokerError
 from msgbus.models import BrokerKind, Subscription
 
@@ -90,7 +89,7 @@ class AmqpToken:
     epoch: int  # the connection it came on: tags mean nothing on another connection
 
 
-class RabbitSubscriptionConsumer(SubscriptionConsumer):
+class RabbitSubscriptionConsumer(ThreadedConsumer):
     kind = BrokerKind.RABBITMQ
 
     def __init__(self, subscription: Subscription, *, url: str | Sequence[str],
@@ -99,9 +98,7 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
         self.queue = consumer_name(subscription.destination, subscription.name)
         self.exchange = topic_name(subscription.destination)
         self._url = url
-        self._buffer = ReceiveBuffer()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._init_thread()
         self._lock = threading.Lock()  # guards the fields below
         self._connection: BlockingConnection | None = None
         self._channel: BlockingChannel | None = None  # thread only
@@ -120,15 +117,7 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
         if self._thread is not None:
             return
         params = node_parameters(self._url)
-        self._buffer.bind(asyncio.get_running_loop())
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._run, args=(params,), name=f"rabbit-{self.queue}", daemon=True
-        )
-        self._thread.start()
-
-    async def receive(self, max_messages: int, timeout_s: float) -> list[Received]:
-        return await self._buffer.get(max_messages, timeout_s)
+        self._start_thread(f"rabbit-{self.queue}", functools.partial(self._run, params))
 
     def ack(self, received: Received) -> None:
         token = received.token
@@ -146,18 +135,6 @@ class RabbitSubscriptionConsumer(SubscriptionConsumer):
             connection.add_callback_threadsafe(self._flush_acks)
         except AMQPError as exc:
             log.debug("rabbitmq consumer %s: ack after disconnect: %r", self.queue, exc)
-
-    async def close(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stop.set()
-        await asyncio.to_thread(thread.join)
-        self._buffer.close()
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
 
     # -- consumer thread ---------------------------------------------------------------
 

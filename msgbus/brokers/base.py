@@ -22,7 +22,7 @@ def topic_name(destination: str) -> str:
 
 def consumer_name(destination: str, subscription: str) -> str:
     """Kafka consumer group / RabbitMQ queue of a subscription."""
-    return f"msgbus.{destination}.{subscription}"
+    return f"{topic_name(destination)}.{subscription}"
 
 
 @dataclass(slots=True)

@@ -31,18 +31,23 @@ class Share(Protocol):
     def set_limit(self, limit: int) -> None: ...
 
 
-class AdjustableSlots:
-    def __init__(self, limit: int = 0, *, on_wait: Callable[[], None] | None = None) -> None:
+class _Limited:
+    def __init__(self, limit: int, on_wait: Callable[[], None] | None) -> None:
         """`on_wait` is called when an acquire has to wait (e.g. to ask for a larger share
         now rather than at the next heartbeat)."""
         self._limit = limit
-        self._in_use = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
         self._on_wait = on_wait
 
     @property
     def limit(self) -> int:
         return self._limit
+
+
+class AdjustableSlots(_Limited):
+    def __init__(self, limit: int = 0, *, on_wait: Callable[[], None] | None = None) -> None:
+        super().__init__(limit, on_wait)
+        self._in_use = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
     def in_use(self) -> int:
@@ -86,7 +91,7 @@ class AdjustableSlots:
                 waiter.set_result(None)
 
 
-class RateSlots:
+class RateSlots(_Limited):
     """At most `limit` pushes begin within any `window_s`: this process's share of a
     subscription's max_rate_per_s. `in_use` is how many began within the last window, which is
     what a process must keep recording as its share after lowering it (a sliding window, so
@@ -94,16 +99,11 @@ class RateSlots:
 
     def __init__(self, limit: int = 0, *, window_s: float = 1.0,
                  on_wait: Callable[[], None] | None = None) -> None:
-        self._limit = limit
+        super().__init__(limit, on_wait)
         self._window_s = window_s
         self._began: deque[float] = deque()
         self._waiting = 0
         self._changed = asyncio.Event()
-        self._on_wait = on_wait
-
-    @property
-    def limit(self) -> int:
-        return self._limit
 
     @property
     def in_use(self) -> int:

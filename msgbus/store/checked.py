@@ -22,7 +22,7 @@ from bson.codec_options import CodecOptions
 from bson.errors import BSONError
 from pydantic import ValidationError
 
-from msgbus.errors import InvalidConfig, InvalidStoredDocument
+from msgbus.errors import InvalidConfig, InvalidStoredDocument, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,17 @@ def read_one(doc: dict[str, Any], collection: str, parse: Parse[T],
             f"({parsed.reason}); replace it with a valid one (PUT) or delete it "
             "(DELETE /v1/invalid-documents/...)", field=parsed.field)
     return parsed
+
+
+async def find_valid(collection: Any, doc_id: str, what: str, field: str, parse: Parse[T],
+                     reported: InvalidDocumentLog) -> dict[str, Any]:
+    """The document `doc_id` of `collection`, checked with `parse`: a `NotFound` naming
+    `field` when there is none, an `InvalidStoredDocument` when it does not validate."""
+    doc: dict[str, Any] | None = await collection.find_one({"_id": doc_id})
+    if doc is None:
+        raise NotFound(f"unknown {what} {doc_id!r}", field=field)
+    read_one(doc, collection.name, parse, reported)
+    return doc
 
 
 def storable(doc: dict[str, Any], parse: Callable[[dict[str, Any]], object]) -> dict[str, Any]:

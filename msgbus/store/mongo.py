@@ -49,7 +49,7 @@ from msgbus.store.checked import (
     storable,
 )
 from msgbus.store.idsets import find_by_ids
-from msgbus.tasks import run_on
+from msgbus.tasks import detached_task
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class MongoStore:
         takes longer is not cancelled (that would cost its connection): the next calls wait
         for the same one."""
         if self._ping is None or self._ping.done():
-            self._ping = run_on(self._client.admin.command("ping"))
+            self._ping = detached_task(self._client.admin.command("ping"))
         try:
             await asyncio.wait_for(asyncio.shield(self._ping), timeout_s)
             return True

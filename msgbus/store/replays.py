@@ -14,7 +14,7 @@ from typing import Any
 
 from pymongo import ASCENDING, DESCENDING
 
-from msgbus.errors import Conflict, NotFound
+from msgbus.errors import Conflict
 from msgbus.ids import uuid7
 from msgbus.models import (
     DeliveryStatus,
@@ -26,8 +26,8 @@ from msgbus.models import (
 )
 from msgbus.store.checked import (
     Loaded,
+    find_valid,
     read_each,
-    read_one,
     read_valid,
     storable,
 )
@@ -102,11 +102,8 @@ class ReplayStore:
         return job
 
     async def get(self, job_id: str) -> dict[str, Any]:
-        job = await self._jobs.find_one({"_id": job_id})
-        if job is None:
-            raise NotFound(f"unknown replay {job_id!r}", field="replay_id")
-        read_one(job, "replays", ReplayJob.model_validate, self._invalid_log)
-        return job
+        return await find_valid(self._jobs, job_id, "replay", "replay_id",
+                                ReplayJob.model_validate, self._invalid_log)
 
     def _valid(self, job: dict[str, Any]) -> bool:
         return read_valid(job, "replays", ReplayJob.model_validate, self._invalid_log) is not None

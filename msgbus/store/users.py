@@ -18,8 +18,8 @@ from msgbus.ids import uuid7
 from msgbus.models import utcnow
 from msgbus.store.checked import (
     Loaded,
+    find_valid,
     read_each,
-    read_one,
     read_valid,
     storable,
 )
@@ -82,11 +82,8 @@ class UserStore:
         return doc
 
     async def get_user(self, name: str) -> dict[str, Any]:
-        doc = await self._users.find_one({"_id": name})
-        if doc is None:
-            raise NotFound(f"unknown user {name!r}", field="name")
-        read_one(doc, "users", UserRecord.model_validate, self._invalid_log)
-        return doc
+        return await find_valid(self._users, name, "user", "name", UserRecord.model_validate,
+                                self._invalid_log)
 
     async def find_user(self, name: str) -> dict[str, Any] | None:
         """The user's document; None for an unknown user or one whose document does not
