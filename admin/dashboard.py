@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from admin.percentiles import nearest_rank
 from msgbus.models import DeliveryStatus, utcnow
-from msgbus.percentiles import nearest_rank
 from msgbus.store import MongoStore
 
 HOURS = 24

@@ -16,11 +16,11 @@ from dispatcher.cleanup import BrokerCleanup
 from dispatcher.drains import DrainWatch
 from dispatcher.redelivery import REMEMBERED, DeliveredCheck
 from dispatcher.supervisor import WorkerSupervisor
+from dispatcher.trace import QUEUE as TRACE_QUEUE
+from dispatcher.trace import TraceWriter
 from msgbus.backoff import backoff_s
 from msgbus.delivery.senders import make_sender
 from msgbus.delivery.shares import CapShares
-from msgbus.delivery.trace import QUEUE as TRACE_QUEUE
-from msgbus.delivery.trace import TraceWriter
 from msgbus.localqueue import LocalQueue
 from msgbus.models import BrokerKind, Subscription
 from msgbus.registry import Registry

@@ -14,12 +14,12 @@ import logging
 
 from dispatcher.drains import Consumed, DrainWatch
 from dispatcher.redelivery import DeliveredCheck
+from dispatcher.trace import TraceWriter
 from dispatcher.worker import SubscriptionWorker
 from msgbus.brokers.base import SubscriptionConsumer
 from msgbus.delivery.filters import subscription_receives
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.shares import CapShares
-from msgbus.delivery.trace import TraceWriter
 from msgbus.models import BrokerKind, Envelope, Subscription
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings

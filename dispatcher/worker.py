@@ -12,13 +12,13 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dispatcher.redelivery import DeliveredCheck
+from dispatcher.trace import TraceWriter
 from msgbus.backoff import backoff_s
 from msgbus.brokers.base import Received, SubscriptionConsumer
 from msgbus.delivery.attempt import outcome_of, push_through, skipped_outcome
 from msgbus.delivery.filters import subscription_receives, why_not_pushed
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.sender import Sender
-from msgbus.delivery.trace import TraceWriter
 from msgbus.metrics import SKIPPED
 from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
 from msgbus.tasks import cancel_and_wait

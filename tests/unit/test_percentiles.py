@@ -1,6 +1,6 @@
 """The nearest-rank percentiles the dashboard and the benchmarks print."""
 
-from msgbus.percentiles import nearest_rank
+from admin.percentiles import nearest_rank
 
 
 def test_a_percentile_is_the_smallest_value_with_that_share_at_or_below_it() -> None:
