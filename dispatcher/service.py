@@ -41,8 +41,7 @@ LEFTOVER_TRACE_WAIT_S = 10.0
 class DispatcherService:
     def __init__(self, settings: DispatcherSettings) -> None:
         conn = settings.connections
-        if not conn.internal_token.get_secret_value():
-            raise ValueError("MSGBUS_INTERNAL_TOKEN is not set (the direct path needs it)")
+        conn.require_internal_token()
         self.settings = settings
         self.instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
         self.store = MongoStore(conn.mongo_uri, conn.mongo_db)

@@ -48,6 +48,14 @@ class ConnectionSettings(BaseSettings):
     share_heartbeat_s: float = Field(default=1.0, gt=0)
     share_lease_s: float = Field(default=5.0, gt=0)
 
+    def require_internal_token(self) -> str:
+        """The token receivers and dispatchers authenticate the direct path with; a service
+        that uses the direct path does not start without one."""
+        token = self.internal_token.get_secret_value()
+        if not token:
+            raise ValueError("MSGBUS_INTERNAL_TOKEN is not set (the direct path needs it)")
+        return token
+
     def clusters(self, kind: BrokerKind) -> dict[str, list[str]]:
         """The configured clusters of a broker kind, name -> node addresses, in order."""
         if kind is BrokerKind.KAFKA:

@@ -29,8 +29,7 @@ log = logging.getLogger(__name__)
 class ReceiverService:
     def __init__(self, settings: ReceiverSettings) -> None:
         conn = settings.connections
-        if not conn.internal_token.get_secret_value():
-            raise ValueError("MSGBUS_INTERNAL_TOKEN is not set (the direct path needs it)")
+        conn.require_internal_token()
         self.settings = settings
         self.store = MongoStore(conn.mongo_uri, conn.mongo_db)
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
