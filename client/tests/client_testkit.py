@@ -8,12 +8,13 @@ again on the same port).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -240,27 +241,29 @@ class StubReceiver:
         return [r.doc["message_id"] for r in self.received]
 
 
-def wait_until(
-    condition: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.01
-) -> None:
-    """Poll `condition` until it holds; fail the test after `timeout_s`."""
+def _polls(condition: Callable[[], bool], timeout_s: float, interval_s: float) -> Iterator[float]:
+    """The pauses between checks of `condition` until it holds; fails the test after
+    `timeout_s`. The sync and async waits below only sleep them."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout_s} s")
-        time.sleep(interval_s)
+        yield interval_s
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.01
+) -> None:
+    """Poll `condition` until it holds; fail the test after `timeout_s`."""
+    for pause in _polls(condition, timeout_s, interval_s):
+        time.sleep(pause)
 
 
 async def async_wait_until(
     condition: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.01
 ) -> None:
-    import asyncio
-
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        await asyncio.sleep(interval_s)
+    for pause in _polls(condition, timeout_s, interval_s):
+        await asyncio.sleep(pause)
 
 
 # Short intervals so the tests run fast.
