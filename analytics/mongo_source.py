@@ -117,8 +117,10 @@ class MongoReader(DataSourceReader):
 
     def query(self, start: datetime, end: datetime) -> dict[str, Any]:
         """The slice's range and the pushed clauses, merged per field where their operators
-        differ: one condition per field keeps the server on the time field's index (an `$and`
-        of several made SecantusDB scan the collection for every slice)."""
+        differ: one condition per field keeps each slice's query a plain range on the time
+        field's index, which no query planner mistakes for a collection scan (see
+        docs/decisions.md, "The analytics source: one condition per field, one slice per
+        core")."""
         merged: dict[str, Any] = {self.read_options.time_field: {"$gte": start, "$lt": end}}
         rest: list[dict[str, Any]] = []
         for clause in self.clauses:

@@ -1,12 +1,12 @@
 """Keep the garbage collector's full passes short in the bus's long-running processes.
 
-A service process imports some 60,000-100,000 objects (FastAPI, pydantic, pymongo,
+A service process imports tens of thousands of objects (FastAPI, pydantic, pymongo,
 confluent-kafka ...) that live as long as it does. Every full (generation 2) collection walks
-all of them: 20-30 ms of CPU, and on a busy machine 50-180 ms during which the event loop and
-the broker poll threads stand still. In `python -m bench.e2e` such a pause of the dispatcher
-held every message of that moment: the largest spike of the latency phase (275 ms). Frozen
+all of them, and while it does the event loop and the broker poll threads stand still: a pause
+of the dispatcher holds every message of that moment, so it shows as a latency spike. Frozen
 after start, those objects are never walked again, and a full pass walks only what the
-service allocated since.
+service allocated since. Figures: bench/RESULTS.md, "End to end" (where the latency at half
+load goes).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ path.
 Claims live in one collection per window of message creation time
 (`accepted_ids_<created_at // window>`): a message and its re-sends carry the same
 `created_at` (the client's), so they meet in the same collection, and a collection two windows
-old is dropped whole. No TTL index: on the test server it tripled the cost of a claim.
+old is dropped whole. No TTL index: a claim stays one insert into a collection with no index
+but `_id`, and expiry drops a collection instead of deleting its documents one by one (see
+docs/decisions.md, "No TTL index for the cross-receiver claims").
 
 The token names the acceptance: the buffer that holds the message (a random id kept in a file
 beside it, `ORIGIN_FILE`) and its receipt time: a receiver that publishes again after a restart,

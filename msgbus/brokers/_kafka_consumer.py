@@ -69,6 +69,8 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         *,
         bootstrap: str,
         max_buffered: int,
+        # the brokers' default minimum: a killed dispatcher's partitions go to the others within
+        # seconds (see docs/decisions.md, "A 6 s Kafka session timeout")
         session_timeout_ms: int = 6000,
         commit_interval_s: float = 0.5,
         poll_timeout_s: float = 0.1,
@@ -184,9 +186,9 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
 
         `consume(n, timeout)` returns only when n messages are there or the whole timeout has
         passed, so a batch-sized call holds a message that arrived alone for up to the poll
-        timeout (here: p50 58 ms -> 9 ms at 100 msg/s on tansu). So take what librdkafka
-        has already fetched; when that is nothing, wait for one message, then take whatever
-        came with it."""
+        timeout, which at a low rate becomes most of a message's latency (figures:
+        bench/RESULTS.md, "Dispatcher"). So take what librdkafka has already fetched; when that
+        is nothing, wait for one message, then take whatever came with it."""
         messages = consumer.consume(num_messages=batch, timeout=0)
         if messages:
             return messages

@@ -1,11 +1,11 @@
 """`DueScan`: the failed deliveries of a subscription whose next attempt is due, oldest due
 first, read in time windows instead of one query over everything due.
 
-Why: on the MongoDB-compatible test server an index range scan does not stop at the query's
-limit (IXSCAN -> FETCH, the limit applied last), so `due now, oldest first, limit 256` reads
-every due entry: ~30 µs of server CPU each, 0.13 s per claim with 5,000 due and 0.5 s with
-20,000 (`python -m bench.compensator`). A window `floor <= next_attempt_at < floor + width`
-reads only what lies in it, so a claim costs what it takes.
+Why: a claim must read what it takes, not the whole backlog of due retries, whether or not the
+server stops an index scan at a query's limit; a window `floor <= next_attempt_at < floor +
+width` holds only what lies in it. On a server whose scan stops at the limit, one sorted query
+with a limit would do; why the windows were needed, and what MongoDB could use instead:
+docs/decisions.md, "Due retries read in time windows".
 
 The floor is the time below which nothing is due. A full scan finds it (the oldest due entry)
 once per `rescan_s`; in between, the floor moves up over windows found empty. Every writer sets
@@ -32,11 +32,11 @@ FIRST_WINDOW_S = 1.0
 MIN_WINDOW_S = 0.001
 MARGIN_S = 60.0
 RESCAN_S = 60.0
-# A window's query reads every entry of its range on the test server, whatever its limit: in a
-# dense stretch (a sweep's or a re-drive's thousands due at one instant) each claim would read
-# all that is left. So a window returns up to this many times what was asked, and the rest
-# serves the next claims, while it is fresh: an id handed out stale only makes a smaller claim
-# (the claim checks again that it is due).
+# A window's query may read every entry of its range whatever its limit (see the module's
+# docstring): in a dense stretch (a sweep's or a re-drive's thousands due at one instant) each
+# claim would read all that is left. So a window returns up to this many times what was asked,
+# and the rest serves the next claims, while it is fresh: an id handed out stale only makes a
+# smaller claim (the claim checks again that it is due).
 AHEAD_FACTOR = 8
 AHEAD_TTL_S = 5.0
 

@@ -1,9 +1,9 @@
 """Reads and updates of documents by a list of `_id`s, a chunk of ids per query.
 
-The MongoDB-compatible server of the tests and benchmarks (SecantusDB) matches every candidate
-document against the whole `$in` list, so a query by n ids costs it O(n²): measured, 0.20 ms
-of its CPU per id at 256 ids and 0.05-0.08 ms at 16-64. Chunks of `IN_CHUNK` ids keep that
-linear for a few more round trips, which cost MongoDB itself next to nothing.
+However long the list (a claim's batch, a sweep's thousands of pending ids), no query carries
+more than `IN_CHUNK` ids: what one query asks of the server stays bounded, for a few more round
+trips. Why 64, and what it could be on MongoDB: docs/decisions.md, "`$in` queries 64 ids at a
+time".
 """
 
 from __future__ import annotations
