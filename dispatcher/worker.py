@@ -1,6 +1,8 @@
 """`SubscriptionWorker`: everything one subscription needs, isolated from the others — its own
-consumers (one per broker cluster it reads), direct-path queue, concurrency limit (semaphore)
-and in-flight tasks."""
+consumers (one per broker cluster it reads), direct-path queue, limiter and in-flight tasks. The
+limiter (`msgbus.delivery.limiter.SubscriptionLimiter`) holds the subscription's circuit breaker
+and this process's share of its concurrency cap (and rate, if it has one); the shares are
+settled across every process that pushes to it (`msgbus.delivery.shares.CapShares`)."""
 
 from __future__ import annotations
 

@@ -87,7 +87,8 @@ class ChaosActions:
 
 def restart(process: BusProcess, timeout_s: float = 120.0) -> None:
     """Start `process` again, as a supervisor (Kubernetes) would: a service that cannot start
-    yet (the dispatcher and compensator need MongoDB to start) is started again."""
+    yet is started again. The compensator needs MongoDB to start; the dispatcher does not (it
+    starts from the configuration snapshot it saved, `msgbus/registry.py` `_load_snapshot`)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
