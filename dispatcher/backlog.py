@@ -1,6 +1,8 @@
 """`BacklogMonitor`: per subscription this dispatcher serves, the backlog and the age of the oldest
-undelivered message from the bus's own records (broker watermarks are unreliable on tansu), and
-the partitions its consumers paused, as gauges."""
+undelivered message from the bus's own records (one measure for Kafka, RabbitMQ and the direct
+path; the broker's own lag is `dispatcher/brokerhealth.py`'s), and the partitions its consumers
+paused, as gauges. See docs/decisions.md, "Backlog from the bus's own records, not broker
+watermarks"."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from msgbus.models import utcnow
 from msgbus.store import MongoStore
 from msgbus.tasks import GAUGE_MAX_BUSY, cancel_and_wait, periodically
 
-# A count reads every entry it counts (SecantusDB: ~30 us each, on the cores the pushes need):
-# beyond this, the exact size tells an operator nothing the oldest undelivered age does not.
+# A count reads every entry it counts, from the MongoDB server the bus's records need: beyond
+# this, the exact size tells an operator nothing the oldest undelivered age does not (see
+# docs/decisions.md, "Gauges that count little and back off").
 BACKLOG_CAP = 10_000
 
 

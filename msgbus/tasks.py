@@ -11,9 +11,10 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-# The share of the time the backlog and retry gauges may take: their counts read every entry of
-# a subscription's range (on the test server whatever their cap), so with a large backlog they
-# back off instead of slowing the MongoDB server that works it off.
+# The share of the time the backlog and retry gauges may take. Bounded: their counts read the
+# entries of a subscription's range, and a gauge must not load the MongoDB server that works a
+# large backlog off, so it backs off instead (see docs/decisions.md, "Gauges that count little
+# and back off").
 GAUGE_MAX_BUSY = 0.25
 
 
