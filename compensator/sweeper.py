@@ -8,7 +8,6 @@ deliveries — so a sweep costs what was delivered and what is due, not what is 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from msgbus.models import Subscription, utcnow
 from msgbus.settings import CompensatorSettings
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.pending import KeyOrder, PendingSweep
-from msgbus.tasks import GAUGE_MAX_BUSY, cancel_and_wait, periodically
+from msgbus.tasks import GAUGE_MAX_BUSY, PeriodicWork
 
 log = logging.getLogger(__name__)
 
@@ -38,32 +37,21 @@ SETTLE_AFTER_S = 5.0
 STATS_CAP = 1_000_000
 
 
-class Sweeper:
+class Sweeper(PeriodicWork):
     def __init__(self, claims: DeliveryClaims, pending: PendingSweep,
                  subscriptions: Callable[[], list[Subscription]],
                  settings: CompensatorSettings) -> None:
+        super().__init__()
         self._claims = claims
         self._pending = pending
         self._subscriptions = subscriptions
         self._settings = settings
-        self._tasks: list[asyncio.Task[None]] = []
         self.last_sweep_s: float | None = None
         self.swept = 0
-
-    def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(periodically(self.sweep, self._settings.sweep_interval_s,
-                                             what="sweep"), name="sweep"),
-            asyncio.create_task(periodically(self.settle, self._settings.settle_interval_s,
-                                             what="settle"), name="settle"),
-            asyncio.create_task(periodically(self.update_stats,
-                                             self._settings.stats_interval_s,
-                                             what="retry stats", max_busy=GAUGE_MAX_BUSY),
-                                name="retry-stats"),
-        ]
-
-    async def close(self) -> None:
-        await cancel_and_wait(*self._tasks)
+        self.every(settings.sweep_interval_s, self.sweep, what="sweep")
+        self.every(settings.settle_interval_s, self.settle, what="settle")
+        self.every(settings.stats_interval_s, self.update_stats, what="retry stats",
+                   max_busy=GAUGE_MAX_BUSY)
 
     def sweepable(self) -> list[Subscription]:
         """Not paused, and not changed (e.g. resumed) within the sweep threshold: a resumed

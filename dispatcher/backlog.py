@@ -6,14 +6,13 @@ watermarks"."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable
 
 from msgbus.metrics import BACKLOG, OLDEST_UNDELIVERED_AGE, PAUSED_PARTITIONS
 from msgbus.models import utcnow
 from msgbus.store import MongoStore
-from msgbus.tasks import GAUGE_MAX_BUSY, cancel_and_wait, periodically
+from msgbus.tasks import GAUGE_MAX_BUSY, PeriodicWork
 
 # A count reads every entry it counts, from the MongoDB server the bus's records need: beyond
 # this, the exact size tells an operator nothing the oldest undelivered age does not (see
@@ -21,22 +20,14 @@ from msgbus.tasks import GAUGE_MAX_BUSY, cancel_and_wait, periodically
 BACKLOG_CAP = 10_000
 
 
-class BacklogMonitor:
+class BacklogMonitor(PeriodicWork):
     def __init__(self, store: MongoStore, paused_partitions: Callable[[], dict[str, int]], *,
                  interval_s: float) -> None:
+        super().__init__()
         self._store = store
         self._paused_partitions = paused_partitions  # subscription id -> paused partitions
-        self._interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
         self._shown: set[str] = set()
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(
-            periodically(self.update, self._interval_s, what="backlog metrics",
-                         max_busy=GAUGE_MAX_BUSY), name="backlog-monitor")
-
-    async def close(self) -> None:
-        await cancel_and_wait(self._task)
+        self.every(interval_s, self.update, what="backlog metrics", max_busy=GAUGE_MAX_BUSY)
 
     async def update(self) -> None:
         paused = self._paused_partitions()

@@ -28,7 +28,7 @@ from msgbus.models import BrokerKind, utcnow
 from msgbus.settings import ConnectionSettings
 from msgbus.store.deletions import DESTINATION, DeletionStore
 from msgbus.store.shares import ShareStore
-from msgbus.tasks import cancel_and_wait, periodically
+from msgbus.tasks import PeriodicWork
 
 log = logging.getLogger(__name__)
 
@@ -82,23 +82,15 @@ def _on_channel(connection: BlockingConnection, action: Any) -> None:
             channel.close()
 
 
-class BrokerCleanup:
+class BrokerCleanup(PeriodicWork):
     def __init__(self, deletions: DeletionStore, shares: ShareStore,
                  connections: ConnectionSettings, *, interval_s: float) -> None:
+        super().__init__()
         self._deletions = deletions
         self._shares = shares
         self._connections = connections
-        self._interval_s = interval_s
         self._grace_s = max(MIN_GRACE_S, GRACE_REFRESHES * connections.config_refresh_s)
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(
-            periodically(self.run_once, self._interval_s, what="broker cleanup"),
-            name="broker-cleanup")
-
-    async def close(self) -> None:
-        await cancel_and_wait(self._task)
+        self.every(interval_s, self.run_once, what="broker cleanup")
 
     async def run_once(self) -> int:
         """One pass; returns how many deletions it completed."""

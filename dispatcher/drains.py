@@ -49,7 +49,7 @@ from msgbus.models import (
 from msgbus.registry import Registry
 from msgbus.settings import ConnectionSettings
 from msgbus.store import MongoStore
-from msgbus.tasks import cancel_and_wait, periodically
+from msgbus.tasks import PeriodicWork
 
 log = logging.getLogger(__name__)
 
@@ -108,20 +108,20 @@ def rabbit_queue_state(nodes: list[str], queue: str) -> tuple[int, int]:
         return declared.method.message_count, declared.method.consumer_count
 
 
-class DrainWatch:
+class DrainWatch(PeriodicWork):
     def __init__(self, store: MongoStore, registry: Registry, connections: ConnectionSettings,
                  on_change: Callable[[], Awaitable[None]], *, settle_s: float,
                  interval_s: float) -> None:
+        super().__init__()
         self._drains = store.db["drains"]
         self._destinations = store.destinations
         self._registry = registry
         self._connections = connections
         self._on_change = on_change
         self._settle = timedelta(seconds=max(settle_s, 3 * connections.config_refresh_s))
-        self._interval_s = interval_s
         self._drained: set[tuple[Source, str]] = set()  # (source, subscription name)
         self._let_go: set[tuple[Source, str]] = set()  # RabbitMQ queues seen with none ready
-        self._task: asyncio.Task[None] | None = None
+        self.every(interval_s, self.check, what="old broker drains")
 
     # -- what to consume (the supervisor asks) --------------------------------------------
 
@@ -153,14 +153,6 @@ class DrainWatch:
         return self._registry.runtime().active_cluster(kind, list(self._connections.clusters(kind)))
 
     # -- the checks -----------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(
-            periodically(self.check, self._interval_s, what="old broker drains"),
-            name="drain-watch")
-
-    async def close(self) -> None:
-        await cancel_and_wait(self._task)
 
     async def load(self) -> None:
         """The drains recorded so far (also at start, before the first workers)."""

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -67,6 +68,35 @@ async def periodically(job: Callable[[], Awaitable[object]], interval_s: float, 
         took = time.monotonic() - began
         await asyncio.sleep(max(interval_s,
                                 min(longest_s, took * (1 - max_busy) / max_busy)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    run: Callable[[], Awaitable[object]]
+    interval_s: float
+    what: str
+    max_busy: float
+
+
+class PeriodicWork:
+    """A part whose work is jobs run every so often (`periodically`), from `start()` until
+    `close()`: a subclass names them with `every()` when it is made."""
+
+    def __init__(self) -> None:
+        self._jobs: list[_Job] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def every(self, interval_s: float, job: Callable[[], Awaitable[object]], *, what: str,
+              max_busy: float = 1.0) -> None:
+        self._jobs.append(_Job(job, interval_s, what, max_busy))
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(
+            periodically(job.run, job.interval_s, what=job.what, max_busy=job.max_busy),
+            name=job.what.replace(" ", "-")) for job in self._jobs]
+
+    async def close(self) -> None:
+        await cancel_and_wait(*self._tasks)
 
 
 CloseStep = tuple[str, Callable[[], Awaitable[object]]]
