@@ -17,18 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import secrets
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -36,6 +33,7 @@ import httpx
 from msgbus_devtools import servers as services
 from pydantic import HttpUrl
 
+from bench import cli
 from bench.dispatch_stack import wait_for
 from bench.ingest_stack import stop_process
 from bench.report import out, say
@@ -122,74 +120,78 @@ def pages(seeded: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def time_pages(args: argparse.Namespace,
+               exits: contextlib.ExitStack) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Start SecantusDB and the admin app (on `exits`), seed them, time every page: by page,
+    the times of the repeats and of the first request, ms."""
+    workdir = cli.scratch_dir(exits, "msgbus-admin-bench-")
+    mongo = services.start_secantus(services.free_port(), workdir / "mongo", workdir)
+    exits.callback(mongo.stop)
+    db = f"bench_admin_{secrets.token_hex(3)}"
+    seeded = asyncio.run(seed(mongo.url, db, args.messages, args.destinations))
+    token, port = secrets.token_urlsafe(24), services.free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")} | {
+        "MSGBUS_MONGO_URI": mongo.url, "MSGBUS_MONGO_DB": db, "MSGBUS_ADMIN_TOKEN": token,
+        "MSGBUS_ADMIN_PORT": str(port)}
+    with open(workdir / "admin.log", "ab") as log:
+        admin = subprocess.Popen(
+            [sys.executable, "-m", "msgbus.cli", "admin", "--state-dir",
+             str(workdir / "state")], env=env, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+    exits.callback(stop_process, admin, "admin")
+    base = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=base, timeout=120,
+                          headers={"authorization": f"Bearer {token}"})
+    exits.callback(client.close)
+
+    def up() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return client.get("/health").status_code == 200
+        return False
+
+    wait_for("admin start", up, 60)
+    results: dict[str, list[float]] = {}
+    cold: dict[str, float] = {}
+    out(f"{'page':<40} {'first':>9}   {'then min / median / max ms':>30}")
+    for label, path in pages(seeded).items():
+        timings = []
+        for i in range(args.repeats + 1):
+            t0 = time.perf_counter()
+            response = client.get(path)
+            elapsed = (time.perf_counter() - t0) * 1000
+            if response.status_code != 200:
+                raise RuntimeError(f"{label}: {path} answered {response.status_code}")
+            if i:
+                timings.append(elapsed)
+            else:  # the first request fills caches (the dashboard's lasts 10 s)
+                cold[label] = elapsed
+        results[label] = timings
+        out(f"{label:<40} {cold[label]:9.1f}   {min(timings):9.1f} / "
+            f"{statistics.median(timings):9.1f} / {max(timings):9.1f}")
+    return results, cold
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.admin_pages", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser("admin_pages", __doc__)
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--destinations", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="50,000 messages, 3 repeats")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.messages, args.repeats = 50_000, 3
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    out(f"admin page times: {args.messages:,} messages over {args.destinations} destinations "
-        f"and {DAYS} days; {args.repeats} timings per page")
-    began = time.monotonic()
-    with contextlib.ExitStack() as exits:
-        workdir = Path(tempfile.mkdtemp(prefix="msgbus-admin-bench-"))
-        exits.callback(shutil.rmtree, workdir, ignore_errors=True)
-        mongo = services.start_secantus(services.free_port(), workdir / "mongo", workdir)
-        exits.callback(mongo.stop)
-        db = f"bench_admin_{secrets.token_hex(3)}"
-        seeded = asyncio.run(seed(mongo.url, db, args.messages, args.destinations))
-        token, port = secrets.token_urlsafe(24), services.free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")} | {
-            "MSGBUS_MONGO_URI": mongo.url, "MSGBUS_MONGO_DB": db, "MSGBUS_ADMIN_TOKEN": token,
-            "MSGBUS_ADMIN_PORT": str(port)}
-        with open(workdir / "admin.log", "ab") as log:
-            admin = subprocess.Popen(
-                [sys.executable, "-m", "msgbus.cli", "admin", "--state-dir",
-                 str(workdir / "state")], env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
-        exits.callback(stop_process, admin, "admin")
-        base = f"http://127.0.0.1:{port}"
-        client = httpx.Client(base_url=base, timeout=120,
-                              headers={"authorization": f"Bearer {token}"})
-        exits.callback(client.close)
+    args = cli.parse_quick(parser, argv, "50,000 messages, 3 repeats",
+                           messages=50_000, repeats=3)
 
-        def up() -> bool:
-            with contextlib.suppress(httpx.HTTPError):
-                return client.get("/health").status_code == 200
-            return False
+    def report(timed: tuple[dict[str, list[float]], dict[str, float]], began: float) -> int:
+        results, cold = timed
+        out(f"wall time {time.monotonic() - began:.0f} s")
+        out(json.dumps({"bench": "admin_pages", "messages": args.messages,
+                        "page_ms": {k: round(statistics.median(v), 1) for k, v in results.items()},
+                        "first_ms": {k: round(v, 1) for k, v in cold.items()},
+                        "spread_ms": {k: [round(min(v), 1), round(max(v), 1)]
+                                      for k, v in results.items()}}, separators=(",", ":")))
+        return 0
 
-        wait_for("admin start", up, 60)
-        results: dict[str, list[float]] = {}
-        cold: dict[str, float] = {}
-        out(f"{'page':<40} {'first':>9}   {'then min / median / max ms':>30}")
-        for label, path in pages(seeded).items():
-            timings = []
-            for i in range(args.repeats + 1):
-                t0 = time.perf_counter()
-                response = client.get(path)
-                elapsed = (time.perf_counter() - t0) * 1000
-                if response.status_code != 200:
-                    raise RuntimeError(f"{label}: {path} answered {response.status_code}")
-                if i:
-                    timings.append(elapsed)
-                else:  # the first request fills caches (the dashboard's lasts 10 s)
-                    cold[label] = elapsed
-            results[label] = timings
-            out(f"{label:<40} {cold[label]:9.1f}   {min(timings):9.1f} / "
-                f"{statistics.median(timings):9.1f} / {max(timings):9.1f}")
-        say("done; stopping what the benchmark started")
-    out(f"wall time {time.monotonic() - began:.0f} s")
-    out(json.dumps({"bench": "admin_pages", "messages": args.messages,
-                    "page_ms": {k: round(statistics.median(v), 1) for k, v in results.items()},
-                    "first_ms": {k: round(v, 1) for k, v in cold.items()},
-                    "spread_ms": {k: [round(min(v), 1), round(max(v), 1)]
-                                  for k, v in results.items()}}, separators=(",", ":")))
-    return 0
+    return cli.run(f"admin page times: {args.messages:,} messages over {args.destinations} "
+                   f"destinations and {DAYS} days; {args.repeats} timings per page",
+                   functools.partial(time_pages, args), report)
 
 
 if __name__ == "__main__":

@@ -21,22 +21,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import logging
 import math
 import os
 import secrets
 import shutil
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench import cli
 from bench import send_phases as phases
 from bench.live_receiver import DeadPort, LiveReceiver
-from bench.report import cell, out, rounded, say, spread
+from bench.report import cell, out, out_json, out_lines, say, spread
 from bench.send_phases import Sample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -200,9 +199,7 @@ class ClientSendBench:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.client_send", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = cli.parser("client_send", __doc__, runs=3)
     parser.add_argument("--raw-messages", type=int, default=5000)
     parser.add_argument("--single-messages", type=int, default=5000)
     parser.add_argument("--group-messages", type=int, default=20000,
@@ -215,11 +212,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds to wait for a drain (and for MongoDB to record it)")
     parser.add_argument("--workdir", help="base dir for the spools (default: the temp dir, "
                         "unless it is tmpfs)")
-    parser.add_argument("--quick", action="store_true",
-                        help="1 run, 500 raw, 500 single, 2000 group messages (CI smoke)")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.runs, args.raw_messages, args.single_messages, args.group_messages = 1, 500, 500, 2000
+    args = cli.parse_quick(
+        parser, argv, "1 run, 500 raw, 500 single, 2000 group messages (CI smoke)",
+        runs=1, raw_messages=500, single_messages=500, group_messages=2000)
     numbers = (args.runs, args.raw_messages, args.single_messages, args.group_messages,
                args.threads)
     if min(numbers) < 1 or args.group_commit_ms <= 0 or args.body_bytes < 0:
@@ -258,30 +253,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # the send() phases talk to a dead port on purpose: the client's warnings about it are noise
     logging.getLogger("msgbus_client").setLevel(logging.ERROR)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
-    began = time.monotonic()
-    out(f"client send benchmark: {args.runs} run(s); raw {args.raw_messages}, single "
-        f"{args.single_messages}, group {args.group_messages} messages ({args.threads} threads, "
-        f"group_commit_ms={args.group_commit_ms}); {os.cpu_count()} CPUs")
-    try:
-        with contextlib.ExitStack() as stack:
-            bench = ClientSendBench(args, stack)
-            bench.setup()
-            bench.run()
-            say("done; stopping what the benchmark started")
-    except KeyboardInterrupt:
-        say("interrupted; everything the benchmark started was stopped")
-        return 130
-    summary = summarize(bench.samples)
-    result = figures(summary, args, bench.samples, time.monotonic() - began)
-    out()
-    for line in table(summary, args):
-        out(line)
-    out(f"\nproblems: {len(result['problems'])}; wall time {result['elapsed_s']:.0f} s")
-    for problem in result["problems"]:
-        out(f"  {problem}")
-    out(json.dumps(rounded(result), separators=(",", ":")))
-    return 1 if result["problems"] else 0
+
+    def work(exits: contextlib.ExitStack) -> list[Sample]:
+        bench = ClientSendBench(args, exits)
+        bench.setup()
+        bench.run()
+        return bench.samples
+
+    def report(samples: list[Sample], began: float) -> int:
+        summary = summarize(samples)
+        result = figures(summary, args, samples, time.monotonic() - began)
+        out_lines(table(summary, args))
+        out(f"\nproblems: {len(result['problems'])}; wall time {result['elapsed_s']:.0f} s")
+        for problem in result["problems"]:
+            out(f"  {problem}")
+        out_json(result)
+        return 1 if result["problems"] else 0
+
+    return cli.run(f"client send benchmark: {args.runs} run(s); raw {args.raw_messages}, single "
+                   f"{args.single_messages}, group {args.group_messages} messages "
+                   f"({args.threads} threads, group_commit_ms={args.group_commit_ms}); "
+                   f"{os.cpu_count()} CPUs", work, report)
 
 
 if __name__ == "__main__":

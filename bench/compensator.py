@@ -30,17 +30,14 @@ object go to stdout. Problems (missing or duplicate deliveries) make the exit co
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
 import secrets
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -50,7 +47,8 @@ import orjson
 from msgbus_devtools import servers as services
 from pydantic import HttpUrl
 
-from bench.dispatch_stack import process_cpu_s, wait_for
+from bench import cli
+from bench.dispatch_stack import process_cpu_s, wait_for, with_store
 from bench.ingest_stack import stop_process
 from bench.report import cell, out, say, spread
 from compensator.sweeper import Sweeper
@@ -129,15 +127,8 @@ class CompensatorBench:
             if process.poll() is not None:
                 raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
 
-    def run(self, coro: Any) -> Any:
-        async def with_store() -> Any:
-            store = MongoStore(self.mongo_uri, self.db)
-            try:
-                return await coro(store)
-            finally:
-                await store.close()
-
-        return asyncio.run(with_store())
+    def run(self, work: Callable[[MongoStore], Awaitable[Any]]) -> Any:
+        return with_store(self.mongo_uri, self.db, work)
 
     # ---- phase 1: claims ------------------------------------------------------------------
 
@@ -267,9 +258,7 @@ class CompensatorBench:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.compensator", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = cli.parser("compensator", __doc__, runs=3)
     parser.add_argument("--retries", type=int, default=100_000)
     parser.add_argument("--subscriptions", type=int, default=4)
     parser.add_argument("--compensators", type=int, default=1)
@@ -277,11 +266,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="recent pending deliveries beside the due ones, comma-separated")
     parser.add_argument("--due", type=int, default=1000, help="deliveries each sweep finds")
     parser.add_argument("--timeout", type=float, default=3600.0)
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke check: 1 run of 5,000 retries; sizes 1,000 and 10,000")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.runs, args.retries, args.sizes = 1, 5000, "1000,10000"
+    args = cli.parse_quick(parser, argv,
+                           "smoke check: 1 run of 5,000 retries; sizes 1,000 and 10,000",
+                           runs=1, retries=5000, sizes="1000,10000")
     args.sizes = sorted(int(s) for s in args.sizes.split(","))
     if min(args.runs, args.retries, args.subscriptions, args.compensators, args.due,
            *args.sizes) < 1:
@@ -291,46 +278,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
-    out(f"compensator benchmark: {args.runs} run(s) of {args.retries:,} due retries over "
-        f"{args.subscriptions} subscriptions, {args.compensators} compensator(s); sweeps at "
-        f"{', '.join(f'{s:,}' for s in args.sizes)} pending + {args.due:,} due")
-    began = time.monotonic()
-    try:
-        with contextlib.ExitStack() as exits:
-            workdir = Path(tempfile.mkdtemp(prefix="msgbus-compensator-bench-"))
-            exits.callback(shutil.rmtree, workdir, ignore_errors=True)
-            bench = CompensatorBench(args, workdir, exits)
-            bench.start()
-            runs = [bench.claims(run) for run in range(1, args.runs + 1)]
-            sweeps = bench.sweep()
-            say("done; stopping what the benchmark started")
-    except KeyboardInterrupt:
-        say("interrupted; everything the benchmark started was stopped")
-        return 130
-    claims = spread([r["claims_per_s"] for r in runs])
-    sweep_s = {size: spread(t) for size, t in sweeps.items()}
-    smallest, largest = args.sizes[0], args.sizes[-1]
-    growth = sweep_s[largest]["median"] / sweep_s[smallest]["median"]
-    out()
-    out(f"claims + deliveries per second (min / median / max): {cell(claims, ',.0f')}")
-    for size, s in sweep_s.items():
-        out(f"sweep with {size:>9,} pending: {cell(s, '.3f')} s")
-    out(f"sweep time at {largest:,} ÷ at {smallest:,} pending: {growth:.2f}x "
-        f"(collection {largest / smallest:,.0f}x larger, due work the same)")
-    out(f"wall time {time.monotonic() - began:.0f} s")
-    problems = [f"run {r['run']}: {p}" for r in runs for p in r["problems"]]
-    figures = {
-        "bench": "compensator", "claims_per_s": claims["median"],
-        "sweep_s_by_size": {str(size): s["median"] for size, s in sweep_s.items()},
-        "sweep_growth": growth, "claims_spread": claims, "sweep_spread": sweep_s,
-        "runs": runs, "problems": problems,
-        "config": {"runs": args.runs, "retries": args.retries,
-                   "subscriptions": args.subscriptions, "compensators": args.compensators,
-                   "due": args.due, "sizes": args.sizes},
-    }
-    out(json.dumps(figures, separators=(",", ":"), default=str))
-    return 1 if problems else 0
+
+    def work(exits: contextlib.ExitStack) -> tuple[list[dict[str, Any]], dict[int, list[float]]]:
+        bench = CompensatorBench(args, cli.scratch_dir(exits, "msgbus-compensator-bench-"), exits)
+        bench.start()
+        return [bench.claims(run) for run in range(1, args.runs + 1)], bench.sweep()
+
+    def report(done: tuple[list[dict[str, Any]], dict[int, list[float]]], began: float) -> int:
+        runs, sweeps = done
+        claims = spread([r["claims_per_s"] for r in runs])
+        sweep_s = {size: spread(t) for size, t in sweeps.items()}
+        smallest, largest = args.sizes[0], args.sizes[-1]
+        growth = sweep_s[largest]["median"] / sweep_s[smallest]["median"]
+        out()
+        out(f"claims + deliveries per second (min / median / max): {cell(claims, ',.0f')}")
+        for size, s in sweep_s.items():
+            out(f"sweep with {size:>9,} pending: {cell(s, '.3f')} s")
+        out(f"sweep time at {largest:,} ÷ at {smallest:,} pending: {growth:.2f}x "
+            f"(collection {largest / smallest:,.0f}x larger, due work the same)")
+        out(f"wall time {time.monotonic() - began:.0f} s")
+        problems = [f"run {r['run']}: {p}" for r in runs for p in r["problems"]]
+        figures = {
+            "bench": "compensator", "claims_per_s": claims["median"],
+            "sweep_s_by_size": {str(size): s["median"] for size, s in sweep_s.items()},
+            "sweep_growth": growth, "claims_spread": claims, "sweep_spread": sweep_s,
+            "runs": runs, "problems": problems,
+            "config": {"runs": args.runs, "retries": args.retries,
+                       "subscriptions": args.subscriptions, "compensators": args.compensators,
+                       "due": args.due, "sizes": args.sizes},
+        }
+        out(json.dumps(figures, separators=(",", ":"), default=str))
+        return 1 if problems else 0
+
+    return cli.run(f"compensator benchmark: {args.runs} run(s) of {args.retries:,} due retries "
+                   f"over {args.subscriptions} subscriptions, {args.compensators} "
+                   f"compensator(s); sweeps at {', '.join(f'{s:,}' for s in args.sizes)} "
+                   f"pending + {args.due:,} due", work, report)
 
 
 if __name__ == "__main__":

@@ -52,22 +52,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
-from bench import dispatch_load
-from bench.dispatch_report import RunFigures, json_figures, rounded, summarize, table
+from bench import cli, dispatch_load
+from bench.dispatch_report import RunFigures, json_figures, summarize, table
 from bench.dispatch_stack import DispatchStack, wait_for
 from bench.dispatch_subscriber import PACED_S
 from bench.ingest_stack import stop_process
-from bench.report import out, say
+from bench.report import out, out_json, out_lines, say
 
 ISOLATION_TIMEOUT_MS = 1000
 WARMUP_MESSAGES = 50
@@ -320,9 +315,7 @@ class DispatchBench:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.dispatch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = cli.parser("dispatch", __doc__, runs=3)
     parser.add_argument("--messages", type=int, default=10_000,
                         help="backlog of the capacity phase, and pushes of the raw loop")
     parser.add_argument("--isolation-messages", dest="iso_messages", type=int, default=5_000,
@@ -340,12 +333,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="most requests in flight of the paced load")
     parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds any one wait may take before the run gives up")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke check: 1 run, 3000 / 2000 messages, 4 s of latency load")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.runs, args.messages, args.iso_messages, args.latency_s = 1, 3000, 2000, 4.0
-        args.replicas_messages = 2000
+    args = cli.parse_quick(
+        parser, argv, "smoke check: 1 run, 3000 / 2000 messages, 4 s of latency load",
+        runs=1, messages=3000, iso_messages=2000, latency_s=4.0, replicas_messages=2000)
     if min(args.runs, args.messages, args.iso_messages, args.push_concurrency) < 1 or \
             args.latency_s <= 0:
         parser.error("counts and durations must be positive")
@@ -354,42 +344,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
-    began = time.monotonic()
-    out(f"dispatch benchmark: {args.runs} run(s); {args.messages} messages for capacity, "
-        f"{args.iso_messages} per isolation phase, {args.latency_s:g} s of latency load; "
-        f"push concurrency {args.push_concurrency}")
-    runs: list[RunFigures] = []
-    try:
-        with contextlib.ExitStack() as exits:
-            workdir = Path(tempfile.mkdtemp(prefix="msgbus-dispatch-bench-"))
-            exits.callback(shutil.rmtree, workdir, ignore_errors=True)
-            stack = DispatchStack(workdir, exits)
-            stack.start()
-            bench = DispatchBench(args, stack)
-            for run in range(1, args.runs + 1):
-                runs.append(bench.run_once(run))
-                for line in runs[-1].lines():
-                    out(line)
-            say("done; stopping what the benchmark started")
-    except KeyboardInterrupt:
-        say("interrupted; everything the benchmark started was stopped")
-        return 130
-    summary = summarize(runs)
-    out()
-    for line in table(summary):
-        out(line)
-    elapsed_s = time.monotonic() - began
-    out(f"wall time {elapsed_s:.0f} s")
-    config = {"runs": args.runs, "messages": args.messages, "isolation_messages":
-              args.iso_messages, "latency_s": args.latency_s,
-              "push_concurrency": args.push_concurrency,
-              "replicas_messages": args.replicas_messages, "replicas_cap": args.replicas_cap,
-              "replicas_subscriber_ms": PACED_S * 1000,
-              "isolation_timeout_ms": ISOLATION_TIMEOUT_MS, "elapsed_s": elapsed_s}
-    figures = json_figures(summary, runs, config)
-    out(json.dumps(rounded(figures), separators=(",", ":")))
-    return 1 if figures["problems"] else 0
+
+    def work(exits: contextlib.ExitStack) -> list[RunFigures]:
+        stack = DispatchStack(cli.scratch_dir(exits, "msgbus-dispatch-bench-"), exits)
+        stack.start()
+        return cli.each_run(DispatchBench(args, stack).run_once, args.runs)
+
+    def report(runs: list[RunFigures], began: float) -> int:
+        summary = summarize(runs)
+        out_lines(table(summary))
+        elapsed_s = time.monotonic() - began
+        out(f"wall time {elapsed_s:.0f} s")
+        config = {"runs": args.runs, "messages": args.messages, "isolation_messages":
+                  args.iso_messages, "latency_s": args.latency_s,
+                  "push_concurrency": args.push_concurrency,
+                  "replicas_messages": args.replicas_messages,
+                  "replicas_cap": args.replicas_cap, "replicas_subscriber_ms": PACED_S * 1000,
+                  "isolation_timeout_ms": ISOLATION_TIMEOUT_MS, "elapsed_s": elapsed_s}
+        figures = json_figures(summary, runs, config)
+        out_json(figures)
+        return 1 if figures["problems"] else 0
+
+    return cli.run(f"dispatch benchmark: {args.runs} run(s); {args.messages} messages for "
+                   f"capacity, {args.iso_messages} per isolation phase, {args.latency_s:g} s of "
+                   f"latency load; push concurrency {args.push_concurrency}", work, report)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Figures of `python -m bench.dispatch`: one `RunFigures` per run, min/median/max over runs,
-the table and the final JSON object."""
+the table and the final JSON object (its floats `bench.report.rounded`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bench.dispatch_subscriber import PACED_S
-from bench.report import cell, percentile, spread
+from bench.report import cell, percentile_of, ratio_of, spread
 
 GOAL_RATIO_VS_RAW = 0.70
 GOAL_REPLICAS_RATIO = 0.90
@@ -80,9 +80,7 @@ class RunFigures:
     answer_ms: list[float] = field(default_factory=list, repr=False)
     problems: list[str] = field(default_factory=list)
 
-    @property
-    def ratio_vs_raw_push(self) -> float:
-        return self.dispatcher_pushes_per_s / self.raw_pushes_per_s
+    ratio_vs_raw_push = ratio_of("dispatcher_pushes_per_s", "raw_pushes_per_s")
 
     @property
     def stack_cpu_ms_per_1k(self) -> float:
@@ -100,19 +98,11 @@ class RunFigures:
     def mongo_cpu_ms_per_1k(self) -> float:
         return self.stack_cpu_ms_by_role.get("mongo", math.nan)
 
-    @property
-    def cpu_ratio(self) -> float:
-        """What the push ratio would be if both phases were bound by the same CPU: the whole
-        machine's CPU per push of the raw phase ÷ that of the dispatch phase."""
-        return self.raw_stack_cpu_ms_per_1k / self.stack_cpu_ms_per_1k
-
-    @property
-    def isolation_ratio(self) -> float:
-        return self.with_neighbours_pushes_per_s / self.alone_pushes_per_s
-
-    @property
-    def isolation_ratio_steady(self) -> float:
-        return self.with_neighbours_steady_per_s / self.alone_steady_per_s
+    # what the push ratio would be if both phases were bound by the same CPU: the whole
+    # machine's CPU per push of the raw phase ÷ that of the dispatch phase
+    cpu_ratio = ratio_of("raw_stack_cpu_ms_per_1k", "stack_cpu_ms_per_1k")
+    isolation_ratio = ratio_of("with_neighbours_pushes_per_s", "alone_pushes_per_s")
+    isolation_ratio_steady = ratio_of("with_neighbours_steady_per_s", "alone_steady_per_s")
 
     @property
     def replicas_ratio(self) -> float:
@@ -132,25 +122,14 @@ class RunFigures:
     def peak_concurrency(self) -> float:
         return float(self.replicas_peak)
 
-    @property
-    def p50_ms(self) -> float:
-        return percentile(self.latencies_ms, 50)
-
-    @property
-    def p99_ms(self) -> float:
-        return percentile(self.latencies_ms, 99)
+    p50_ms = percentile_of("latencies_ms", 50)
+    p99_ms = percentile_of("latencies_ms", 99)
+    answer_p50_ms = percentile_of("answer_ms", 50)
+    answer_p99_ms = percentile_of("answer_ms", 99)
 
     @property
     def max_ms(self) -> float:
         return max(self.latencies_ms, default=math.nan)
-
-    @property
-    def answer_p50_ms(self) -> float:
-        return percentile(self.answer_ms, 50)
-
-    @property
-    def answer_p99_ms(self) -> float:
-        return percentile(self.answer_ms, 99)
 
     def figure(self, name: str) -> float:
         return float(getattr(self, name))
@@ -233,14 +212,3 @@ def json_figures(summary: dict[str, dict[str, float]], runs: list[RunFigures],
         "config": config,
         "problems": [f"run {r.run}: {p}" for r in runs for p in r.problems],
     }
-
-
-def rounded(value: Any) -> Any:
-    """Round floats in nested dicts and lists for the JSON line; nan becomes None."""
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [rounded(v) for v in value]
-    if isinstance(value, float):
-        return None if not math.isfinite(value) else round(value, 3 if abs(value) < 10 else 1)
-    return value

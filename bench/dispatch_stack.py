@@ -27,10 +27,10 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from msgbus_devtools import servers as services
@@ -49,6 +49,21 @@ APP_NAME = "bench-dispatch"
 PRELOAD_BATCH = 500  # the receiver's max_batch_count
 PROGRESS_EVERY_S = 2.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+T = TypeVar("T")
+
+
+def with_store(mongo_uri: str, mongo_db: str, work: Callable[[MongoStore], Awaitable[T]]) -> T:
+    """`await work(store)` on a MongoStore of that database, opened for it alone, in a new event
+    loop."""
+    async def run() -> T:
+        store = MongoStore(mongo_uri, mongo_db)
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
 
 
 def process_cpu_s(pid: int) -> float:
@@ -136,7 +151,7 @@ class DispatchStack:
         if self.full:
             self.env["MSGBUS_RABBITMQ_URL"] = services.ensure_rabbitmq().url
         self.env.update(self.settings)
-        self._call(self._prepare_store())
+        self._with_store(self._prepare_store)
 
         self.sub_url = self._start_subscriber("sub")
         self.cpu_pids["subscriber"] = self._processes[-1][1].pid
@@ -220,16 +235,12 @@ class DispatchStack:
 
     # ---- MongoDB: the app, destinations, subscriptions ------------------------------------
 
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run(coro)
+    def _with_store(self, work: Callable[[MongoStore], Awaitable[T]]) -> T:
+        return with_store(self.mongo_uri, self.mongo_db, work)
 
-    async def _prepare_store(self) -> None:
-        store = MongoStore(self.mongo_uri, self.mongo_db)
-        try:
-            await store.ensure_indexes()
-            await store.create_app(APP_NAME, hash_api_key(self.api_key), ["*"])
-        finally:
-            await store.close()
+    async def _prepare_store(self, store: MongoStore) -> None:
+        await store.ensure_indexes()
+        await store.create_app(APP_NAME, hash_api_key(self.api_key), ["*"])
 
     def create(self, code: str, subscribers: dict[str, str], *, concurrency: int,
                timeout_ms: int, broker: BrokerKind = BrokerKind.KAFKA,
@@ -239,56 +250,44 @@ class DispatchStack:
                              max_concurrency=concurrency, timeout_ms=timeout_ms)
                 for name, url in subscribers.items()]
 
-        async def save() -> None:
-            store = MongoStore(self.mongo_uri, self.mongo_db)
-            try:
-                await store.save_destination(Destination(code=code, broker=broker,
-                                                         partitions=partitions))
-                for sub in subs:
-                    await store.save_subscription(sub)
-            finally:
-                await store.close()
+        async def save(store: MongoStore) -> None:
+            await store.save_destination(Destination(code=code, broker=broker,
+                                                     partitions=partitions))
+            for sub in subs:
+                await store.save_subscription(sub)
 
-        self._call(save())
+        self._with_store(save)
         self.subscriptions.update({s.id: s for s in subs})
         return [s.id for s in subs]
 
     def stages(self, message_ids: list[str]) -> dict[str, tuple[float, float]]:
         """Per message id: when the receiver accepted it and when its first push began (unix
         times, from the bus's own records in MongoDB)."""
-        async def read() -> dict[str, tuple[float, float]]:
-            store = MongoStore(self.mongo_uri, self.mongo_db)
+        async def read(store: MongoStore) -> dict[str, tuple[float, float]]:
             received: dict[str, float] = {}
             pushed: dict[str, float] = {}
-            try:
-                for lo in range(0, len(message_ids), 1000):
-                    chunk = message_ids[lo:lo + 1000]
-                    async for doc in store.messages.find({"_id": {"$in": chunk}},
-                                                         {"received_at": 1}):
-                        received[doc["_id"]] = doc["received_at"].timestamp()
-                    async for doc in store.attempts.find({"message_id": {"$in": chunk},
-                                                          "attempt": 1},
-                                                         {"message_id": 1, "started_at": 1}):
-                        pushed[doc["message_id"]] = doc["started_at"].timestamp()
-            finally:
-                await store.close()
+            for lo in range(0, len(message_ids), 1000):
+                chunk = message_ids[lo:lo + 1000]
+                async for doc in store.messages.find({"_id": {"$in": chunk}},
+                                                     {"received_at": 1}):
+                    received[doc["_id"]] = doc["received_at"].timestamp()
+                async for doc in store.attempts.find({"message_id": {"$in": chunk},
+                                                      "attempt": 1},
+                                                     {"message_id": 1, "started_at": 1}):
+                    pushed[doc["message_id"]] = doc["started_at"].timestamp()
             return {mid: (received[mid], pushed[mid]) for mid in received if mid in pushed}
 
-        return dict(self._call(read()))
+        return self._with_store(read)
 
     def set_paused(self, sub_ids: list[str], paused: bool) -> None:
         changed = [self.subscriptions[i].model_copy(update={"paused": paused})
                    for i in sub_ids]
 
-        async def save() -> None:
-            store = MongoStore(self.mongo_uri, self.mongo_db)
-            try:
-                for sub in changed:
-                    await store.save_subscription(sub)
-            finally:
-                await store.close()
+        async def save(store: MongoStore) -> None:
+            for sub in changed:
+                await store.save_subscription(sub)
 
-        self._call(save())
+        self._with_store(save)
         self.subscriptions.update({s.id: s for s in changed})
 
     def running_workers(self) -> set[str]:

@@ -34,20 +34,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench import e2e_load
+from bench import cli, e2e_load
 from bench.dispatch import DispatchBench
-from bench.dispatch_report import RunFigures, rounded
+from bench.dispatch_report import RunFigures
 from bench.dispatch_stack import DispatchStack, wait_for
 from bench.e2e_report import (
     Capacity,
@@ -58,7 +55,7 @@ from bench.e2e_report import (
     summarize,
     table,
 )
-from bench.report import out, percentile, say
+from bench.report import out, out_json, out_lines, percentile, say
 from msgbus.models import BrokerKind
 
 CLIENT_THREADS = 16
@@ -293,9 +290,7 @@ def _setting(text: str) -> tuple[str, str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = cli.parser("e2e", __doc__, runs=3)
     parser.add_argument("--rate", type=float, default=5000.0,
                         help="send()s per second offered in the saturation phases (above what "
                              "the bus delivers here, so that delivered/s is its capacity)")
@@ -328,12 +323,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "MSGBUS_RECEIVER_DRAIN_NICE=0")
     parser.add_argument("--plot", type=Path, default=DEFAULT_PLOT,
                         help=f"PNG of latency over time (default {DEFAULT_PLOT})")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke check: 1 run, 4 s phases at 1500/s, 1000 isolation messages")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.runs, args.rate, args.duration_s, args.latency_s, args.iso_messages = \
-            1, 1500.0, 4.0, 4.0, 1000
+    args = cli.parse_quick(
+        parser, argv, "smoke check: 1 run, 4 s phases at 1500/s, 1000 isolation messages",
+        runs=1, rate=1500.0, duration_s=4.0, latency_s=4.0, iso_messages=1000)
     unknown = set(args.brokers) - {"kafka", "rabbitmq"}
     if unknown or min(args.runs, args.rate, args.duration_s, args.latency_s) <= 0:
         parser.error(f"brokers are kafka and rabbitmq (got {sorted(unknown)}); counts, rates "
@@ -343,55 +335,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
-    began = time.monotonic()
-    out(f"end-to-end benchmark: {args.runs} run(s); saturation {args.rate:,.0f} msg/s offered "
+
+    def work(exits: contextlib.ExitStack) -> list[E2ERun]:
+        workdir = cli.scratch_dir(exits, "msgbus-e2e-bench-")
+        stack = DispatchStack(workdir, exits, full=True, mongo_nice=args.mongo_nice, settings={
+            "MSGBUS_DISPATCHER_KAFKA_FETCH_WAIT_MS": str(args.kafka_fetch_wait_ms),
+            **dict(args.settings)})
+        stack.start()
+        return cli.each_run(E2EBench(args, stack).run_once, args.runs)
+
+    def report(runs: list[E2ERun], began: float) -> int:
+        summary, cpu = summarize(runs), cpu_summary(runs)
+        out_lines(table(summary, cpu))
+        png = plot(runs, args.plot)
+        out(f"latency plot: {png}" if png else "latency plot: skipped (matplotlib not installed)")
+        elapsed_s = time.monotonic() - began
+        out(f"wall time {elapsed_s:.0f} s")
+        medians = {name: s["median"] for name, s in summary.items()}
+        problems = [f"run {r.run}: {p}" for r in runs for p in r.problems]
+        out_json({
+            "bench": "e2e",
+            "e2e_msgs_per_s": medians.get("kafka_delivered_per_s"),
+            "overhead_p50_ms": medians["overhead_p50_ms"],
+            "isolation_ratio": medians["isolation_ratio"],
+            "bus_p50_ms": medians["bus_p50_ms"], "bus_p95_ms": medians["bus_p95_ms"],
+            "bus_p99_ms": medians["bus_p99_ms"],
+            "goals": goals(summary), "spread": summary, "cpu_cores": cpu,
+            "plot": str(png) if png else None,
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+            | {"elapsed_s": elapsed_s},
+            "problems": problems,
+        })
+        return 1 if problems else 0
+
+    return cli.run(
+        f"end-to-end benchmark: {args.runs} run(s); saturation {args.rate:,.0f} msg/s offered "
         f"for {args.duration_s:g} s per broker ({', '.join(args.brokers)}), {args.latency_s:g} s "
         f"at half load, {args.iso_messages} messages per isolation phase; Kafka fetch wait "
-        f"{args.kafka_fetch_wait_ms} ms; SecantusDB at nice {args.mongo_nice}")
-    runs: list[E2ERun] = []
-    try:
-        with contextlib.ExitStack() as exits:
-            workdir = Path(tempfile.mkdtemp(prefix="msgbus-e2e-bench-"))
-            exits.callback(shutil.rmtree, workdir, ignore_errors=True)
-            stack = DispatchStack(workdir, exits, full=True, mongo_nice=args.mongo_nice, settings={
-                "MSGBUS_DISPATCHER_KAFKA_FETCH_WAIT_MS": str(args.kafka_fetch_wait_ms),
-                **dict(args.settings)})
-            stack.start()
-            bench = E2EBench(args, stack)
-            for run in range(1, args.runs + 1):
-                runs.append(bench.run_once(run))
-                for line in runs[-1].lines():
-                    out(line)
-            say("done; stopping what the benchmark started")
-    except KeyboardInterrupt:
-        say("interrupted; everything the benchmark started was stopped")
-        return 130
-    summary, cpu = summarize(runs), cpu_summary(runs)
-    out()
-    for line in table(summary, cpu):
-        out(line)
-    png = plot(runs, args.plot)
-    out(f"latency plot: {png}" if png else "latency plot: skipped (matplotlib not installed)")
-    elapsed_s = time.monotonic() - began
-    out(f"wall time {elapsed_s:.0f} s")
-    medians = {name: s["median"] for name, s in summary.items()}
-    problems = [f"run {r.run}: {p}" for r in runs for p in r.problems]
-    figures = {
-        "bench": "e2e",
-        "e2e_msgs_per_s": medians.get("kafka_delivered_per_s"),
-        "overhead_p50_ms": medians["overhead_p50_ms"],
-        "isolation_ratio": medians["isolation_ratio"],
-        "bus_p50_ms": medians["bus_p50_ms"], "bus_p95_ms": medians["bus_p95_ms"],
-        "bus_p99_ms": medians["bus_p99_ms"],
-        "goals": goals(summary), "spread": summary, "cpu_cores": cpu,
-        "plot": str(png) if png else None,
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        | {"elapsed_s": elapsed_s},
-        "problems": problems,
-    }
-    out(json.dumps(rounded(figures), separators=(",", ":")))
-    return 1 if problems else 0
+        f"{args.kafka_fetch_wait_ms} ms; SecantusDB at nice {args.mongo_nice}", work, report)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.report import cell, percentile, spread
+from bench.report import cell, percentile, ratio_of, spread
 
 GOAL_MSGS_PER_S = 2000.0  # sustained end to end through Kafka, with MongoDB records
 GOAL_OVERHEAD_P50_MS = 20.0
@@ -54,13 +54,8 @@ class E2ERun:
     neighbour_pushes_per_s: dict[str, float] = field(default_factory=dict)  # B, C, D meanwhile
     problems: list[str] = field(default_factory=list)
 
-    @property
-    def isolation_ratio(self) -> float:
-        return self.with_neighbours_per_s / self.alone_per_s
-
-    @property
-    def isolation_ratio_steady(self) -> float:
-        return self.with_neighbours_steady_per_s / self.alone_steady_per_s
+    isolation_ratio = ratio_of("with_neighbours_per_s", "alone_per_s")
+    isolation_ratio_steady = ratio_of("with_neighbours_steady_per_s", "alone_steady_per_s")
 
     def figures(self) -> dict[str, float]:
         bus_p50, base_p50 = percentile(self.bus_ms, 50), percentile(self.base_ms, 50)

@@ -39,6 +39,7 @@ from pathlib import Path
 from msgbus_devtools import servers as services
 from pymongo import UpdateOne
 
+from bench import cli
 from bench.dispatch_stack import process_cpu_s
 from bench.report import cell, out, rounded, say, spread
 from msgbus.ids import uuid7
@@ -191,14 +192,9 @@ async def bench(args: argparse.Namespace, url: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.mongo_writes", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = cli.parser("mongo_writes", __doc__, runs=3)
     parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument("--quick", action="store_true", help="1 run of 1,000 messages")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.runs, args.messages = 1, 1000
+    args = cli.parse_quick(parser, argv, "1 run of 1,000 messages", runs=1, messages=1000)
     with tempfile.TemporaryDirectory(prefix="msgbus-mongo-writes-") as tmp:
         server = services.start_secantus(services.free_port(), Path(tmp) / "db", Path(tmp))
         try:

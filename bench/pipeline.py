@@ -16,23 +16,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing
-import shutil
-import signal
 import sys
-import tempfile
 import time
 import uuid
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import Any
 
 import httpx
 from msgbus_devtools import servers as services
 
-from bench import producer, subscriber
-from bench.report import BASELINE, Phase, out, rounded, say, summarize, table
+from bench import cli, load, producer, subscriber
+from bench.report import BASELINE, Phase, out, out_json, out_lines, say, summarize, table
 
 HOST = "127.0.0.1"
 BROKERS = ("kafka", "rabbitmq", "direct")
@@ -80,8 +75,7 @@ class PipelineBench:
     # ---- setup ---------------------------------------------------------------------------
 
     def setup(self) -> None:
-        workdir = Path(tempfile.mkdtemp(prefix="msgbus-bench-"))
-        self.stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        workdir = cli.scratch_dir(self.stack, "msgbus-bench-")
         logs = workdir / "logs"
         kafka = rabbit_url = ""
         rabbit_destinations: list[str] = []
@@ -195,7 +189,7 @@ class PipelineBench:
             now = time.monotonic()
             if result is not None and delivered >= count:
                 break
-            if now - began > timeout_s + producer.REQUEST_TIMEOUT_S:
+            if now - began > timeout_s + load.REQUEST_TIMEOUT_S:
                 say(f"{label}: gave up after {now - began:.0f} s with {count - delivered} "
                     "messages missing")
                 break
@@ -264,8 +258,7 @@ class PipelineBench:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser("pipeline", __doc__)
     parser.add_argument("--messages", type=int, default=2000, help="messages per run and target")
     parser.add_argument("--concurrency", type=int, default=32, help="producer requests in flight")
     parser.add_argument("--runs", type=int, default=3)
@@ -279,10 +272,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds to wait for one phase's messages before counting missing")
     parser.add_argument("--settle-timeout", type=float, default=60.0,
                         help="seconds to wait for the bus to write a phase's trace")
-    parser.add_argument("--quick", action="store_true", help="300 messages, 1 run, 50 warm-up")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.messages, args.runs, args.warmup = 300, 1, 50
+    args = cli.parse_quick(parser, argv, "300 messages, 1 run, 50 warm-up",
+                           messages=300, runs=1, warmup=50)
     args.brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
     unknown = set(args.brokers) - set(BROKERS)
     if unknown or not args.brokers:
@@ -294,33 +285,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
-    began = time.monotonic()
-    out(f"pipeline benchmark: {args.runs} run(s) x {args.messages} messages per target, "
-        f"producer concurrency {args.concurrency}, push concurrency {args.push_concurrency}, "
-        f"brokers {','.join(args.brokers)}, baseline {BASELINE}")
-    try:
-        with contextlib.ExitStack() as stack:
-            bench = PipelineBench(args, stack)
-            bench.setup()
-            phases = bench.run()
-            say("done; stopping what the benchmark started")
-    except KeyboardInterrupt:
-        say("interrupted; everything the benchmark started was stopped")
-        return 130
-    summary = summarize(phases, [BASELINE, *args.brokers])
-    elapsed_s = time.monotonic() - began
-    out()
-    for line in table(summary):
-        out(line)
-    missing = sum(t["missing"] for t in summary["targets"].values())
-    out(f"\nmissing messages: {missing}; wall time {elapsed_s:.0f} s")
-    figures = {"bench": "pipeline", "messages": args.messages, "runs": args.runs,
-               "concurrency": args.concurrency, "push_concurrency": args.push_concurrency,
-               "baseline": BASELINE, **summary, "missing_total": missing,
-               "elapsed_s": elapsed_s}
-    out(json.dumps(rounded(figures), separators=(",", ":")))
-    return 1 if missing else 0
+
+    def work(exits: contextlib.ExitStack) -> list[Phase]:
+        bench = PipelineBench(args, exits)
+        bench.setup()
+        return bench.run()
+
+    def report(phases: list[Phase], began: float) -> int:
+        summary = summarize(phases, [BASELINE, *args.brokers])
+        elapsed_s = time.monotonic() - began
+        out_lines(table(summary))
+        missing = sum(t["missing"] for t in summary["targets"].values())
+        out(f"\nmissing messages: {missing}; wall time {elapsed_s:.0f} s")
+        out_json({"bench": "pipeline", "messages": args.messages, "runs": args.runs,
+                  "concurrency": args.concurrency, "push_concurrency": args.push_concurrency,
+                  "baseline": BASELINE, **summary, "missing_total": missing,
+                  "elapsed_s": elapsed_s})
+        return 1 if missing else 0
+
+    return cli.run(f"pipeline benchmark: {args.runs} run(s) x {args.messages} messages per "
+                   f"target, producer concurrency {args.concurrency}, push concurrency "
+                   f"{args.push_concurrency}, brokers {','.join(args.brokers)}, baseline "
+                   f"{BASELINE}", work, report)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,23 @@
 """Figures of the pipeline benchmark: one `Phase` per (run, target), the summary table with
 min/median/max over runs, ratios against the direct-HTTP baseline of the same run, and the
-final JSON line."""
+final JSON line.
+
+And what every benchmark's report uses: progress on stderr (`say`), results on stdout (`out`,
+`out_lines`, `out_json`), percentiles and min / median / max spreads (`percentile`, `spread`,
+`cell`), figures of a run's dataclass declared as a percentile of its samples or a ratio of two
+of its figures (`percentile_of`, `ratio_of`), and floats rounded for the JSON line (`rounded`)."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
-from msgbus.percentiles import nearest_rank
+from admin.percentiles import nearest_rank
 
 BASELINE = "direct-http"
 FIGURES = ("accepted_per_s", "delivered_per_s", "p50_ms", "p95_ms", "p99_ms")
@@ -25,9 +32,46 @@ def out(message: str = "") -> None:
     print(message, flush=True)
 
 
+def out_lines(lines: Iterable[str]) -> None:
+    """A blank line, then `lines` (a results table) on stdout."""
+    out()
+    for line in lines:
+        out(line)
+
+
+def out_json(figures: dict[str, Any]) -> None:
+    """The benchmark's last line: its figures as one compact JSON object, floats `rounded`."""
+    out(json.dumps(rounded(figures), separators=(",", ":")))
+
+
 def percentile(values: list[float], p: float) -> float:
     """Nearest-rank percentile of `values` (nan when empty)."""
     return nearest_rank(sorted(values), p / 100) if values else math.nan
+
+
+class Figure:
+    """A figure of a run's dataclass computed from its other figures, read like a property (and,
+    unlike a field, left out of `dataclasses.asdict`): made by `percentile_of` or `ratio_of`."""
+
+    def __init__(self, compute: Callable[[Any], float]) -> None:
+        self.compute = compute
+
+    @overload
+    def __get__(self, run: None, owner: type | None = None) -> Figure: ...
+    @overload
+    def __get__(self, run: object, owner: type | None = None) -> float: ...
+    def __get__(self, run: object | None, owner: type | None = None) -> Figure | float:
+        return self if run is None else self.compute(run)
+
+
+def percentile_of(samples: str, p: float) -> Figure:
+    """The nearest-rank percentile `p` of the run's list `samples` (nan when empty)."""
+    return Figure(lambda run: percentile(getattr(run, samples), p))
+
+
+def ratio_of(numerator: str, denominator: str) -> Figure:
+    """The run's figure `numerator` ÷ its figure `denominator`."""
+    return Figure(lambda run: float(getattr(run, numerator) / getattr(run, denominator)))
 
 
 @dataclass
@@ -63,17 +107,9 @@ class Phase:
         span = self.last_arrival - self.first_sent
         return self.delivered / span if self.delivered and span > 0 else math.nan
 
-    @property
-    def p50_ms(self) -> float:
-        return percentile(self.latencies_ms, 50)
-
-    @property
-    def p95_ms(self) -> float:
-        return percentile(self.latencies_ms, 95)
-
-    @property
-    def p99_ms(self) -> float:
-        return percentile(self.latencies_ms, 99)
+    p50_ms = percentile_of("latencies_ms", 50)
+    p95_ms = percentile_of("latencies_ms", 95)
+    p99_ms = percentile_of("latencies_ms", 99)
 
     def line(self) -> str:
         text = (f"run {self.run} {self.target:<11} accepted {self.accepted_per_s:8.0f} msg/s"
@@ -143,9 +179,10 @@ def table(summary: dict[str, Any]) -> list[str]:
 
 
 def rounded(value: Any) -> Any:
-    """Round floats in nested dicts for the JSON line; nan becomes None."""
+    """Round floats, also in nested dicts and lists, for the JSON line: 3 decimals below 10,
+    else 1; nan and infinities become None."""
+    if isinstance(value, float):
+        return round(value, 3 if abs(value) < 10 else 1) if math.isfinite(value) else None
     if isinstance(value, dict):
         return {k: rounded(v) for k, v in value.items()}
-    if isinstance(value, float):
-        return None if math.isnan(value) else round(value, 3 if abs(value) < 10 else 1)
-    return value
+    return [rounded(v) for v in value] if isinstance(value, list) else value

@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
 import multiprocessing
 import signal
 import sys
@@ -50,10 +49,10 @@ from typing import Any
 import orjson
 from msgbus_devtools import servers as services
 
-from bench import subscriber
+from bench import cli, subscriber
 from bench.load import own_cpu_s
 from bench.pipeline import stop_process
-from bench.report import cell, out, percentile, rounded, say, spread
+from bench.report import cell, out, out_json, out_lines, percentile, say, spread
 
 HOST = "127.0.0.1"
 TARGETS = ("raw", "aiohttp", "h1")
@@ -232,9 +231,7 @@ def table(summary: dict[str, Any]) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.senders", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = cli.parser("senders", __doc__, runs=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="measured, per phase")
     parser.add_argument("--warmup-s", type=float, default=1.0, help="per phase, not counted")
     parser.add_argument("--concurrency", type=int, default=64, help="pushes in flight")
@@ -253,49 +250,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
-    began = time.monotonic()
     targets = args.targets
-    out(f"sender benchmark: {args.runs} run(s) x {len(targets)} targets, {args.seconds:g} s"
-        f" measured after {args.warmup_s:g} s warm-up, {args.concurrency} pushes in flight,"
-        f" {'uvloop' if args.uvloop else 'asyncio'} loop, baseline {BASELINE}")
-    phases: list[dict[str, Any]] = []
-    try:
-        with contextlib.ExitStack() as stack:
-            ctx = multiprocessing.get_context("spawn")
-            port = services.free_port()
-            sub = ctx.Process(target=subscriber.serve, args=(port,), name="bench-sub",
-                              daemon=True)
-            sub.start()
-            stack.callback(stop_process, sub, "subscriber")
-            services.wait_for_port(HOST, port, 30)
-            sub_url = f"http://{HOST}:{port}"
-            for run in range(1, args.runs + 1):
-                shift = (run - 1) % len(targets)
-                for target in targets[shift:] + targets[:shift]:
-                    phases.append(run_phase(ctx, stack, args, sub_url, target, run))
-            say("done; stopping what the benchmark started")
-    except KeyboardInterrupt:
-        say("interrupted; everything the benchmark started was stopped")
-        return 130
-    summary = summarize(phases)
-    out()
-    for line in table(summary):
-        out(line)
-    out(f"\nwall time {time.monotonic() - began:.0f} s")
-    result = {
-        "bench": "senders", "runs": args.runs, "seconds": args.seconds,
-        "concurrency": args.concurrency, "loop": "uvloop" if args.uvloop else "asyncio",
-        **{f"{t}_pushes_per_s": summary[t]["pushes_per_s"]["median"] for t in targets},
-        **{f"{t}_vs_raw": summary[t]["vs_raw"]["median"] for t in targets if t != BASELINE},
-        "p50_ms": {t: summary[t]["p50_ms"]["median"] for t in targets},
-        "p99_ms": {t: summary[t]["p99_ms"]["median"] for t in targets},
-        "pushes_per_cpu_s": {t: summary[t]["pushes_per_cpu_s"]["median"] for t in targets},
-        "failed": {t: summary[t]["failed"] for t in targets},
-        "lost": {t: summary[t]["lost"] for t in targets},
-    }
-    out(json.dumps(rounded(result), separators=(",", ":")))
-    return 1 if any(result["lost"].values()) else 0
+
+    def work(exits: contextlib.ExitStack) -> list[dict[str, Any]]:
+        ctx = multiprocessing.get_context("spawn")
+        port = services.free_port()
+        sub = ctx.Process(target=subscriber.serve, args=(port,), name="bench-sub", daemon=True)
+        sub.start()
+        exits.callback(stop_process, sub, "subscriber")
+        services.wait_for_port(HOST, port, 30)
+        sub_url = f"http://{HOST}:{port}"
+        phases = []
+        for run in range(1, args.runs + 1):
+            shift = (run - 1) % len(targets)
+            for target in targets[shift:] + targets[:shift]:
+                phases.append(run_phase(ctx, exits, args, sub_url, target, run))
+        return phases
+
+    def report(phases: list[dict[str, Any]], began: float) -> int:
+        summary = summarize(phases)
+        out_lines(table(summary))
+        out(f"\nwall time {time.monotonic() - began:.0f} s")
+        result = {
+            "bench": "senders", "runs": args.runs, "seconds": args.seconds,
+            "concurrency": args.concurrency, "loop": "uvloop" if args.uvloop else "asyncio",
+            **{f"{t}_pushes_per_s": summary[t]["pushes_per_s"]["median"] for t in targets},
+            **{f"{t}_vs_raw": summary[t]["vs_raw"]["median"] for t in targets if t != BASELINE},
+            "p50_ms": {t: summary[t]["p50_ms"]["median"] for t in targets},
+            "p99_ms": {t: summary[t]["p99_ms"]["median"] for t in targets},
+            "pushes_per_cpu_s": {t: summary[t]["pushes_per_cpu_s"]["median"] for t in targets},
+            "failed": {t: summary[t]["failed"] for t in targets},
+            "lost": {t: summary[t]["lost"] for t in targets},
+        }
+        out_json(result)
+        return 1 if any(result["lost"].values()) else 0
+
+    return cli.run(f"sender benchmark: {args.runs} run(s) x {len(targets)} targets, "
+                   f"{args.seconds:g} s measured after {args.warmup_s:g} s warm-up, "
+                   f"{args.concurrency} pushes in flight, "
+                   f"{'uvloop' if args.uvloop else 'asyncio'} loop, baseline {BASELINE}",
+                   work, report)
 
 
 if __name__ == "__main__":
