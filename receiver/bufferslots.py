@@ -17,11 +17,12 @@ import contextlib
 import fcntl
 import os
 import shutil
-import socket
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+from msgbus_client.lockfile import is_current, lock_holder, owner_name, owner_text
 
 from msgbus.errors import Unavailable
 
@@ -110,7 +111,7 @@ def claim_path(slot: Path) -> ClaimedSlot | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            owner = _read_owner(fd)
+            owner = owner_text(fd)
             os.close(fd)
             if not owner and unnamed < _UNNAMED_RETRIES:
                 unnamed += 1
@@ -120,7 +121,7 @@ def claim_path(slot: Path) -> ClaimedSlot | None:
         except BaseException:
             os.close(fd)
             raise
-        if not _is_current(fd, lock_path):  # an adopter removed the slot while we waited
+        if not is_current(fd, lock_path):  # an adopter removed the slot while we waited
             os.close(fd)
             continue
         os.ftruncate(fd, 0)
@@ -130,25 +131,9 @@ def claim_path(slot: Path) -> ClaimedSlot | None:
 
 
 def holder_of(slot: Path) -> str | None:
-    """Who holds `slot` ("pid=... host=..."), or None when no live process does.
-
-    A probe that never takes a slot away from anyone: it opens an existing lock file read-only
-    (never creating one) and takes a shared flock for an instant; a claim that meets it retries
-    briefly. The answer is a snapshot: an owner may start or exit right after it.
-    """
-    try:
-        fd = os.open(slot / LOCK_FILE, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _read_owner(fd) or "an unnamed process (it is just starting)"
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+    """Who holds `slot` ("pid=... host=..."), or None when no live process does: a probe that
+    never takes a slot away from anyone (a claim that meets it retries briefly)."""
+    return lock_holder(slot / LOCK_FILE)
 
 
 def slots(root: Path) -> list[Path]:
@@ -211,25 +196,3 @@ def _locked_if_free(lock_path: Path) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
-
-
-def owner_name() -> str:
-    """How this process names itself in the lock files it holds."""
-    return f"pid={os.getpid()} host={socket.gethostname()}"
-
-
-def _is_current(fd: int, path: Path) -> bool:
-    """Whether the open file `fd` is still the file at `path` (not unlinked or replaced)."""
-    try:
-        now = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
-
-
-def _read_owner(fd: int) -> str:
-    try:
-        return os.pread(fd, 200, 0).decode(errors="replace").strip()
-    except OSError:
-        return ""

@@ -53,7 +53,7 @@ class SpoolDirLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                owner = _owner_text(fd)
+                owner = owner_text(fd)
                 os.close(fd)
                 if not owner and unnamed < _UNNAMED_RETRIES:
                     unnamed += 1
@@ -68,7 +68,7 @@ class SpoolDirLock:
             except BaseException:
                 os.close(fd)
                 raise
-            if _is_current(fd, self.path):
+            if is_current(fd, self.path):
                 return fd
             os.close(fd)
         raise SpoolLockedError(f"spool dir {spool_dir} keeps being replaced; try again")
@@ -88,29 +88,35 @@ def owner_name() -> str:
 
 
 def is_held(spool_dir: Path) -> str | None:
-    """Who holds `spool_dir` ("pid=... host=..."), or None when no live process does.
+    """Who holds `spool_dir` ("pid=... host=..."), or None when no live process does."""
+    return lock_holder(spool_dir / LOCK_FILE_NAME)
+
+
+def lock_holder(lock_path: Path) -> str | None:
+    """Who holds the lock file `lock_path` ("pid=... host=..."), or None when no live process
+    does (also used for the receiver's buffer slots, which are locked the same way).
 
     A non-owning probe: it opens an existing lock file read-only (it never creates one) and takes
     a shared flock for an instant. While it holds that (a few microseconds), an owner starting on
-    the dir would see it busy; SpoolDirLock waits a little for an unnamed lock, so that is
-    harmless. The answer is a snapshot: an owner may start or exit right after it.
+    the dir would see it busy; owners wait a little for an unnamed lock, so that is harmless. The
+    answer is a snapshot: an owner may start or exit right after it.
     """
     try:
-        fd = os.open(spool_dir / LOCK_FILE_NAME, os.O_RDONLY)
+        fd = os.open(lock_path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return _owner_text(fd) or "an unnamed process (it is just starting)"
+            return owner_text(fd) or "an unnamed process (it is just starting)"
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
 
 
-def _is_current(fd: int, path: Path) -> bool:
+def is_current(fd: int, path: Path) -> bool:
     """Whether the open file `fd` is still the file at `path` (not unlinked or replaced)."""
     try:
         now = os.stat(path)
@@ -120,7 +126,7 @@ def _is_current(fd: int, path: Path) -> bool:
     return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 
 
-def _owner_text(fd: int) -> str:
+def owner_text(fd: int) -> str:
     try:
         return os.pread(fd, 200, 0).decode(errors="replace").strip()
     except OSError:
