@@ -44,7 +44,7 @@ from msgbus.metrics import (
 )
 from msgbus.models import BrokerKind, Subscription
 from msgbus.settings import ConnectionSettings
-from msgbus.tasks import cancel_and_wait
+from msgbus.tasks import PeriodicWork
 
 log = logging.getLogger(__name__)
 
@@ -68,32 +68,21 @@ def management_url(amqp_url: str) -> tuple[str, tuple[str, str]]:
     return f"{scheme}://{host}:{MANAGEMENT_PORT}", auth
 
 
-class BrokerHealthMonitor:
+class BrokerHealthMonitor(PeriodicWork):
     def __init__(self, conn: ConnectionSettings, subscriptions: SubscriptionsFn, *,
                  interval_s: float, mongo_ping: Callable[[], Awaitable[bool]] | None = None,
                  service: str = "dispatcher") -> None:
+        super().__init__()
         self._conn = conn
         self._subscriptions = subscriptions
-        self._interval_s = interval_s
         self._mongo_ping = mongo_ping
         self._service = service
-        self._task: asyncio.Task[None] | None = None
         self._http = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S)
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="broker-health")
+        self.every(interval_s, self.poll_once, what="broker health poll")
 
     async def close(self) -> None:
-        await cancel_and_wait(self._task)
+        await super().close()
         await self._http.aclose()
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.poll_once()
-            except Exception:  # never let a surprise in one poll stop the next
-                log.exception("broker health poll failed")
-            await asyncio.sleep(self._interval_s)
 
     async def poll_once(self) -> None:
         if self._mongo_ping is not None:
