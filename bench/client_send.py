@@ -271,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if result["problems"] else 0
 
     return cli.run(f"client send benchmark: {args.runs} run(s); raw {args.raw_messages}, single "
-                   f"{args.single_messages}, group {args.group_messages} messages "
-                   f"({args.threads} threads, group_commit_ms={args.group_commit_ms}); "
-                   f"{os.cpu_count()} CPUs", work, report)
+                   f"{args.single_messages}, group {args.group_messages} messages ({args.threads} "
+                   f"threads, group_commit_ms={args.group_commit_ms}); {os.cpu_count()} CPUs",
+                   work, report)
 
 
 if __name__ == "__main__":

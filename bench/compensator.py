@@ -310,10 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         out(json.dumps(figures, separators=(",", ":"), default=str))
         return 1 if problems else 0
 
+    sizes = ", ".join(f"{s:,}" for s in args.sizes)
     return cli.run(f"compensator benchmark: {args.runs} run(s) of {args.retries:,} due retries "
-                   f"over {args.subscriptions} subscriptions, {args.compensators} "
-                   f"compensator(s); sweeps at {', '.join(f'{s:,}' for s in args.sizes)} "
-                   f"pending + {args.due:,} due", work, report)
+                   f"over {args.subscriptions} subscriptions, {args.compensators} compensator(s); "
+                   f"sweeps at {sizes} pending + {args.due:,} due", work, report)
 
 
 if __name__ == "__main__":

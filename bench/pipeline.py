@@ -303,10 +303,10 @@ def main(argv: list[str] | None = None) -> int:
                   "elapsed_s": elapsed_s})
         return 1 if missing else 0
 
-    return cli.run(f"pipeline benchmark: {args.runs} run(s) x {args.messages} messages per "
-                   f"target, producer concurrency {args.concurrency}, push concurrency "
-                   f"{args.push_concurrency}, brokers {','.join(args.brokers)}, baseline "
-                   f"{BASELINE}", work, report)
+    brokers = ",".join(args.brokers)
+    return cli.run(f"pipeline benchmark: {args.runs} run(s) x {args.messages} messages per target, "
+                   f"producer concurrency {args.concurrency}, push concurrency "
+                   f"{args.push_concurrency}, brokers {brokers}, baseline {BASELINE}", work, report)
 
 
 if __name__ == "__main__":
