@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from msgbus_client.lockfile import is_current, lock_holder, owner_name, owner_text
+from msgbus_client.lockfile import LockFileReplaced, lock_holder, take_lock
 
 from msgbus.errors import Unavailable
 
@@ -33,11 +33,6 @@ DEFAULT_MAX_SLOTS = 64
 # A removed slot is first renamed to this prefix (atomically), so that a process claiming the
 # slot's name meanwhile gets a fresh dir instead of one being deleted under it.
 _REMOVING_PREFIX = ".removing-"
-# A held lock with no owner name is a holder_of() probe (or an owner between flock() and writing
-# its name): wait that long before calling the slot busy, so that probes never turn a claim away.
-_UNNAMED_RETRIES = 5
-_UNNAMED_RETRY_S = 0.01
-_MAX_ATTEMPTS = 100  # lock files replaced under us (slot removed by an adopter) before giving up
 
 
 class ClaimedSlot:
@@ -100,34 +95,11 @@ def claim_slot(root: Path, max_slots: int = DEFAULT_MAX_SLOTS) -> ClaimedSlot:
 
 def claim_path(slot: Path) -> ClaimedSlot | None:
     """Claim this one slot (creating it if needed); None when a live process holds it."""
-    lock_path = slot / LOCK_FILE
-    unnamed = 0
-    for _ in range(_MAX_ATTEMPTS):
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:  # the slot dir does not exist (yet, or any more)
-            slot.mkdir(parents=True, exist_ok=True)
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = owner_text(fd)
-            os.close(fd)
-            if not owner and unnamed < _UNNAMED_RETRIES:
-                unnamed += 1
-                time.sleep(_UNNAMED_RETRY_S)
-                continue
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        if not is_current(fd, lock_path):  # an adopter removed the slot while we waited
-            os.close(fd)
-            continue
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{owner_name()}\n".encode(), 0)
-        return ClaimedSlot(slot, fd)
-    raise Unavailable(f"buffer slot {slot} keeps being replaced; try again")
+    try:
+        taken = take_lock(slot / LOCK_FILE)
+    except LockFileReplaced:  # adopters kept removing the slot while we waited
+        raise Unavailable(f"buffer slot {slot} keeps being replaced; try again") from None
+    return None if isinstance(taken, str) else ClaimedSlot(slot, taken)
 
 
 def holder_of(slot: Path) -> str | None:

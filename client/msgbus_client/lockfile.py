@@ -27,51 +27,64 @@ _UNNAMED_RETRY_S = 0.01
 _MAX_ATTEMPTS = 100  # lock files replaced under us (a drained spool removed) before giving up
 
 
+class LockFileReplaced(Exception):
+    """The lock file kept being removed and re-created while this process tried to lock it."""
+
+
+def take_lock(lock_path: Path) -> int | str:
+    """Lock `lock_path` (creating it, and its dir) for this process and write this process's
+    name into it: returns the locked descriptor; or, when a live process holds it, that
+    holder's name ("" when it has not written one). Closing the descriptor drops the lock.
+
+    Whoever removes the dir (a drain, an adopter) does so holding the lock; a process that
+    opened the old lock file meanwhile must not keep a lock on a file that is no longer there,
+    so it tries again (`LockFileReplaced` after many times).
+    """
+    unnamed = 0
+    for _ in range(_MAX_ATTEMPTS):
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the dir does not exist (yet, or any more)
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = owner_text(fd)
+            os.close(fd)
+            if not owner and unnamed < _UNNAMED_RETRIES:
+                unnamed += 1
+                time.sleep(_UNNAMED_RETRY_S)
+                continue
+            return owner
+        except BaseException:
+            os.close(fd)
+            raise
+        if is_current(fd, lock_path):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{owner_name()}\n".encode(), 0)
+            return fd
+        os.close(fd)
+    raise LockFileReplaced(f"{lock_path} keeps being replaced; try again")
+
+
 class SpoolDirLock:
     """Holds an exclusive, non-blocking flock on `<spool_dir>/spool.lock` until release()."""
 
     def __init__(self, spool_dir: Path) -> None:
         self.path = spool_dir / LOCK_FILE_NAME
-        fd = self._acquire(spool_dir)
-        self._fd: int | None = fd
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{owner_name()}\n".encode(), 0)
-
-    def _acquire(self, spool_dir: Path) -> int:
-        """The fd of the locked lock file that is (still) at self.path.
-
-        A drain removes a spool's files while holding its lock; whoever opened the old lock file
-        meanwhile must not keep a lock on a file that is no longer there, so it tries again.
-        """
-        unnamed = 0
-        for _ in range(_MAX_ATTEMPTS):
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except FileNotFoundError:  # the dir itself was removed by a drain
-                spool_dir.mkdir(parents=True, exist_ok=True)
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                owner = owner_text(fd)
-                os.close(fd)
-                if not owner and unnamed < _UNNAMED_RETRIES:
-                    unnamed += 1
-                    time.sleep(_UNNAMED_RETRY_S)
-                    continue
-                raise SpoolLockedError(
-                    f"spool dir {spool_dir} is already in use by {_describe(owner)}. One process "
-                    "owns a spool dir at a time: give every process (and every client in a "
-                    "process) its own spool_dir, e.g. one per pod or per worker process, or use "
-                    "Spool.open_slot()."
-                ) from None
-            except BaseException:
-                os.close(fd)
-                raise
-            if is_current(fd, self.path):
-                return fd
-            os.close(fd)
-        raise SpoolLockedError(f"spool dir {spool_dir} keeps being replaced; try again")
+        try:
+            taken = take_lock(self.path)
+        except LockFileReplaced:
+            raise SpoolLockedError(f"spool dir {spool_dir} keeps being replaced; try again"
+                                   ) from None
+        if isinstance(taken, str):
+            raise SpoolLockedError(
+                f"spool dir {spool_dir} is already in use by {_describe(taken)}. One process "
+                "owns a spool dir at a time: give every process (and every client in a "
+                "process) its own spool_dir, e.g. one per pod or per worker process, or use "
+                "Spool.open_slot().")
+        self._fd: int | None = taken
 
     def release(self) -> None:
         if self._fd is None:

@@ -13,8 +13,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from msgbus.brokers.base import Received, SubscriptionConsumer
+
+TokenT = TypeVar("TokenT")
 
 
 class ReceiveBuffer:
@@ -107,6 +110,12 @@ class ThreadedConsumer(SubscriptionConsumer):
 
     async def receive(self, max_messages: int, timeout_s: float) -> list[Received]:
         return await self._buffer.get(max_messages, timeout_s)
+
+    def _token(self, received: Received, kind: type[TokenT]) -> TokenT:
+        """The ack token this consumer gave `received`; a TypeError for another's."""
+        if not isinstance(received.token, kind):
+            raise TypeError(f"not a {self.kind.value} ack token: {received.token!r}")
+        return received.token
 
     async def close(self) -> None:
         thread, self._thread = self._thread, None

@@ -131,9 +131,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         self._start_thread(f"kafka-{self.group}", functools.partial(self._run, consumer))
 
     def ack(self, received: Received) -> None:
-        token = received.token
-        if not isinstance(token, OffsetToken):
-            raise TypeError(f"not a Kafka ack token: {token!r}")
+        token = self._token(received, OffsetToken)
         with self._lock:
             self._tracker.ack(token)
             if self._tracker.in_flight < self.max_buffered:

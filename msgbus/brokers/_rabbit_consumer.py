@@ -120,9 +120,7 @@ class RabbitSubscriptionConsumer(ThreadedConsumer):
         self._start_thread(f"rabbit-{self.queue}", functools.partial(self._run, params))
 
     def ack(self, received: Received) -> None:
-        token = received.token
-        if not isinstance(token, AmqpToken):
-            raise TypeError(f"not a RabbitMQ ack token: {token!r}")
+        token = self._token(received, AmqpToken)
         with self._lock:
             connection = self._connection
             if token.epoch != self._epoch or connection is None:
