@@ -104,6 +104,11 @@ def stop_children(processes: list[subprocess.Popen[bytes]], grace_s: float,
             process.wait()
 
 
+def stop_process(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    """One child: SIGTERM, SIGKILL after `grace_s`."""
+    stop_children([process], grace_s)
+
+
 async def stop_child(process: asyncio.subprocess.Process, grace_s: float) -> None:
     """An asyncio child: SIGTERM, SIGKILL after `grace_s`."""
     if process.returncode is not None:

@@ -71,13 +71,7 @@ class Running:
         if self.process is None:
             stop(self.pid, timeout_s)
             return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        processes.stop_process(self.process, timeout_s)
 
     def restart(self) -> Running:
         """Stop (if running) and start the same server on the same port and storage."""
