@@ -102,6 +102,43 @@ def assert_ordered_per_key(received: list[Received]) -> None:
         last[r.envelope.biz_id] = seq
 
 
+def two_subscriptions(destination: Destination) -> list[Subscription]:
+    return [new_subscription(destination, "a"), new_subscription(destination, "b")]
+
+
+async def publish_all(publisher: KafkaPublisher | RabbitPublisher, destination: Destination,
+                      sent: list[Envelope]) -> None:
+    """Every message confirmed, one outcome per message in the order sent."""
+    outcomes = await publisher.publish(destination, sent)
+    assert [o.message_id for o in outcomes] == [e.message_id for e in sent]
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok][:3]
+
+
+async def published(publisher: KafkaPublisher | RabbitPublisher, destination: Destination,
+                    count: int, *, keys: int = 50) -> list[Envelope]:
+    """`count` new messages (see `make_envelopes`), every one confirmed."""
+    envelopes = make_envelopes(destination, count, keys=keys)
+    assert all(o.ok for o in await publisher.publish(destination, envelopes))
+    return envelopes
+
+
+async def assert_each_gets_all_in_order(
+    consumers: list[KafkaSubscriptionConsumer] | list[RabbitSubscriptionConsumer],
+    sent: list[Envelope],
+) -> None:
+    """Every consumer receives (and acks) every message intact, in order per business id, and
+    nothing more; the consumers are closed after."""
+    try:
+        await asyncio.gather(*(c.start() for c in consumers))
+        results = await asyncio.gather(*(take(c, len(sent)) for c in consumers))
+        for consumer, received in zip(consumers, results, strict=True):
+            assert_same_messages(sent, received)
+            assert_ordered_per_key(received)
+            assert await consumer.receive(10, 0.3) == []
+    finally:
+        await closing(*consumers)
+
+
 async def closing(*items: KafkaSubscriptionConsumer | RabbitSubscriptionConsumer) -> None:
     await asyncio.gather(*(item.close() for item in items))
 
@@ -137,6 +174,15 @@ async def kafka_publisher(kafka_bootstrap: str) -> AsyncIterator[KafkaPublisher]
     await publisher.close()
 
 
+async def kafka_topic(publisher: KafkaPublisher, subscription: str,
+                      partitions: int) -> tuple[Destination, Subscription]:
+    """A new destination with one subscription, its topic created."""
+    dest = new_destination(BrokerKind.KAFKA, partitions=partitions)
+    sub = new_subscription(dest, subscription)
+    await publisher.ensure_topology(dest, [sub])
+    return dest, sub
+
+
 def kafka_consumer(
     bootstrap: str,
     subscription: Subscription,
@@ -154,7 +200,7 @@ async def test_kafka_fanout_to_two_groups_intact_and_ordered_per_key(
     kafka_bootstrap: str, kafka_publisher: KafkaPublisher
 ) -> None:
     dest = new_destination(BrokerKind.KAFKA, partitions=4)
-    subs = [new_subscription(dest, "a"), new_subscription(dest, "b")]
+    subs = two_subscriptions(dest)
     await kafka_publisher.ensure_topology(dest, subs)
     await kafka_publisher.ensure_topology(dest, subs)  # idempotent
 
@@ -164,30 +210,15 @@ async def test_kafka_fanout_to_two_groups_intact_and_ordered_per_key(
     assert raw.flush(10) == 0
 
     sent = make_envelopes(dest, 2000)
-    outcomes = await kafka_publisher.publish(dest, sent)
-    assert [o.message_id for o in outcomes] == [e.message_id for e in sent]
-    assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok][:3]
-
-    consumers = [kafka_consumer(kafka_bootstrap, s) for s in subs]
-    try:
-        await asyncio.gather(*(c.start() for c in consumers))
-        results = await asyncio.gather(*(take(c, len(sent)) for c in consumers))
-        for consumer, received in zip(consumers, results, strict=True):
-            assert_same_messages(sent, received)
-            assert_ordered_per_key(received)
-            assert await consumer.receive(10, 0.3) == []
-    finally:
-        await closing(*consumers)
+    await publish_all(kafka_publisher, dest, sent)
+    await assert_each_gets_all_in_order([kafka_consumer(kafka_bootstrap, s) for s in subs], sent)
 
 
 async def test_kafka_commit_window_restarts_at_lowest_unacked(
     kafka_bootstrap: str, kafka_publisher: KafkaPublisher
 ) -> None:
-    dest = new_destination(BrokerKind.KAFKA, partitions=1)
-    sub = new_subscription(dest, "window")
-    await kafka_publisher.ensure_topology(dest, [sub])
-    sent = make_envelopes(dest, 20)
-    assert all(o.ok for o in await kafka_publisher.publish(dest, sent))
+    dest, sub = await kafka_topic(kafka_publisher, "window", partitions=1)
+    sent = await published(kafka_publisher, dest, 20)
     ids = [e.message_id for e in sent]
 
     first = kafka_consumer(kafka_bootstrap, sub)
@@ -218,16 +249,9 @@ async def test_kafka_records_appended_before_the_assignment_come_flagged_redeliv
     """Only what the log held when the partition was assigned may have gone to a previous
     owner: the dispatcher looks up those, and neither the records appended later nor the
     backlog of a group that never committed (a new subscription)."""
-    dest = new_destination(BrokerKind.KAFKA, partitions=1)
-    sub = new_subscription(dest, "flags")
-    await kafka_publisher.ensure_topology(dest, [sub])
+    dest, sub = await kafka_topic(kafka_publisher, "flags", partitions=1)
 
-    async def publish(count: int) -> list[Envelope]:
-        envelopes = make_envelopes(dest, count)
-        assert all(o.ok for o in await kafka_publisher.publish(dest, envelopes))
-        return envelopes
-
-    first_backlog = await publish(5)
+    first_backlog = await published(kafka_publisher, dest, 5)
     first = kafka_consumer(kafka_bootstrap, sub)
     await first.start()
     try:
@@ -237,7 +261,7 @@ async def test_kafka_records_appended_before_the_assignment_come_flagged_redeliv
         await first.close()  # commits
     assert [r.envelope.message_id for r in received] == [e.message_id for e in first_backlog]
 
-    waiting = await publish(5)  # while nobody consumes
+    waiting = await published(kafka_publisher, dest, 5)  # while nobody consumes
     second = kafka_consumer(kafka_bootstrap, sub, clock_margin_s=0.2)
     await second.start()
     try:
@@ -245,7 +269,7 @@ async def test_kafka_records_appended_before_the_assignment_come_flagged_redeliv
         assert [r.envelope.message_id for r in received] == [e.message_id for e in waiting]
         assert all(r.envelope.redelivered for r in received)
         await asyncio.sleep(0.5)  # past the assignment plus the clock margin
-        after = await publish(5)
+        after = await published(kafka_publisher, dest, 5)
         fresh = await take(second, 5)
         assert [r.envelope.message_id for r in fresh] == [e.message_id for e in after]
         assert not any(r.envelope.redelivered for r in fresh)
@@ -256,11 +280,8 @@ async def test_kafka_records_appended_before_the_assignment_come_flagged_redeliv
 async def test_kafka_slow_subscriber_pauses_instead_of_rebalancing(
     kafka_bootstrap: str, kafka_publisher: KafkaPublisher
 ) -> None:
-    dest = new_destination(BrokerKind.KAFKA, partitions=2)
-    sub = new_subscription(dest, "slow")
-    await kafka_publisher.ensure_topology(dest, [sub])
-    sent = make_envelopes(dest, 30, keys=7)
-    assert all(o.ok for o in await kafka_publisher.publish(dest, sent))
+    dest, sub = await kafka_topic(kafka_publisher, "slow", partitions=2)
+    sent = await published(kafka_publisher, dest, 30, keys=7)
 
     # max.poll.interval.ms at its minimum (= session timeout): a poll gap that long would
     # make librdkafka leave the group and rejoin, i.e. a second assignment.
@@ -325,6 +346,16 @@ class Amqp:
         return int(self.channel.queue_declare(queue, passive=True).method.message_count)
 
 
+async def rabbit_queue(publisher: RabbitPublisher, amqp: Amqp,
+                       subscription: str) -> tuple[Destination, Subscription, str]:
+    """A new destination with one subscription, its exchange and queue declared (and tracked)."""
+    dest = new_destination(BrokerKind.RABBITMQ)
+    sub = new_subscription(dest, subscription)
+    [queue] = amqp.track(dest, sub)
+    await publisher.ensure_topology(dest, [sub])
+    return dest, sub, queue
+
+
 @pytest.fixture
 def amqp(rabbitmq_url: str) -> Iterator[Amqp]:
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
@@ -341,28 +372,15 @@ async def test_rabbit_fanout_to_two_queues_intact_and_ordered(
     rabbitmq_url: str, rabbit_publisher: RabbitPublisher, amqp: Amqp
 ) -> None:
     dest = new_destination(BrokerKind.RABBITMQ)
-    subs = [new_subscription(dest, "a"), new_subscription(dest, "b")]
+    subs = two_subscriptions(dest)
     queues = amqp.track(dest, *subs)
     await rabbit_publisher.ensure_topology(dest, subs)
     await rabbit_publisher.ensure_topology(dest, subs)  # idempotent
 
     sent = make_envelopes(dest, 2000)
-    outcomes = await rabbit_publisher.publish(dest, sent)
-    assert [o.message_id for o in outcomes] == [e.message_id for e in sent]
-    assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok][:3]
-
-    consumers = [
-        RabbitSubscriptionConsumer(s, url=rabbitmq_url, max_buffered=500) for s in subs
-    ]
-    try:
-        await asyncio.gather(*(c.start() for c in consumers))
-        results = await asyncio.gather(*(take(c, len(sent)) for c in consumers))
-        for consumer, received in zip(consumers, results, strict=True):
-            assert_same_messages(sent, received)
-            assert_ordered_per_key(received)
-            assert await consumer.receive(10, 0.3) == []
-    finally:
-        await closing(*consumers)
+    await publish_all(rabbit_publisher, dest, sent)
+    await assert_each_gets_all_in_order(
+        [RabbitSubscriptionConsumer(s, url=rabbitmq_url, max_buffered=500) for s in subs], sent)
     await eventually(lambda: all(amqp.depth(q) == 0 for q in queues))  # all acked
 
 
@@ -392,13 +410,9 @@ async def test_rabbit_unroutable_publish_is_an_error_outcome(
 async def test_rabbit_batch_persists_in_durable_queue(
     rabbit_publisher: RabbitPublisher, amqp: Amqp
 ) -> None:
-    dest = new_destination(BrokerKind.RABBITMQ)
-    sub = new_subscription(dest, "store")
-    [queue] = amqp.track(dest, sub)
-    await rabbit_publisher.ensure_topology(dest, [sub])
+    dest, _sub, queue = await rabbit_queue(rabbit_publisher, amqp, "store")
 
-    sent = make_envelopes(dest, 2000)
-    assert all(o.ok for o in await rabbit_publisher.publish(dest, sent))
+    sent = await published(rabbit_publisher, dest, 2000)
     assert amqp.depth(queue) == 2000  # confirmed means enqueued: exact at once
 
     method, properties, _body = amqp.channel.basic_get(queue, auto_ack=False)
@@ -414,12 +428,8 @@ async def test_rabbit_batch_persists_in_durable_queue(
 async def test_rabbit_consumer_reconnects_and_gets_unacked_redelivered(
     rabbitmq_url: str, rabbit_publisher: RabbitPublisher, amqp: Amqp
 ) -> None:
-    dest = new_destination(BrokerKind.RABBITMQ)
-    sub = new_subscription(dest, "flaky")
-    [queue] = amqp.track(dest, sub)
-    await rabbit_publisher.ensure_topology(dest, [sub])
-    sent = make_envelopes(dest, 10)
-    assert all(o.ok for o in await rabbit_publisher.publish(dest, sent))
+    dest, sub, queue = await rabbit_queue(rabbit_publisher, amqp, "flaky")
+    sent = await published(rabbit_publisher, dest, 10)
 
     consumer = RabbitSubscriptionConsumer(sub, url=rabbitmq_url, max_buffered=100)
     await consumer.start()
@@ -442,11 +452,8 @@ async def test_rabbit_consumer_reconnects_and_gets_unacked_redelivered(
 async def test_rabbit_publisher_reconnects_after_connection_loss(
     rabbit_publisher: RabbitPublisher, amqp: Amqp
 ) -> None:
-    dest = new_destination(BrokerKind.RABBITMQ)
-    sub = new_subscription(dest, "after-loss")
-    [queue] = amqp.track(dest, sub)
-    await rabbit_publisher.ensure_topology(dest, [sub])
-    assert all(o.ok for o in await rabbit_publisher.publish(dest, make_envelopes(dest, 5)))
+    dest, _sub, queue = await rabbit_queue(rabbit_publisher, amqp, "after-loss")
+    await published(rabbit_publisher, dest, 5)
 
     await drop_connection(rabbit_publisher)
     outcomes = await rabbit_publisher.publish(dest, make_envelopes(dest, 5))
