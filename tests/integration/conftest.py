@@ -8,20 +8,33 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from msgbus_devtools.testkit.bus import RunningBus, running_bus
+from msgbus_devtools.testkit.bus import RunningBus, StartBus, running_bus
 
 from msgbus.store import MongoStore
 
 
 @pytest.fixture(scope="session")
-def bus(mongo_uri: str, kafka_bootstrap: str, rabbitmq_url: str,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBus]:
-    with running_bus(mongo_uri, tmp_path_factory.mktemp("bus-state"), "e2e",
-                     kafka_bootstrap=kafka_bootstrap, rabbitmq_url=rabbitmq_url) as running:
+def start_bus(mongo_uri: str, kafka_bootstrap: str, rabbitmq_url: str,
+              tmp_path_factory: pytest.TempPathFactory) -> StartBus:
+    """`with start_bus(name, **options) as bus:` a bus of its own on the session's servers: its
+    own database (`name` + random) and state dir; `options` go to RunningBus."""
+
+    def start(name: str, **options: Any) -> AbstractContextManager[RunningBus]:
+        return running_bus(mongo_uri, tmp_path_factory.mktemp(f"{name}-bus"), name,
+                           kafka_bootstrap=kafka_bootstrap, rabbitmq_url=rabbitmq_url, **options)
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def bus(start_bus: StartBus) -> Iterator[RunningBus]:
+    with start_bus("e2e") as running:
         yield running
 
 
@@ -31,9 +44,16 @@ def api_key(bus: RunningBus) -> str:
 
 
 @pytest.fixture
-async def store(mongo_uri: str, mongo_db_name: str) -> AsyncIterator[MongoStore]:
-    """A `MongoStore` on a database of this test's own, with the bus's indexes."""
-    s = MongoStore(mongo_uri, mongo_db_name)
+def store_class() -> type[MongoStore]:
+    """What `store` makes; a module overrides this fixture for a store of its own kind."""
+    return MongoStore
+
+
+@pytest.fixture
+async def store(mongo_uri: str, mongo_db_name: str,
+                store_class: type[MongoStore]) -> AsyncIterator[MongoStore]:
+    """A `store_class` on a database of this test's own, with the bus's indexes."""
+    s = store_class(mongo_uri, mongo_db_name)
     await s.ensure_indexes()
     yield s
     await s.close()

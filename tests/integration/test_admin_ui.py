@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from msgbus_devtools.testkit.bus import RunningBus, running_bus
+from msgbus_devtools.testkit.bus import RunningBus, StartBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 
@@ -29,12 +29,10 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 
 @pytest.fixture(scope="module")
-def bus(mongo_uri: str, kafka_bootstrap: str, rabbitmq_url: str,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBus]:
+def bus(start_bus: StartBus) -> Iterator[RunningBus]:
     """A bus of this module's own (own database): the dashboard shows what these tests made,
     not every destination of the session."""
-    with running_bus(mongo_uri, tmp_path_factory.mktemp("ui-bus"), "ui",
-                     kafka_bootstrap=kafka_bootstrap, rabbitmq_url=rabbitmq_url) as running:
+    with start_bus("ui") as running:
         yield running
 
 

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import schemathesis
-from msgbus_devtools.testkit.bus import RunningBus, running_bus
+from msgbus_devtools.testkit.bus import RunningBus, StartBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
 SERVICES = ("receiver", "admin", "dispatcher", "compensator")
@@ -79,10 +79,8 @@ class Target:
 
 
 @pytest.fixture(scope="module")
-def fuzz_bus(mongo_uri: str, kafka_bootstrap: str, rabbitmq_url: str,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBus]:
-    with running_bus(mongo_uri, tmp_path_factory.mktemp("fuzz-bus"), "fuzz",
-                     kafka_bootstrap=kafka_bootstrap, rabbitmq_url=rabbitmq_url) as running:
+def fuzz_bus(start_bus: StartBus) -> Iterator[RunningBus]:
+    with start_bus("fuzz") as running:
         yield running
 
 

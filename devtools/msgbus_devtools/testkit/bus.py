@@ -8,7 +8,7 @@ import contextlib
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +238,8 @@ def running_bus(mongo_uri: str, state_dir: Path, db_prefix: str,
     finally:
         running.close()
         loop.close()
+
+
+StartBus = Callable[..., contextlib.AbstractContextManager[RunningBus]]
+"""`start(name, **options)` -> a `running_bus` on servers already chosen (the integration tests'
+`start_bus` fixture): `with start_bus("ui") as bus:`."""
