@@ -4,7 +4,7 @@ one lookup timeout, not one per batch."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
@@ -31,11 +31,9 @@ class CountingStore(MongoStore):
 
 
 @pytest.fixture
-async def store(mongo_uri: str, mongo_db_name: str) -> AsyncIterator[CountingStore]:
-    s = CountingStore(mongo_uri, mongo_db_name)
-    await s.ensure_indexes()
-    yield s
-    await s.close()
+def store_class() -> type[MongoStore]:
+    """The `store` fixture (tests/integration/conftest.py) makes a CountingStore here."""
+    return CountingStore
 
 
 def envelope(age_s: float, *, redelivered: bool = False) -> Envelope:
