@@ -64,9 +64,7 @@ def test_admin_ui_login_pause_find_timeline_and_replay(bus: RunningBus, api_key:
     bus.admin.put(f"/v1/users/{user}", json={"password": PASSWORD, "role": "admin"}
                   ).raise_for_status()
     bus.create_destination(code, "direct", owner="team-ui", description="UI test orders")
-    subscriber = RecordingSubscriber()
-    bus.subscribe(code, "billing", bus.serve_subscriber(subscriber))
-    bus.wait_for_workers([f"{code}/billing"])
+    subscriber = bus.subscribe_recorder(code, "billing")
     since = utcnow() - timedelta(seconds=1)
     message_id = uuid7()
     httpx.post(f"{bus.receiver_url}/v1/destinations/{code}/messages", timeout=10,

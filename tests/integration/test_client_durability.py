@@ -154,9 +154,7 @@ def test_kill_9_during_sends_loses_no_message_whose_send_returned(
 def _ordered_destination(bus: RunningBus, name: str) -> RecordingSubscriber:
     """A Kafka destination with one subscriber pushed one message at a time (ordered)."""
     bus.create_destination(name, "kafka")
-    subscriber = RecordingSubscriber()
-    bus.subscribe(name, "rec", bus.serve_subscriber(subscriber), max_concurrency=1)
-    bus.wait_for_workers([f"{name}/rec"])
+    subscriber = bus.subscribe_recorder(name, "rec", max_concurrency=1)
     return subscriber
 
 

@@ -21,7 +21,6 @@ import pytest
 from msgbus_client.spooltools import inspect_spool
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus, sample_value
-from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 
 from receiver import bufferslots
@@ -128,9 +127,7 @@ def test_drainer_drains_orphans_into_the_bus_and_never_touches_held_queues(
         bus: RunningBus, api_key: str, tmp_path: Path, pods: list[Pod]) -> None:
     destination = f"node-{uuid.uuid4().hex[:8]}"
     bus.create_destination(destination, "kafka")
-    subscriber = RecordingSubscriber()
-    bus.subscribe(destination, "sink", bus.serve_subscriber(subscriber))
-    bus.wait_for_workers([f"{destination}/sink"])
+    subscriber = bus.subscribe_recorder(destination, "sink")
     root, keys = tmp_path / "node", tmp_path / "keys"
     keys.mkdir()
     (keys / "shop").write_text(api_key + "\n")

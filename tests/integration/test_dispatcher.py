@@ -49,12 +49,10 @@ def test_filters_deliver_only_matching_messages_and_record_the_rest_as_skipped(
         bus: RunningBus, api_key: str, unique: str, broker: str) -> None:
     destination = f"filters-{broker}-{unique}"
     bus.create_destination(destination, broker)
-    vip, everyone = RecordingSubscriber(), RecordingSubscriber()
-    bus.subscribe(destination, "vip-fr", bus.serve_subscriber(vip), filters=[
+    vip = bus.subscribe_recorder(destination, "vip-fr", filters=[
         {"field": "header:tier", "values": ["vip"]},
         {"field": "body:address.country", "values": ["fr", "be"]}])
-    bus.subscribe(destination, "all", bus.serve_subscriber(everyone))
-    bus.wait_for_workers([f"{destination}/vip-fr", f"{destination}/all"])
+    everyone = bus.subscribe_recorder(destination, "all")
 
     countries = ["fr", "de", "be"]
     messages = [{"destination": destination,

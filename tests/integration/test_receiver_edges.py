@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import pytest
 from msgbus_devtools.testkit.bus import HOST, RunningBus
-from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.cli.serving import ServerGroup, make_server
@@ -132,9 +131,7 @@ def test_batch_results_never_echo_anything_but_a_short_string_id(
 
 def test_a_raw_message_reaches_subscribers_as_sent(bus: RunningBus, http: httpx.Client,
                                                    destination: str) -> None:
-    subscriber = RecordingSubscriber()
-    bus.subscribe(destination, "raw", bus.serve_subscriber(subscriber))
-    bus.wait_for_workers([f"{destination}/raw"])
+    subscriber = bus.subscribe_recorder(destination, "raw")
     message_id, png = uuid7(), b"\x89PNG\r\n\x1a\n\x00\xff"
     response = http.post(f"/v1/destinations/{destination}/messages", content=png, headers={
         "content-type": "image/png", "ce-id": message_id, "ce-bizid": "订单-42".encode(),

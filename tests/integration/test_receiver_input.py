@@ -8,7 +8,6 @@ import base64
 import httpx
 import pytest
 from msgbus_devtools.testkit.bus import RunningBus
-from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.ids import uuid7
@@ -71,9 +70,7 @@ def test_authentication_is_required(bus: RunningBus, destination: str) -> None:
 
 def test_receiver_keeps_serving_after_bad_input(bus: RunningBus, http: httpx.Client,
                                                 destination: str) -> None:
-    subscriber = RecordingSubscriber()
-    bus.subscribe(destination, "after", bus.serve_subscriber(subscriber))
-    bus.wait_for_workers([f"{destination}/after"])
+    subscriber = bus.subscribe_recorder(destination, "after")
     for _ in range(20):
         assert _post(http, destination, content=b"{nope").status_code == 400
     good = [uuid7(), uuid7()]
@@ -112,9 +109,7 @@ def test_a_resent_message_is_accepted_as_duplicate_and_delivered_once(
     the receiver answers "duplicate" and the subscriber gets the message once."""
     code = f"dedupe-{broker}-{unique}"
     bus.create_destination(code, broker)
-    subscriber = RecordingSubscriber()
-    bus.subscribe(code, "once", bus.serve_subscriber(subscriber), max_concurrency=1)
-    bus.wait_for_workers([f"{code}/once"])
+    subscriber = bus.subscribe_recorder(code, "once", max_concurrency=1)
     message = {"message_id": uuid7(), "biz_id": "k", "body": {"n": 1}}
 
     first = _post(http, code, json=message)

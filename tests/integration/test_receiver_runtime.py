@@ -160,9 +160,7 @@ def test_the_active_cluster_switches_at_runtime_and_nothing_is_lost(
     api_key = bus.create_app(f"clusters-{uuid.uuid4().hex[:6]}")
     destination = "dc-orders"
     bus.create_destination(destination, "rabbitmq")
-    subscriber = RecordingSubscriber()
-    bus.subscribe(destination, "sub", bus.serve_subscriber(subscriber))
-    bus.wait_for_workers([f"{destination}/sub"])
+    subscriber = bus.subscribe_recorder(destination, "sub")
 
     on_primary = _send(bus, api_key, tmp_path / "spool1", destination, 50)
     wait_until(lambda: subscriber.message_ids() >= set(on_primary), 30, "primary deliveries")
@@ -187,9 +185,7 @@ def test_the_publisher_moves_to_the_next_node_when_one_goes_away(
     api_key = bus.create_app(f"failover-{uuid.uuid4().hex[:6]}")
     destination = "dc-failover"
     bus.create_destination(destination, "rabbitmq")
-    subscriber = RecordingSubscriber()
-    bus.subscribe(destination, "sub", bus.serve_subscriber(subscriber))
-    bus.wait_for_workers([f"{destination}/sub"])
+    subscriber = bus.subscribe_recorder(destination, "sub")
     bus.wait_for_config()
 
     before = _published(bus, "primary")

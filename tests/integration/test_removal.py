@@ -24,6 +24,13 @@ from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus
 
 
+def _new_destination(bus: RunningBus, prefix: str, broker: str, unique: str) -> str:
+    """A destination of the test's own on `broker`: `prefix-broker-unique`."""
+    destination = f"{prefix}-{broker}-{unique}"
+    bus.create_destination(destination, broker)
+    return destination
+
+
 def _send(bus: RunningBus, api_key: str, destination: str, count: int) -> list[str]:
     """`count` messages in batches of 50; every one accepted."""
     ids = [uuid7() for _ in range(count)]
@@ -80,12 +87,9 @@ def _audited(bus: RunningBus, target: str) -> list[str]:
 @pytest.mark.parametrize("broker", ["kafka", "rabbitmq"])
 def test_deleting_a_subscription_under_load_stops_it_and_removes_its_consumer(
         bus: RunningBus, api_key: str, unique: str, broker: str) -> None:
-    destination = f"del-sub-{broker}-{unique}"
-    bus.create_destination(destination, broker)
-    kept, gone = RecordingSubscriber(), RecordingSubscriber()
-    bus.subscribe(destination, "kept", bus.serve_subscriber(kept))
-    bus.subscribe(destination, "gone", bus.serve_subscriber(gone))
-    bus.wait_for_workers([f"{destination}/kept", f"{destination}/gone"])
+    destination = _new_destination(bus, "del-sub", broker, unique)
+    kept = bus.subscribe_recorder(destination, "kept")
+    gone = bus.subscribe_recorder(destination, "gone")
     first = _send(bus, api_key, destination, 200)
     wait_until(lambda: gone.message_ids() >= set(first), 60, "the first messages delivered")
     wait_until(lambda: _has_consumer(bus, broker, destination, "gone"), 30,
@@ -122,11 +126,8 @@ def test_deleting_a_subscription_under_load_stops_it_and_removes_its_consumer(
 @pytest.mark.parametrize("broker", ["kafka", "rabbitmq"])
 def test_deleting_a_destination_refuses_producers_and_removes_its_topic(
         bus: RunningBus, api_key: str, unique: str, broker: str) -> None:
-    destination = f"del-dest-{broker}-{unique}"
-    bus.create_destination(destination, broker)
-    subscriber = RecordingSubscriber()
-    bus.subscribe(destination, "only", bus.serve_subscriber(subscriber))
-    bus.wait_for_workers([f"{destination}/only"])
+    destination = _new_destination(bus, "del-dest", broker, unique)
+    subscriber = bus.subscribe_recorder(destination, "only")
     ids = _send(bus, api_key, destination, 100)
     wait_until(lambda: subscriber.message_ids() >= set(ids), 60, "the messages delivered")
     wait_until(lambda: _has_topic(bus, broker, destination), 30, "its topic or exchange",
@@ -154,10 +155,8 @@ def test_deleting_a_destination_refuses_producers_and_removes_its_topic(
 @pytest.mark.parametrize("broker", ["kafka", "rabbitmq"])
 def test_skipping_a_backlog_records_it_skipped_and_pushes_what_comes_next(
         bus: RunningBus, api_key: str, unique: str, broker: str) -> None:
-    destination = f"skip-{broker}-{unique}"
-    bus.create_destination(destination, broker)
-    subscriber = RecordingSubscriber()
-    bus.subscribe(destination, "behind", bus.serve_subscriber(subscriber), paused=True)
+    destination = _new_destination(bus, "skip", broker, unique)
+    subscriber = bus.subscribe_recorder(destination, "behind", paused=True)
     if broker == "rabbitmq":  # the receiver declares the paused subscription's queue
         wait_until(lambda: _rabbit_has(bus, queue=consumer_name(destination, "behind")), 30,
                    "the subscription's queue", interval_s=0.2)

@@ -31,6 +31,7 @@ from msgbus.settings import (
 )
 from msgbus.store import MongoStore
 from msgbus_devtools.testkit.loop import BackgroundLoop
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 from receiver.app import create_app as receiver_app
 from receiver.service import ReceiverService
@@ -181,6 +182,17 @@ class RunningBus:
         )
         response.raise_for_status()
         return dict(response.json())
+
+    def subscribe_recorder(self, destination: str, name: str,
+                           **options: Any) -> RecordingSubscriber:
+        """A `RecordingSubscriber`, served and subscribed to `destination` as `name` (with the
+        subscription's `options`); unless paused, returned once the dispatcher runs its
+        worker."""
+        subscriber = RecordingSubscriber()
+        self.subscribe(destination, name, self.serve_subscriber(subscriber), **options)
+        if not options.get("paused"):
+            self.wait_for_workers([f"{destination}/{name}"])
+        return subscriber
 
     def create_app(self, name: str, destinations: list[str] | None = None) -> str:
         response = self.admin.post(
