@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from msgbus_devtools.testkit.bus import RunningBus, StartBus, running_bus
+from msgbus_devtools.testkit.children import ScriptChildren
 
 from msgbus.store import MongoStore
 
@@ -68,6 +69,13 @@ def unique() -> str:
 @pytest.fixture
 def spool_dir(tmp_path: Path) -> Path:
     return tmp_path / "spool"
+
+
+@pytest.fixture
+def children() -> Iterator[ScriptChildren]:
+    """Starts script children (a producer, a pod) for this test; kills them (-9) after it."""
+    with ScriptChildren() as started:
+        yield started
 
 
 @pytest.fixture

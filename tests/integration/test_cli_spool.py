@@ -6,37 +6,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from msgbus_client import MsgbusClient
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus
+from msgbus_devtools.testkit.children import SPOOLING_PRODUCER, ScriptChild, ScriptChildren
 from msgbus_devtools.testkit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MSGBUS = [sys.executable, "-m", "msgbus.cli"]
-
-# A producer whose receiver is unreachable: it spools COUNT messages, prints their ids, and
-# waits to be killed, like a pod that lost its network and then its node.
-PRODUCER = textwrap.dedent(
-    """
-    import sys, time
-    from msgbus_client import MsgbusClient
-    url, key, spool_dir, destination, count = sys.argv[1:]
-    client = MsgbusClient(url, key, spool_dir=spool_dir, retry_base_s=30)
-    for n in range(int(count)):
-        print(client.send(destination, {"n": n}, biz_id=f"left-{n}"), flush=True)
-    print("ready", flush=True)
-    time.sleep(120)
-    """
-)
-
 
 def msgbus(*args: str, api_key: str = "") -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
@@ -58,32 +39,15 @@ def failed(done: subprocess.CompletedProcess[str], code: int = 1) -> str:
     return done.stderr
 
 
-class Producer:
-    def __init__(self, api_key: str, spool_dir: Path, destination: str, count: int) -> None:
-        dead_url = f"http://127.0.0.1:{services.free_port()}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", PRODUCER, dead_url, api_key, str(spool_dir), destination,
-             str(count)], stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.ids: list[str] = []
-        for line in self.proc.stdout:
-            if line.strip() == "ready":
-                break
-            self.ids.append(line.strip())
-        assert len(self.ids) == count, "the producer did not spool its messages"
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-
-@pytest.fixture
-def producers() -> Iterator[list[Producer]]:
-    started: list[Producer] = []
-    yield started
-    for producer in started:
-        producer.kill()
+def start_producer(children: ScriptChildren, api_key: str, spool_dir: Path, destination: str,
+                   count: int) -> ScriptChild:
+    """A producer that spools `count` messages (biz_id "left-N") to an unreachable receiver;
+    its `lines` are their ids."""
+    dead_url = f"http://127.0.0.1:{services.free_port()}"
+    producer = children.start(SPOOLING_PRODUCER, dead_url, api_key, str(spool_dir), destination,
+                              str(count))
+    assert len(producer.lines) == count, "the producer did not spool its messages"
+    return producer
 
 
 def recorded_ids(bus: RunningBus, destination: str) -> set[str]:
@@ -93,13 +57,12 @@ def recorded_ids(bus: RunningBus, destination: str) -> set[str]:
 
 def test_spool_of_a_killed_producer_is_inspected_drained_into_the_bus_and_removed(
         bus: RunningBus, api_key: str, unique: str, tmp_path: Path,
-        producers: list[Producer]) -> None:
+        children: ScriptChildren) -> None:
     destination = f"left-{unique}"
     bus.create_destination(destination, "direct")
     root = tmp_path / "node"
     spool_dir = root / "shop" / "pod-7"
-    producer = Producer(api_key, spool_dir, destination, 30)
-    producers.append(producer)
+    producer = start_producer(children, api_key, spool_dir, destination, 30)
 
     # while the producer lives: visible, but neither drained nor changed
     table = ok(msgbus("inspect", str(root)))
@@ -124,9 +87,9 @@ def test_spool_of_a_killed_producer_is_inspected_drained_into_the_bus_and_remove
     assert "30 delivered, 0 rejected (kept), 0 left pending; dir removed" in summary
     assert f"draining {spool_dir}" in drained.stderr  # the progress bar's label
     assert not spool_dir.exists()
-    wait_until(lambda: recorded_ids(bus, destination) == set(producer.ids), 30,
+    wait_until(lambda: recorded_ids(bus, destination) == set(producer.lines), 30,
                "the drained messages in MongoDB")
-    doc = bus.query(bus.store.get_message(producer.ids[7]))
+    doc = bus.query(bus.store.get_message(producer.lines[7]))
     assert doc["biz_id"] == "left-7"
 
 

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ import pytest
 from msgbus_client.spooltools import inspect_spool
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus, sample_value
+from msgbus_devtools.testkit.children import SPOOLING_PRODUCER, ScriptChild, ScriptChildren
 from msgbus_devtools.testkit.waiting import wait_until
 
 from receiver import bufferslots
@@ -28,20 +28,6 @@ from receiver import bufferslots
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-
-# A producer pod whose receiver is unreachable: spools COUNT messages, then waits to be killed.
-PRODUCER = textwrap.dedent(
-    """
-    import sys, time
-    from msgbus_client import MsgbusClient
-    url, key, spool_dir, destination, count = sys.argv[1:]
-    client = MsgbusClient(url, key, spool_dir=spool_dir, retry_base_s=30)
-    for n in range(int(count)):
-        print(client.send(destination, {"n": n}), flush=True)
-    print("ready", flush=True)
-    time.sleep(120)
-    """
-)
 
 # A receiver pod: claims a buffer slot on the node root and buffers COUNT messages (as its
 # intake does on a 202), then waits to be killed before anything drained them.
@@ -69,33 +55,12 @@ RECEIVER = textwrap.dedent(
 )
 
 
-class Pod:
-    """A process of ours standing for a pod; `ids` are the message ids it queued."""
-
-    def __init__(self, script: str, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO,
-                                     stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        lines = []
-        for line in self.proc.stdout:
-            if line.strip() == "ready":
-                break
-            lines.append(line.strip())
-        assert lines, "the pod process did not queue its messages"
-        self.lines = lines
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-
-@pytest.fixture
-def pods() -> Iterator[list[Pod]]:
-    started: list[Pod] = []
-    yield started
-    for pod in started:
-        pod.kill()
+def start_pod(children: ScriptChildren, script: str, *args: str) -> ScriptChild:
+    """A process of ours standing for a pod; its `lines` are what it queued (message ids; a
+    receiver pod's last line is its buffer slot)."""
+    pod = children.start(script, *args)
+    assert pod.lines, "the pod process did not queue its messages"
+    return pod
 
 
 def drainer(bus: RunningBus, root: Path, state: Path, keys: Path, *args: str,
@@ -124,7 +89,7 @@ def recorded(bus: RunningBus, destination: str) -> set[str]:
 
 
 def test_drainer_drains_orphans_into_the_bus_and_never_touches_held_queues(
-        bus: RunningBus, api_key: str, tmp_path: Path, pods: list[Pod]) -> None:
+        bus: RunningBus, api_key: str, tmp_path: Path, children: ScriptChildren) -> None:
     destination = f"node-{uuid.uuid4().hex[:8]}"
     bus.create_destination(destination, "kafka")
     subscriber = bus.subscribe_recorder(destination, "sink")
@@ -134,13 +99,12 @@ def test_drainer_drains_orphans_into_the_bus_and_never_touches_held_queues(
     dead_url = f"http://127.0.0.1:{services.free_port()}"
     buffers = root / "receiver-buffer"
 
-    gone_receiver = Pod(RECEIVER, str(buffers), destination, "25")
-    live_receiver = Pod(RECEIVER, str(buffers), destination, "5")
-    gone_producer = Pod(PRODUCER, dead_url, api_key, str(root / "spool/shop/pod-1"),
-                        destination, "20")
-    live_producer = Pod(PRODUCER, dead_url, api_key, str(root / "spool/shop/pod-2"),
-                        destination, "7")
-    pods.extend([gone_receiver, live_receiver, gone_producer, live_producer])
+    gone_receiver = start_pod(children, RECEIVER, str(buffers), destination, "25")
+    live_receiver = start_pod(children, RECEIVER, str(buffers), destination, "5")
+    gone_producer = start_pod(children, SPOOLING_PRODUCER, dead_url, api_key,
+                              str(root / "spool/shop/pod-1"), destination, "20")
+    live_producer = start_pod(children, SPOOLING_PRODUCER, dead_url, api_key,
+                              str(root / "spool/shop/pod-2"), destination, "7")
     gone_slot, live_slot = Path(gone_receiver.lines[-1]), Path(live_receiver.lines[-1])
     gone_receiver.kill()
     gone_producer.kill()
