@@ -16,18 +16,10 @@ from pathlib import Path
 import pytest
 from client_testkit import API_KEY, StubReceiver, free_port, wait_until
 
-from msgbus_client import Spool, SpoolError, SpoolLockedError, SpoolNotIdleError
+from msgbus_client import Spool, SpoolError, SpoolLockedError, SpoolNotIdleError, spooltools
 from msgbus_client.ids import uuid7_unix_ms
 from msgbus_client.lockfile import LOCK_FILE_NAME, is_held
 from msgbus_client.message import build_entry
-from msgbus_client.spooltools import (
-    drain_spool,
-    find_orphans,
-    find_spools,
-    inspect_spool,
-    list_rejected,
-    open_for_maintenance,
-)
 
 # A child that owns a spool (a plain dir, or a slot under a root), reports what it holds, and
 # spools one more message for every "send" line on stdin. Its receiver is unreachable.
@@ -105,7 +97,7 @@ def test_inspect_reads_a_held_spool_without_disturbing_its_owner(
     owners.append(owner)
     mtime = (owner.path / "data.mdb").stat().st_mtime_ns
 
-    report = inspect_spool(owner.path)
+    report = spooltools.inspect_spool(owner.path)
     assert (report.pending, report.rejected) == (3, 0)
     assert report.held_by is not None and f"pid={owner.proc.pid} " in report.held_by
     assert report.oldest_age_s is not None and report.oldest_age_s >= 0
@@ -114,10 +106,10 @@ def test_inspect_reads_a_held_spool_without_disturbing_its_owner(
     assert (owner.path / "data.mdb").stat().st_mtime_ns == mtime  # inspect wrote nothing
 
     assert owner.spool_one_more() == 4  # the owner still writes
-    assert inspect_spool(owner.path).pending == 4
+    assert spooltools.inspect_spool(owner.path).pending == 4
 
     owner.kill()
-    report = inspect_spool(owner.path)
+    report = spooltools.inspect_spool(owner.path)
     assert report.held_by is None and report.pending == 4
     assert report.orphaned(0)
     assert not report.orphaned(3600)  # written just now: its process may be restarting
@@ -127,9 +119,9 @@ def test_inspect_refuses_what_is_not_a_spool(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SpoolError, match="not a msgbus spool dir"):
-        inspect_spool(empty)
+        spooltools.inspect_spool(empty)
     with pytest.raises(SpoolError, match="not a msgbus spool dir"):
-        inspect_spool(tmp_path / "missing")
+        spooltools.inspect_spool(tmp_path / "missing")
     assert is_held(empty) is None
     assert list(empty.iterdir()) == []  # the probe created no lock file
 
@@ -139,7 +131,7 @@ def test_inspect_refuses_a_spool_open_in_this_process(tmp_path: Path) -> None:
     try:
         assert is_held(spool.path) is not None
         with pytest.raises(SpoolError, match="open in this process"):
-            inspect_spool(spool.path)
+            spooltools.inspect_spool(spool.path)
     finally:
         spool.close()
     assert is_held(spool.path) is None
@@ -161,11 +153,11 @@ def test_find_orphans_skips_held_and_recently_written_spools(
     make_spool(too_deep, 1)
     (root / "not-a-spool").mkdir()
 
-    assert find_spools(root) == [held.path, recent, idle]
-    assert find_spools(idle) == [idle]
-    [orphan] = find_orphans(root, min_idle_s=60)
+    assert spooltools.find_spools(root) == [held.path, recent, idle]
+    assert spooltools.find_spools(idle) == [idle]
+    [orphan] = spooltools.find_orphans(root, min_idle_s=60)
     assert (orphan.path, orphan.pending, orphan.held_by) == (idle, 2, None)
-    assert {r.path for r in find_orphans(root, min_idle_s=0)} == {recent, idle}
+    assert {r.path for r in spooltools.find_orphans(root, min_idle_s=0)} == {recent, idle}
 
 
 # -- drain --------------------------------------------------------------------------------------
@@ -179,7 +171,7 @@ def test_drain_delivers_everything_in_order_then_removes_the_dir(
     make_idle(path)
     seen: list[tuple[int, int]] = []
 
-    report = drain_spool(
+    report = spooltools.drain_spool(
         path, receiver.url, API_KEY, min_idle_s=60, progress=lambda n, t: seen.append((n, t))
     )
 
@@ -197,19 +189,19 @@ def test_drain_keeps_the_dir_while_rejected_messages_remain(
     ids = make_spool(path, 4)
     receiver.set_rule(lambda dest, doc: (422, {"error": "bad"}) if doc["body"]["n"] == 2 else None)
 
-    report = drain_spool(path, receiver.url, API_KEY)
+    report = spooltools.drain_spool(path, receiver.url, API_KEY)
     assert (report.delivered, report.rejected, report.left, report.removed) == (3, 1, 0, False)
     assert receiver.ids() == [ids[0], ids[1], ids[3]]
-    [rejected] = list_rejected(path)
+    [rejected] = spooltools.list_rejected(path)
     assert (rejected.message_id, rejected.status, rejected.error) == (ids[2], 422, {"error": "bad"})
-    assert inspect_spool(path).rejected == 1
+    assert spooltools.inspect_spool(path).rejected == 1
 
     # fixed on the receiver: re-queue it, drain again, and the dir goes
     receiver.set_rule(None)
-    spool = open_for_maintenance(path)
+    spool = spooltools.open_for_maintenance(path)
     assert spool.resend_all_rejected() == 1
     spool.close()
-    report = drain_spool(path, receiver.url, API_KEY)
+    report = spooltools.drain_spool(path, receiver.url, API_KEY)
     assert (report.delivered, report.rejected, report.removed) == (1, 0, True)
     assert receiver.ids()[-1] == ids[2]
     assert not path.exists()
@@ -221,9 +213,9 @@ def test_drain_refuses_a_held_spool(
     owner = Owner("dir", tmp_path / "spool", 2)
     owners.append(owner)
     with pytest.raises(SpoolLockedError, match=f"held by pid={owner.proc.pid} "):
-        drain_spool(owner.path, receiver.url, API_KEY)
+        spooltools.drain_spool(owner.path, receiver.url, API_KEY)
     with pytest.raises(SpoolLockedError, match="held by"):
-        open_for_maintenance(owner.path)
+        spooltools.open_for_maintenance(owner.path)
     assert receiver.received == []
     assert owner.spool_one_more() == 3  # untouched, still its owner's
 
@@ -232,17 +224,17 @@ def test_drain_refuses_a_recently_written_spool(tmp_path: Path, receiver: StubRe
     path = tmp_path / "spool"
     make_spool(path, 1)
     with pytest.raises(SpoolNotIdleError, match="written"):
-        drain_spool(path, receiver.url, API_KEY, min_idle_s=3600)
-    assert receiver.received == [] and inspect_spool(path).pending == 1
+        spooltools.drain_spool(path, receiver.url, API_KEY, min_idle_s=3600)
+    assert receiver.received == [] and spooltools.inspect_spool(path).pending == 1
 
 
 def test_drain_stops_at_its_timeout_and_keeps_what_is_left(tmp_path: Path) -> None:
     path = tmp_path / "spool"
     make_spool(path, 3)
     dead_url = f"http://127.0.0.1:{free_port()}"
-    report = drain_spool(path, dead_url, API_KEY, timeout_s=0.5)
+    report = spooltools.drain_spool(path, dead_url, API_KEY, timeout_s=0.5)
     assert (report.delivered, report.left, report.removed) == (0, 3, False)
-    assert inspect_spool(path).pending == 3
+    assert spooltools.inspect_spool(path).pending == 3
 
 
 def test_drain_waits_out_a_busy_receiver(tmp_path: Path, receiver: StubReceiver) -> None:
@@ -256,7 +248,7 @@ def test_drain_waits_out_a_busy_receiver(tmp_path: Path, receiver: StubReceiver)
 
     helper = threading.Thread(target=recover)
     helper.start()
-    report = drain_spool(path, receiver.url, API_KEY, timeout_s=20)
+    report = spooltools.drain_spool(path, receiver.url, API_KEY, timeout_s=20)
     helper.join()
     assert receiver.ids() == ids and report.removed
     assert [a.status for a in receiver.attempts][:2] == [503, 503]
@@ -296,7 +288,7 @@ def test_processes_on_one_root_get_their_own_slots_and_a_restart_takes_over_a_de
     owners.append(third)
     assert third.path == root / "slot-0"
     assert third.pending == 3 + 1  # the dead process's leftovers, plus its own
-    assert inspect_spool(root / "slot-1").held_by is not None
+    assert spooltools.inspect_spool(root / "slot-1").held_by is not None
 
 
 def test_open_slot_in_one_process_and_when_all_are_taken(tmp_path: Path) -> None:
