@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,13 @@ RABBITMQ_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # runs as the c
 
 def say(message: str) -> None:
     print(f"[procs {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def timed(action: Callable[[], object]) -> float:
+    """Run `action`; the seconds it took."""
+    began = time.monotonic()
+    action()
+    return time.monotonic() - began
 
 
 def tail(log_path: Path, lines: int = 40) -> str:
@@ -160,38 +168,37 @@ class ServerSlot:
     def url(self) -> str:
         return self.running.url
 
-    def stop(self) -> float:
-        began = time.monotonic()
-        self.running.stop()
-        self.up = False
-        took = time.monotonic() - began
-        say(f"{self.name} on port {self.running.port} stopped in {took:.1f} s")
+    def _report(self, up: bool, what: str, took: float) -> float:
+        self.up = up
+        say(f"{self.name} on port {self.running.port} {what} {took:.1f} s")
         return took
+
+    def stop(self) -> float:
+        return self._report(False, "stopped in", timed(self.running.stop))
 
     def kill9(self) -> float:
         """SIGKILL: a crash, and a quick stop for a server slow to shut down gracefully."""
-        began = time.monotonic()
-        if self.running.process is not None and self.running.process.poll() is None:
-            self.running.process.kill()
-            self.running.process.wait(30)
-        else:
-            self.running.stop()
-        self.up = False
-        took = time.monotonic() - began
-        say(f"{self.name} on port {self.running.port} killed (-9) in {took:.1f} s")
-        return took
+
+        def kill() -> None:
+            if self.running.process is not None and self.running.process.poll() is None:
+                self.running.process.kill()
+                self.running.process.wait(30)
+            else:
+                self.running.stop()
+
+        return self._report(False, "killed (-9) in", timed(kill))
 
     def start(self) -> float:
         if self.up:
             return 0.0
-        if self.running.starter is None:
+        starter = self.running.starter
+        if starter is None:
             raise ServiceError(f"{self.name} cannot be restarted")
-        began = time.monotonic()
-        self.running = self.running.starter()
-        self.up = True
-        took = time.monotonic() - began
-        say(f"{self.name} on port {self.running.port} back after {took:.1f} s")
-        return took
+
+        def restart() -> None:
+            self.running = starter()
+
+        return self._report(True, "back after", timed(restart))
 
     def close(self) -> None:
         if self.up:
