@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from msgbus import processes
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.models import BrokerKind, Destination
 from msgbus.store import MongoStore
@@ -89,13 +90,7 @@ class ReceiverProcess:
     def stop(self, timeout_s: float = 40) -> int:
         """SIGTERM, then SIGKILL if it lingers; returns the exit code."""
         assert self.process is not None
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        processes.stop_process(self.process, timeout_s)
         return self.process.returncode
 
     def log(self) -> str:
