@@ -32,7 +32,7 @@ from msgbus import processes
 from msgbus_devtools import servers as services
 from msgbus_devtools.servers import HOST, Running, ServiceError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # the repository root
 RABBITMQ_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # runs as the calling user
 
 

@@ -18,7 +18,7 @@ from msgbus.models import BrokerKind, Destination
 from msgbus.store import MongoStore
 from msgbus_devtools.testkit.waiting import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # the repository root
 HOST = "127.0.0.1"
 
 
