@@ -122,6 +122,17 @@ def _raw_header(name: str, description: str, schema: dict[str, Any]) -> dict[str
             "schema": schema}
 
 
+def _error_responses(*statuses: int) -> dict[str, Any]:
+    names = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
+             413: "TooLarge", 415: "UnsupportedMediaType", 422: "Invalid", 503: "Unavailable"}
+    return {str(status): _ref("responses", names[status]) for status in statuses}
+
+
+def _ingest_operation() -> dict[str, Any]:
+    """What both ingest operations are: authenticated, tagged, with their own error bodies."""
+    return {"security": [{"bearerAuth": []}], "tags": ["ingest"], OWN_ERRORS: True}
+
+
 def _single_operation() -> dict[str, Any]:
     return {
         "summary": "Send one message",
@@ -150,18 +161,9 @@ def _single_operation() -> dict[str, Any]:
         "responses": {
             "202": {"description": "Accepted and durable (or already accepted: 'duplicate')",
                     "content": {"application/json": {"schema": _ref("schemas", "Accepted")}}},
-            "400": _ref("responses", "BadRequest"),
-            "401": _ref("responses", "Unauthorized"),
-            "403": _ref("responses", "Forbidden"),
-            "404": _ref("responses", "NotFound"),
-            "413": _ref("responses", "TooLarge"),
-            "415": _ref("responses", "UnsupportedMediaType"),
-            "422": _ref("responses", "Invalid"),
-            "503": _ref("responses", "Unavailable"),
+            **_error_responses(400, 401, 403, 404, 413, 415, 422, 503),
         },
-        "security": [{"bearerAuth": []}],
-        "tags": ["ingest"],
-        OWN_ERRORS: True,
+        **_ingest_operation(),
     }
 
 
@@ -179,15 +181,9 @@ def _batch_operation() -> dict[str, Any]:
             "200": {"description": "One result per message",
                     "content": {"application/json": {
                         "schema": _ref("schemas", "BatchResults")}}},
-            "400": _ref("responses", "BadRequest"),
-            "401": _ref("responses", "Unauthorized"),
-            "413": _ref("responses", "TooLarge"),
-            "415": _ref("responses", "UnsupportedMediaType"),
-            "503": _ref("responses", "Unavailable"),
+            **_error_responses(400, 401, 413, 415, 503),
         },
-        "security": [{"bearerAuth": []}],
-        "tags": ["ingest"],
-        OWN_ERRORS: True,
+        **_ingest_operation(),
     }
 
 
