@@ -328,10 +328,6 @@ def subscription_id(destination: str, name: str) -> str:
     return f"{destination}/{name}"
 
 
-def delivery_id(message_id: str, sub_id: str) -> str:
-    return f"{message_id}|{sub_id}"
-
-
 @dataclass(slots=True)
 class AttemptResult:
     """The outcome of one push of one message to one subscriber. Never an exception."""
@@ -349,6 +345,11 @@ class AttemptResult:
     @property
     def ok(self) -> bool:
         return self.status_code is not None and 200 <= self.status_code < 300
+
+
+def delivery_id(message_id: str, sub_id: str) -> str:
+    """The id of one message's delivery to one subscription (its deliveries document)."""
+    return f"{message_id}|{sub_id}"
 
 
 @dataclass(slots=True)

@@ -128,22 +128,28 @@ def _error_responses(*statuses: int) -> dict[str, Any]:
     return {str(status): _ref("responses", names[status]) for status in statuses}
 
 
-def _ingest_operation() -> dict[str, Any]:
-    """What both ingest operations are: authenticated, tagged, with their own error bodies."""
-    return {"security": [{"bearerAuth": []}], "tags": ["ingest"], OWN_ERRORS: True}
+def _ingest_operation(summary: str, operation_id: str, description: str,
+                      content: dict[str, Any], responses: dict[str, Any],
+                      parameters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An ingest operation: authenticated, tagged "ingest", with its own error bodies."""
+    operation = {"summary": summary, "operationId": operation_id, "description": description,
+                 "requestBody": {"required": True, "content": content},
+                 "responses": responses, "security": [{"bearerAuth": []}],
+                 "tags": ["ingest"], OWN_ERRORS: True}
+    if parameters is not None:
+        operation["parameters"] = parameters
+    return operation
 
 
 def _single_operation() -> dict[str, Any]:
-    return {
-        "summary": "Send one message",
-        "operationId": "send_message",
-        "description": (
-            "Either a JSON envelope (`Message`; Content-Type application/json, or none), or "
-            "the message itself as the raw body: any other Content-Type (the message's own) "
-            f"plus the `{ID_HEADER}` header, and optionally `{BIZ_ID_HEADER}`, `{TIME_HEADER}` "
-            "and `x-msgbus-<name>` headers. The raw-form headers are refused with a JSON "
-            "envelope. 202 means the message is durable on the receiver."),
-        "parameters": [
+    return _ingest_operation(
+        "Send one message", "send_message",
+        "Either a JSON envelope (`Message`; Content-Type application/json, or none), or "
+        "the message itself as the raw body: any other Content-Type (the message's own) "
+        f"plus the `{ID_HEADER}` header, and optionally `{BIZ_ID_HEADER}`, `{TIME_HEADER}` "
+        "and `x-msgbus-<name>` headers. The raw-form headers are refused with a JSON "
+        "envelope. 202 means the message is durable on the receiver.",
+        parameters=[
             {"name": "code", "in": "path", "required": True, "description": "destination code",
              "schema": {"type": "string", "pattern": CODE_PATTERN}},
             _raw_header(ID_HEADER, "raw form (required there): the message_id",
@@ -153,38 +159,31 @@ def _single_operation() -> dict[str, Any]:
             _raw_header(TIME_HEADER, "raw form: created_at (RFC 3339)",
                         {"type": "string", "format": "date-time"}),
         ],
-        "requestBody": {"required": True, "content": {
+        content={
             "application/json": {"schema": _ref("schemas", "Message")},
             # the raw form, with the ce-id header: any Content-Type but application/json
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-        }},
-        "responses": {
+        },
+        responses={
             "202": {"description": "Accepted and durable (or already accepted: 'duplicate')",
                     "content": {"application/json": {"schema": _ref("schemas", "Accepted")}}},
             **_error_responses(400, 401, 403, 404, 413, 415, 422, 503),
-        },
-        **_ingest_operation(),
-    }
+        })
 
 
 def _batch_operation() -> dict[str, Any]:
-    return {
-        "summary": "Send a batch of messages",
-        "operationId": "send_batch",
-        "description": (
-            "Each message names its destination and gets its own result, in request order; "
-            "the accepted ones are durable when the answer comes. A whole-request error "
-            "(401, 413, 503, ...) means no message of the batch was accepted."),
-        "requestBody": {"required": True, "content": {
-            "application/json": {"schema": _ref("schemas", "Batch")}}},
-        "responses": {
+    return _ingest_operation(
+        "Send a batch of messages", "send_batch",
+        "Each message names its destination and gets its own result, in request order; "
+        "the accepted ones are durable when the answer comes. A whole-request error "
+        "(401, 413, 503, ...) means no message of the batch was accepted.",
+        content={"application/json": {"schema": _ref("schemas", "Batch")}},
+        responses={
             "200": {"description": "One result per message",
                     "content": {"application/json": {
                         "schema": _ref("schemas", "BatchResults")}}},
             **_error_responses(400, 401, 413, 415, 503),
-        },
-        **_ingest_operation(),
-    }
+        })
 
 
 def receiver_openapi(app: FastAPI, settings: ReceiverSettings) -> dict[str, Any]:
