@@ -37,9 +37,11 @@ make_venv() {
 }
 
 install_project() {
-    # the client and the development tooling are packages of their own (devtools/ provides
-    # the `embedded` extra: never in the bus's wheel or image)
-    local packages=(-e ./client -e ./devtools -e '.[dev,embedded,analytics]')
+    # the client and the development tooling (`msgbus services`, `msgbus up`'s embedded
+    # MongoDB, the test kit; never in the bus's wheel or image) are packages of their own
+    # (`-e .` beside `-e .[extras]`: pip 24 cannot match devtools' plain `msgbus` requirement
+    # to an editable given only with extras)
+    local packages=(-e ./client -e ./devtools -e . -e '.[dev,analytics]')
     step "pip install ${packages[*]}"
     "$VENV/bin/python" -m pip install --disable-pip-version-check "${packages[@]}"
 }

@@ -2,6 +2,6 @@
 development stack of `msgbus services` (`stack`, `cli`), the embedded MongoDB-protocol server of
 `msgbus up` (`embedded`) and what the tests and benchmarks build their stacks from (`testkit`).
 
-Installed beside the bus (`pip install -e ./devtools`, or the `embedded` extra), never inside
+Installed beside the bus (`pip install -e ./devtools`), never inside
 its wheel or image; no module of the bus imports it: the bus finds `msgbus services` and the
 embedded server through the entry points in devtools/pyproject.toml."""

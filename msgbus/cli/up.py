@@ -2,7 +2,8 @@
 
 With no MongoDB configured it starts an embedded MongoDB-protocol server as a child process
 (data under the state directory); the server comes from the development tooling
-(`msgbus-devtools`, the `embedded` extra), found through its `msgbus.embedded` entry point. With
+(`msgbus-devtools`, `pip install -e ./devtools`), found through its `msgbus.embedded` entry
+point. With
 no Kafka/RabbitMQ configured destinations use the direct path.
 """
 
