@@ -3,8 +3,7 @@
 With no MongoDB configured it starts an embedded MongoDB-protocol server as a child process
 (data under the state directory); the server comes from the development tooling
 (`msgbus-devtools`, `pip install -e ./devtools`), found through its `msgbus.embedded` entry
-point. With
-no Kafka/RabbitMQ configured destinations use the direct path.
+point. With no Kafka/RabbitMQ configured destinations use the direct path.
 """
 
 from __future__ import annotations
