@@ -283,12 +283,17 @@ def s3_env(endpoint: str) -> dict[str, str]:
             "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": endpoint, "AWS_ALLOW_HTTP": "true"}
 
 
-def find_moto_server() -> Path | None:
-    beside_python = Path(sys.executable).parent / "moto_server"
+def find_script(name: str) -> Path | None:
+    """A console script installed beside this Python (a virtualenv's bin/), else on PATH."""
+    beside_python = Path(sys.executable).parent / name
     if beside_python.is_file():
         return beside_python
-    on_path = shutil.which("moto_server")
+    on_path = shutil.which(name)
     return Path(on_path) if on_path else None
+
+
+def find_moto_server() -> Path | None:
+    return find_script("moto_server")
 
 
 def start_moto(
@@ -321,11 +326,7 @@ def create_s3_bucket(endpoint: str, bucket: str) -> None:
 
 
 def find_secantusd() -> Path | None:
-    beside_python = Path(sys.executable).parent / "secantusd-py"
-    if beside_python.is_file():
-        return beside_python
-    on_path = shutil.which("secantusd-py")
-    return Path(on_path) if on_path else None
+    return find_script("secantusd-py")
 
 
 def secantusd_binary(install_missing: bool = True) -> Path:
