@@ -37,6 +37,7 @@ from pymongo import MongoClient
 
 from bench.buffers import pending_entries
 from bench.report import say
+from msgbus import processes
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.brokers.base import consumer_name, topic_name
 from msgbus.models import BrokerKind, Destination, Subscription
@@ -259,9 +260,4 @@ def stop_process(process: subprocess.Popen[bytes], name: str) -> None:
     if process.poll() is not None:
         return
     say(f"stopping {name} (pid {process.pid})")
-    process.terminate()
-    try:
-        process.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
+    processes.stop_process(process, STOP_TIMEOUT_S)

@@ -26,6 +26,7 @@ from msgbus_devtools import servers as services
 from pymongo import MongoClient
 
 from bench.report import say
+from msgbus import processes
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.models import BrokerKind, Destination
 from msgbus.store import MongoStore
@@ -153,9 +154,4 @@ class LiveReceiver:
     def _stop_process(self) -> None:
         if self._process.poll() is None:
             say(f"stopping the receiver (pid {self._process.pid})")
-            self._process.terminate()
-            try:
-                self._process.wait(15)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(5)
+            processes.stop_process(self._process, 15)
