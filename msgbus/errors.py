@@ -26,18 +26,6 @@ class MsgbusError(Exception):
     code = "internal_error"
     retry_after_s: int | None = None
 
-    def __init_subclass__(cls, *, status_code: int | None = None, code: str | None = None,
-                          retry_after_s: int | None = None) -> None:
-        """`class NotFound(MsgbusError, status_code=404, code="not_found")`: each error says
-        its HTTP status, its code in JSON bodies and, for a 503, when to retry."""
-        super().__init_subclass__()
-        if status_code is not None:
-            cls.status_code = status_code
-        if code is not None:
-            cls.code = code
-        if retry_after_s is not None:
-            cls.retry_after_s = retry_after_s
-
     def __init__(self, message: str, *, field: str | None = None,
                  retry_after_s: int | None = None) -> None:
         super().__init__(message)
@@ -53,54 +41,70 @@ class MsgbusError(Exception):
         return body
 
 
-class InvalidInput(MsgbusError, status_code=400, code="invalid_input"):
-    pass
+class InvalidInput(MsgbusError):
+    status_code = 400
+    code = "invalid_input"
 
 
-class InvalidMessage(InvalidInput, status_code=422, code="invalid_message"):
-    pass
+class InvalidMessage(InvalidInput):
+    status_code = 422
+    code = "invalid_message"
 
 
-class MessageTooLarge(InvalidInput, status_code=413, code="message_too_large"):
-    pass
+class MessageTooLarge(InvalidInput):
+    status_code = 413
+    code = "message_too_large"
 
 
-class UnsupportedMediaType(InvalidInput, status_code=415, code="unsupported_media_type"):
-    pass
+class UnsupportedMediaType(InvalidInput):
+    status_code = 415
+    code = "unsupported_media_type"
 
 
-class InvalidConfig(InvalidInput, status_code=422, code="invalid_config"):
-    pass
+class InvalidConfig(InvalidInput):
+    status_code = 422
+    code = "invalid_config"
 
 
-class NotFound(MsgbusError, status_code=404, code="not_found"):
-    pass
+class NotFound(MsgbusError):
+    status_code = 404
+    code = "not_found"
 
 
-class Conflict(MsgbusError, status_code=409, code="conflict"):
-    pass
+class Conflict(MsgbusError):
+    status_code = 409
+    code = "conflict"
 
 
-class InvalidStoredDocument(Conflict, code="invalid_stored_document"):
+class InvalidStoredDocument(Conflict):
     """What is stored under this id does not validate (an old version's, edited by hand):
     the request cannot use it until an operator replaces or deletes it."""
 
-
-class Unauthorized(MsgbusError, status_code=401, code="unauthorized"):
-    pass
+    code = "invalid_stored_document"
 
 
-class Forbidden(MsgbusError, status_code=403, code="forbidden"):
-    pass
+class Unauthorized(MsgbusError):
+    status_code = 401
+    code = "unauthorized"
 
 
-class Unavailable(MsgbusError, status_code=503, code="unavailable", retry_after_s=1):
-    pass
+class Forbidden(MsgbusError):
+    status_code = 403
+    code = "forbidden"
 
 
-class BufferFull(Unavailable, code="buffer_full", retry_after_s=5):
-    """The buffer drains at MongoDB's pace: the caller is told to give it a few seconds."""
+class Unavailable(MsgbusError):
+    status_code = 503
+    code = "unavailable"
+    retry_after_s = 1
 
 
-class BrokerError(MsgbusError, status_code=503, code="broker_error", retry_after_s=1):
-    pass
+class BufferFull(Unavailable):
+    code = "buffer_full"
+    retry_after_s = 5  # the buffer drains at MongoDB's pace: give it a few seconds
+
+
+class BrokerError(MsgbusError):
+    status_code = 503
+    code = "broker_error"
+    retry_after_s = 1
