@@ -9,7 +9,6 @@ each gauge says how the processes' values combine).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,21 +19,6 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-
-
-# A gauge across the processes of one service (prometheus_client's multiprocess mode): what it
-# shows of the live ones.
-def live_max(name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
-    return Gauge(name, documentation, labels, multiprocess_mode="livemax")
-
-
-def live_sum(name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
-    return Gauge(name, documentation, labels, multiprocess_mode="livesum")
-
-
-def live_min(name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
-    return Gauge(name, documentation, labels, multiprocess_mode="livemin")
-
 
 MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -66,31 +50,34 @@ DIRECT_FALLBACKS = Counter(
     "msgbus_direct_fallbacks_total",
     "Messages a broker refused or could not take that went the direct path instead",
     ["destination", "broker"])
-BUFFER_DEPTH = live_sum(
-    "msgbus_local_buffer_entries", "Entries waiting in a local LMDB buffer", ["service", "queue"])
-BUFFER_OLDEST_AGE = live_max(
+BUFFER_DEPTH = Gauge(
+    "msgbus_local_buffer_entries", "Entries waiting in a local LMDB buffer", ["service", "queue"],
+    multiprocess_mode="livesum")
+BUFFER_OLDEST_AGE = Gauge(
     "msgbus_local_buffer_oldest_age_seconds",
-    "Age of the oldest entry waiting in a local LMDB buffer (0 when empty)", ["service", "queue"])
-BUFFER_BYTES = live_sum(
+    "Age of the oldest entry waiting in a local LMDB buffer (0 when empty)", ["service", "queue"],
+    multiprocess_mode="livemax")
+BUFFER_BYTES = Gauge(
     "msgbus_local_buffer_bytes", "Bytes used by a local LMDB buffer, and its limit",
-    ["service", "kind"])
-RECORD_RATE_LIMIT = live_max(
+    ["service", "kind"], multiprocess_mode="livesum")
+RECORD_RATE_LIMIT = Gauge(
     "msgbus_record_rate_limit_per_second",
     "The MongoDB record write rate in force (0 = unlimited), globally ('*') or per destination",
-    ["destination"])
-CONFIG_INVALID_DOCUMENTS = live_max(
+    ["destination"], multiprocess_mode="livemax")
+CONFIG_INVALID_DOCUMENTS = Gauge(
     "msgbus_config_invalid_documents",
     "Stored configuration documents that do not validate and are skipped (listed by the "
-    "admin's GET /v1/invalid-documents), by collection", ["collection"])
-CAP_SHARE = live_sum(
+    "admin's GET /v1/invalid-documents), by collection", ["collection"],
+    multiprocess_mode="livemax")
+CAP_SHARE = Gauge(
     "msgbus_subscription_cap_share",
     "The pushes this process may have in flight to the subscription: its share of the "
     "subscription's max_concurrency, which all processes pushing to it split",
-    ["subscription", "component"])
-RATE_SHARE = live_sum(
+    ["subscription", "component"], multiprocess_mode="livesum")
+RATE_SHARE = Gauge(
     "msgbus_subscription_rate_share",
     "The pushes per second this process may begin to the subscription: its share of the "
-    "subscription's max_rate_per_s", ["subscription", "component"])
+    "subscription's max_rate_per_s", ["subscription", "component"], multiprocess_mode="livesum")
 PUSHES = Counter(
     "msgbus_pushes_total",
     "Pushes to subscribers by outcome: delivered, failed (to be retried), parked (given up)",
@@ -108,48 +95,49 @@ SLOT_WAIT = Histogram(
     "Time a message waited for one of its subscription's concurrency slots (semaphore)",
     ["subscription"],
     buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30))
-PAUSED_PARTITIONS = live_sum(
+PAUSED_PARTITIONS = Gauge(
     "msgbus_paused_partitions",
     "Kafka partitions a subscription's consumers paused because its in-flight budget is full",
-    ["subscription"])
-CIRCUIT_OPEN = live_max(
+    ["subscription"], multiprocess_mode="livesum")
+CIRCUIT_OPEN = Gauge(
     "msgbus_subscription_circuit_open",
     "1 while pushes to the subscription are stopped because it kept failing (probed now and "
     "then), per component that pushes (dispatcher, compensator, replay)",
-    ["subscription", "component"])
-BACKLOG = live_max(
+    ["subscription", "component"], multiprocess_mode="livemax")
+BACKLOG = Gauge(
     "msgbus_subscription_backlog",
     "Deliveries not yet done (pending, failed, retrying) per subscription, from the bus's "
-    "records; capped at 10,000", ["subscription"])
-OLDEST_UNDELIVERED_AGE = live_max(
+    "records; capped at 10,000", ["subscription"], multiprocess_mode="livemax")
+OLDEST_UNDELIVERED_AGE = Gauge(
     "msgbus_subscription_oldest_undelivered_age_seconds",
     "Age of the oldest message not yet delivered to the subscription (0: none)",
-    ["subscription"])
+    ["subscription"], multiprocess_mode="livemax")
 PUSH_LATENCY = Histogram(
     "msgbus_push_latency_seconds", "Subscriber response time", ["subscription"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-IN_FLIGHT = live_sum(
-    "msgbus_pushes_in_flight", "Pushes in flight (semaphore occupancy)", ["subscription"])
+IN_FLIGHT = Gauge(
+    "msgbus_pushes_in_flight", "Pushes in flight (semaphore occupancy)", ["subscription"],
+    multiprocess_mode="livesum")
 
 RETRIES = Counter(
     "msgbus_retries_total",
     "Compensator pushes of failed deliveries by outcome: delivered, failed (retried later), "
     "parked (given up), skipped (lease ran out before the push, or the message is missing)",
     ["subscription", "outcome"])
-RETRIES_DUE = live_max(
+RETRIES_DUE = Gauge(
     "msgbus_retries_due", "Failed deliveries whose next attempt is due now (capped)",
-    ["subscription"])
-RETRIES_WAITING = live_max(
+    ["subscription"], multiprocess_mode="livemax")
+RETRIES_WAITING = Gauge(
     "msgbus_retries_waiting", "Failed deliveries waiting for a retry, due or not (capped)",
-    ["subscription"])
-OLDEST_RETRY_AGE = live_max(
+    ["subscription"], multiprocess_mode="livemax")
+OLDEST_RETRY_AGE = Gauge(
     "msgbus_oldest_retry_age_seconds",
     "Age of the oldest message whose delivery waits for a retry (0: none)",
-    ["subscription"])
-PARKED = live_max(
+    ["subscription"], multiprocess_mode="livemax")
+PARKED = Gauge(
     "msgbus_parked_deliveries",
     "Deliveries given up by the retry policy (dead letters), waiting for a re-drive; alert "
-    "when above 0", ["subscription"])
+    "when above 0", ["subscription"], multiprocess_mode="livemax")
 SWEPT = Counter(
     "msgbus_swept_total",
     "Deliveries found pending for longer than the sweep threshold and handed to the retries",
@@ -157,43 +145,49 @@ SWEPT = Counter(
 SWEEP_SECONDS = Histogram(
     "msgbus_sweep_seconds", "Time one sweep over every subscription took",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
-REPLAY_PLANNED = live_max(
-    "msgbus_replay_planned", "Pushes a replay job planned (its dry-run count)", ["replay"])
-REPLAY_DONE = live_max(
-    "msgbus_replay_done", "Pushes a replay job has made so far", ["replay"])
+REPLAY_PLANNED = Gauge(
+    "msgbus_replay_planned", "Pushes a replay job planned (its dry-run count)", ["replay"],
+    multiprocess_mode="livemax")
+REPLAY_DONE = Gauge(
+    "msgbus_replay_done", "Pushes a replay job has made so far", ["replay"],
+    multiprocess_mode="livemax")
 
 # -- the brokers' and MongoDB's own health (dispatcher/brokerhealth.py) ----------------------------
-BROKER_UP = live_max(
+BROKER_UP = Gauge(
     "msgbus_broker_up", "1 when the broker cluster answered the last health poll, else 0",
-    ["broker", "cluster"])
-MONGO_UP = live_min(
-    "msgbus_mongo_up", "1 when MongoDB answered the service's last ping, else 0", ["service"])
-RABBITMQ_NODE_RUNNING = live_max(
+    ["broker", "cluster"], multiprocess_mode="livemax")
+MONGO_UP = Gauge(
+    "msgbus_mongo_up", "1 when MongoDB answered the service's last ping, else 0", ["service"],
+    multiprocess_mode="livemin")
+RABBITMQ_NODE_RUNNING = Gauge(
     "msgbus_rabbitmq_node_running", "1 when the management API says the node runs",
-    ["cluster", "node"])
-RABBITMQ_NODE_MEMORY_ALARM = live_max(
+    ["cluster", "node"], multiprocess_mode="livemax")
+RABBITMQ_NODE_MEMORY_ALARM = Gauge(
     "msgbus_rabbitmq_node_memory_alarm",
-    "1 while the node's memory alarm blocks publishers", ["cluster", "node"])
-RABBITMQ_NODE_DISK_ALARM = live_max(
+    "1 while the node's memory alarm blocks publishers", ["cluster", "node"],
+    multiprocess_mode="livemax")
+RABBITMQ_NODE_DISK_ALARM = Gauge(
     "msgbus_rabbitmq_node_disk_alarm", "1 while the node's free-disk alarm blocks publishers",
-    ["cluster", "node"])
-RABBITMQ_NODE_MEMORY_USED = live_max(
-    "msgbus_rabbitmq_node_memory_used_bytes", "Memory the node uses", ["cluster", "node"])
-RABBITMQ_FLOW_CONNECTIONS = live_max(
+    ["cluster", "node"], multiprocess_mode="livemax")
+RABBITMQ_NODE_MEMORY_USED = Gauge(
+    "msgbus_rabbitmq_node_memory_used_bytes", "Memory the node uses", ["cluster", "node"],
+    multiprocess_mode="livemax")
+RABBITMQ_FLOW_CONNECTIONS = Gauge(
     "msgbus_rabbitmq_flow_controlled_connections",
-    "Connections in flow control or blocked (state flow, blocked or blocking)", ["cluster"])
-RABBITMQ_QUEUE_MESSAGES = live_max(
+    "Connections in flow control or blocked (state flow, blocked or blocking)", ["cluster"],
+    multiprocess_mode="livemax")
+RABBITMQ_QUEUE_MESSAGES = Gauge(
     "msgbus_rabbitmq_queue_messages",
     "Messages in a subscription's RabbitMQ queue, ready or unacked (lags a few seconds)",
-    ["cluster", "subscription", "state"])
-KAFKA_COMMITTED_OFFSET = live_max(
+    ["cluster", "subscription", "state"], multiprocess_mode="livemax")
+KAFKA_COMMITTED_OFFSET = Gauge(
     "msgbus_kafka_consumer_committed_offset",
     "Committed offset of a subscription's consumer group per partition",
-    ["cluster", "subscription", "partition"])
-KAFKA_CONSUMER_LAG = live_max(
+    ["cluster", "subscription", "partition"], multiprocess_mode="livemax")
+KAFKA_CONSUMER_LAG = Gauge(
     "msgbus_kafka_consumer_lag_messages",
     "End offset minus committed offset, summed over the partitions (an upper bound on brokers "
-    "that advance the end per batch)", ["cluster", "subscription"])
+    "that advance the end per batch)", ["cluster", "subscription"], multiprocess_mode="livemax")
 
 # -- the node's spool drainer (`msgbus spool-drainer`, the DaemonSet) ------------------------------
 NODE_QUEUES = Gauge(
