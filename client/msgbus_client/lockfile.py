@@ -50,7 +50,7 @@ def take_lock(lock_path: Path) -> int | str:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            owner = owner_text(fd)
+            owner = _owner_text(fd)
             os.close(fd)
             if not owner and unnamed < _UNNAMED_RETRIES:
                 unnamed += 1
@@ -60,7 +60,7 @@ def take_lock(lock_path: Path) -> int | str:
         except BaseException:
             os.close(fd)
             raise
-        if is_current(fd, lock_path):
+        if _is_current(fd, lock_path):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{owner_name()}\n".encode(), 0)
             return fd
@@ -122,14 +122,14 @@ def lock_holder(lock_path: Path) -> str | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return owner_text(fd) or "an unnamed process (it is just starting)"
+            return _owner_text(fd) or "an unnamed process (it is just starting)"
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
 
 
-def is_current(fd: int, path: Path) -> bool:
+def _is_current(fd: int, path: Path) -> bool:
     """Whether the open file `fd` is still the file at `path` (not unlinked or replaced)."""
     try:
         now = os.stat(path)
@@ -139,7 +139,7 @@ def is_current(fd: int, path: Path) -> bool:
     return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 
 
-def owner_text(fd: int) -> str:
+def _owner_text(fd: int) -> str:
     try:
         return os.pread(fd, 200, 0).decode(errors="replace").strip()
     except OSError:
