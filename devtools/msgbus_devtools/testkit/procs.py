@@ -146,12 +146,6 @@ class BusProcess:
         return tail(self.log_path, lines)
 
 
-def stop_all(processes: list[BusProcess]) -> None:
-    for process in reversed(processes):
-        with contextlib.suppress(Exception):
-            process.stop()
-
-
 # ---- backing servers ---------------------------------------------------------------------------
 
 
