@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Response
 
 from admin import invalid_docs, operations, pushers, removal, users_routes
-from admin.deps import AdminParts, Deletions, Service, Store, Users, include
+from admin.deps import AdminParts, Deletions, Service, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.params import (
     AppName,
@@ -33,7 +33,7 @@ from admin.service import AdminService
 from admin.ui import add_ui
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.errors import InvalidStoredDocument, NotFound
-from msgbus.http import add_readiness, service_app
+from msgbus.http import add_readiness, include_routes, service_app
 from msgbus.models import (
     Destination,
     Subscription,
@@ -54,12 +54,12 @@ def create_app(service: AdminService) -> FastAPI:
     app = service_app("msgbus admin", service)
     app.state.authenticator = service.auth
     app.state.parts = AdminParts.of(service)
-    include(app, probes)
+    include_routes(app, probes)
     add_readiness(app, partial(_readiness, service.store), required=("mongo",),
                   service="admin")
     for routes in (router, invalid_docs.router, pushers.router, removal.router,
                    operations.router, users_routes.router):
-        include(app, routes)
+        include_routes(app, routes)
     add_ui(app)
     return app
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import Depends, Request
 from fastapi.responses import RedirectResponse
 
 from admin.dashboard import DashboardData
@@ -45,13 +45,6 @@ class AdminParts:
                    claims=DeliveryClaims(store, owner="admin"),
                    ui_claims=DeliveryClaims(store, owner="admin-ui"),
                    replays=ReplayStore(store), dashboard=DashboardData(store))
-
-
-def include(app: FastAPI, router: APIRouter) -> None:
-    """Adds the router's routes to the app's own list, as `app.get` and the like would.
-    `app.include_router` (FastAPI 0.165) adds the router as one entry instead, whose routes'
-    methods msgbus.http.allowed_methods does not see: a 405's Allow header would miss them."""
-    app.router.routes.extend(router.routes)
 
 
 def parts_of(request: Request) -> AdminParts:

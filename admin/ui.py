@@ -31,7 +31,6 @@ from admin.deps import (
     Store,
     UiUser,
     Users,
-    include,
     parts_of,
     to_login,
 )
@@ -39,6 +38,7 @@ from admin.operations import TRANSITIONS
 from admin.pushers import pushers_of
 from admin.security import SESSION_COOKIE
 from msgbus.errors import InvalidStoredDocument, MsgbusError, NotFound
+from msgbus.http import include_routes
 from msgbus.models import CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id, utcnow
 from msgbus.store import MongoStore
 from msgbus.users import Principal, Role, check_password
@@ -63,7 +63,7 @@ def add_ui(app: FastAPI) -> None:
     """The UI's static files and pages, and its way to the login page."""
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
     app.add_exception_handler(LoginRequired, to_login)
-    include(app, router)
+    include_routes(app, router)
 
 
 def _utc(value: str | None) -> datetime | None:

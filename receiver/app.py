@@ -30,7 +30,14 @@ from msgbus.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
-from msgbus.http import Asgi, LeanEndpoint, RequestTimer, add_readiness, service_app
+from msgbus.http import (
+    Asgi,
+    LeanEndpoint,
+    RequestTimer,
+    add_readiness,
+    include_routes,
+    service_app,
+)
 from msgbus.metrics import BUFFER_BYTES, MESSAGES_REJECTED, REQUEST_LATENCY
 from msgbus.models import JSON_CONTENT_TYPE, Envelope, is_destination_code, utcnow
 from msgbus.settings import ReceiverSettings
@@ -346,9 +353,7 @@ def create_app(service: ReceiverService) -> FastAPI:
                       before_metrics=partial(_refresh_gauges, service))
     app.state.service = service
     IngestEndpoints(service).install(app)
-    # the router's routes as app.get would add them (include_router would hide their methods
-    # from the Allow header of a 405, msgbus.http.allowed_methods)
-    app.router.routes.extend(probes.routes)
+    include_routes(app, probes)
     add_readiness(app, partial(_readiness, service), required=("buffer_has_room",),
                   service="receiver")
     app.openapi = partial(_openapi, app, service.settings)  # type: ignore[method-assign]
