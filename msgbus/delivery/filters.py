@@ -19,7 +19,7 @@ FILTERED_OUT = "filtered out by the subscription"
 def subscription_receives(subscription: Subscription, envelope: Envelope) -> bool:
     """A subscription gets the messages accepted after it was created, not the history (the
     receiver records a message's deliveries by this rule; the dispatcher pushes by it)."""
-    return _aware(envelope.accepted_at) >= _aware(subscription.created_at)
+    return envelope.accepted_at >= subscription.created_at
 
 
 def why_not_pushed(subscription: Subscription, envelope: Envelope) -> str | None:
