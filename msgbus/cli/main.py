@@ -38,7 +38,27 @@ STATE_DIR = click.option(
     show_default=".msgbus", help="Local state: buffers, embedded MongoDB data, keys, logs.")
 
 
-@click.group()
+class CommandsWithInstalled(click.Group):
+    """The bus's commands, and those other packages add (`msgbus services`, from
+    msgbus-devtools), found by their `msgbus.commands` entry points: loaded only when named,
+    never imported by the bus or at every start of a service."""
+
+    entry_point_group = "msgbus.commands"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        installed = {point.name for point in entry_points(group=self.entry_point_group)}
+        return sorted({*super().list_commands(ctx), *installed})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = super().get_command(ctx, cmd_name)
+        if found is None:
+            for point in entry_points(group=self.entry_point_group, name=cmd_name):
+                command: click.Command = point.load()
+                return command
+        return found
+
+
+@click.group(cls=CommandsWithInstalled)
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """msgbus: an HTTP message bus gateway."""
@@ -184,13 +204,3 @@ main.add_command(subscription)
 main.add_command(destination)
 main.add_command(users)
 main.add_command(analytics)
-
-
-def _add_installed_commands() -> None:
-    """Commands other packages add (`msgbus services`, from msgbus-devtools), found by their
-    `msgbus.commands` entry points rather than imported: the bus does not depend on them."""
-    for point in entry_points(group="msgbus.commands"):
-        main.add_command(point.load(), point.name)
-
-
-_add_installed_commands()
