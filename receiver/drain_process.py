@@ -92,7 +92,8 @@ class DrainProcess:
                  self._slot.path)
 
     async def _supervise(self) -> None:
-        restarts = RestartBackoff()
+        # a drain process that lived 100 s (ten times the longest wait) starts the waits over
+        restarts = RestartBackoff(first_s=0.5, max_s=10.0, young_s=100.0)
         loop = asyncio.get_running_loop()
         while True:
             assert self._process is not None
