@@ -294,9 +294,11 @@ class Deployment:
                                 for key, value in settings.items()})
         return compensator
 
-    def load(self, *, rate_per_s: float, duration_s: float) -> SteadyLoad:
+    def load(self, *, rate_per_s: float, duration_s: float | None = None,
+             messages: int | None = None) -> SteadyLoad:
         return SteadyLoad([r.url for r in self.receivers], list(self.destinations),
-                          self.api_key, rate_per_s=rate_per_s, duration_s=duration_s)
+                          self.api_key, rate_per_s=rate_per_s, duration_s=duration_s,
+                          messages=messages)
 
     # -- observing -----------------------------------------------------------------------
 

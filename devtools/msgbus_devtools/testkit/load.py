@@ -6,7 +6,8 @@ due at start + k / rate; it goes to receiver k mod len(receivers) and destinatio
 k mod len(destinations). Up to `in_flight` requests are outstanding at once, so a stalled
 receiver slows the stream down instead of piling up requests. It stops by itself once
 `duration_s` has passed (and the requests still in flight are answered or time out), or at
-`stop()`.
+`stop()`. Given `messages` instead, it sends exactly that many at `rate_per_s`, however long a
+busy machine makes that take: a test that asserts on counts should not depend on the pace.
 """
 
 from __future__ import annotations
@@ -45,15 +46,19 @@ class Answer:
 class SteadyLoad:
     def __init__(
         self, receivers: Sequence[str], destinations: Sequence[str], api_key: str, *,
-        rate_per_s: float, duration_s: float, clients: int = 4, in_flight: int = 32,
-        request_timeout_s: float = 30.0, biz_keys: int = 64,
+        rate_per_s: float, duration_s: float | None = None, messages: int | None = None,
+        clients: int = 4, in_flight: int = 32, request_timeout_s: float = 30.0,
+        biz_keys: int = 64,
     ) -> None:
         if not receivers or not destinations:
             raise ValueError("at least one receiver and one destination")
+        if (duration_s is None) == (messages is None):
+            raise ValueError("give either duration_s or messages")
         self.receivers = list(receivers)
         self.destinations = list(destinations)
         self.rate_per_s = rate_per_s
-        self.duration_s = duration_s
+        self.messages = messages
+        self.duration_s = messages / rate_per_s if messages is not None else float(duration_s or 0)
         self._api_key = api_key
         self._clients = clients
         self._in_flight = in_flight
@@ -80,7 +85,8 @@ class SteadyLoad:
 
     def join(self, timeout_s: float | None = None) -> None:
         """Wait for the load to end by itself (its duration plus the request timeout)."""
-        limit = timeout_s if timeout_s is not None else self.duration_s + self._timeout_s + 30
+        expected_s = self.duration_s if self.messages is None else 3 * self.duration_s
+        limit = timeout_s if timeout_s is not None else expected_s + self._timeout_s + 30
         self._thread.join(limit)
         if self._thread.is_alive():
             raise AssertionError(f"the load did not end within {limit:.0f} s")
@@ -142,17 +148,22 @@ class SteadyLoad:
         with self._lock:
             number = self._next
             self._next += 1
-        due = self.started_at + number / self.rate_per_s
-        if self._stop.is_set() or due - self.started_at >= self.duration_s:
+        if self._stop.is_set():
             return None
-        return number
+        if self.messages is not None:
+            return number if number < self.messages else None
+        return number if number / self.rate_per_s < self.duration_s else None
+
+    def _past_duration(self) -> bool:
+        return (self.messages is None
+                and time.monotonic() - self.started_at >= self.duration_s)
 
     async def _worker(self, session: aiohttp.ClientSession) -> None:
         while (number := self._take_number()) is not None:
             delay = self.started_at + number / self.rate_per_s - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            if self._stop.is_set() or time.monotonic() - self.started_at >= self.duration_s:
+            if self._stop.is_set() or self._past_duration():
                 return
             await self._send(session, number)
 
