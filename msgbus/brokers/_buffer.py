@@ -46,12 +46,12 @@ class ReceiveBuffer:
         if added:
             self._wake()
 
-    def drop(self, predicate: Callable[[Received], bool]) -> int:
-        """Remove buffered messages matching `predicate` (any thread); returns how many."""
+    def drop(self, predicate: Callable[[Received], bool]) -> list[Received]:
+        """Remove buffered messages matching `predicate` (any thread); returns them."""
         with self._lock:
-            kept = deque(r for r in self._items if not predicate(r))
-            dropped = len(self._items) - len(kept)
-            self._items = kept
+            dropped = [r for r in self._items if predicate(r)]
+            if dropped:
+                self._items = deque(r for r in self._items if not predicate(r))
         return dropped
 
     def close(self) -> None:

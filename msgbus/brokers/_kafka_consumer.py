@@ -7,8 +7,11 @@ and a rebalance; it resumes once the in-flight count falls to half of `max_buffe
 
 Offsets are committed asynchronously, every `commit_interval_s` when the low-water mark moved,
 and only up to the lowest offset still in flight per partition (see `_offsets`). On a revoke
-the done part is committed synchronously, and buffered records of revoked partitions are
-dropped: the partition's next owner reads them again from the committed offset.
+the buffered records of revoked partitions are dropped (the partition's next owner reads them
+again), the ones already handed out are awaited for up to `revoke_grace_s` (their outcome is
+then recorded, so the next owner neither gets them again nor pushes a second first push beside
+the compensator's retry), and what is done is committed synchronously. The rebalance waits
+meanwhile, which the group allows for up to max.poll.interval.ms.
 
 A record appended before its partition was assigned to this consumer may have been handed out
 before (to the previous owner, or to this one before a restart): it comes flagged
@@ -73,6 +76,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         # seconds (see docs/decisions.md, "A 6 s Kafka session timeout")
         session_timeout_ms: int = 6000,
         commit_interval_s: float = 0.5,
+        revoke_grace_s: float = 10.0,
         poll_timeout_s: float = 0.1,
         pause_after_s: float = 0.5,
         clock_margin_s: float = CLOCK_MARGIN_S,
@@ -82,6 +86,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         self.group = consumer_name(subscription.destination, subscription.name)
         self.topic = topic_name(subscription.destination)
         self._commit_interval_s = commit_interval_s
+        self._revoke_grace_s = revoke_grace_s
         self._poll_timeout_s = poll_timeout_s
         self._pause_after_s = pause_after_s
         self._clock_margin_s = clock_margin_s
@@ -102,6 +107,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         self._init_thread()
         self._tracker = OffsetTracker()
         self._lock = threading.Lock()  # guards _tracker (acks arrive on the event loop thread)
+        self._acked = threading.Condition(self._lock)  # notified by every ack
         self._consumer: Consumer | None = None
         self._paused = False
         self._full_since: float | None = None
@@ -136,6 +142,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
             self._tracker.ack(token)
             if self._tracker.in_flight < self.max_buffered:
                 self._room.set()
+            self._acked.notify_all()
 
     @property
     def paused(self) -> bool:
@@ -355,6 +362,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in partitions]
+        dropped = self._settle(parts)
         with self._lock:
             moved = self._tracker.to_commit(parts)
         if moved:
@@ -362,19 +370,44 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
                 consumer.commit(offsets=_offsets(moved), asynchronous=False)
             except KafkaException as exc:
                 log.warning("kafka consumer %s: commit on revoke failed: %s", self.group, exc)
-        self._forget(parts, "revoked")
+        self._forget(parts, "revoked", dropped)
+
+    def _drop_buffered(self, parts: list[Partition]) -> list[OffsetToken]:
+        gone = set(parts)
+        dropped = self._buffer.drop(lambda r: (r.token.topic, r.token.partition) in gone)
+        return [self._token(received, OffsetToken) for received in dropped]
+
+    def _settle(self, parts: list[Partition]) -> int:
+        """Take back the buffered records of `parts` and wait (up to the grace; not while
+        stopping, when nothing pushes any more) for the handed-out ones to be acked; returns
+        how many were taken back."""
+        dropped = self._drop_buffered(parts)
+        lowest: dict[Partition, int] = {}
+        for token in dropped:
+            part = (token.topic, token.partition)
+            lowest[part] = min(token.offset, lowest.get(part, token.offset))
+        with self._lock:
+            for part, offset in lowest.items():
+                self._tracker.unfetch_from(part, offset)
+            if self._stop.is_set():
+                return len(dropped)
+            started = time.monotonic()
+            settled = self._acked.wait_for(lambda: self._tracker.in_flight_of(parts) == 0,
+                                           timeout=self._revoke_grace_s)
+            left = self._tracker.in_flight_of(parts)
+        log.info("kafka consumer %s: revoke waited %.1f s for what was handed out%s",
+                 self.group, time.monotonic() - started,
+                 "" if settled else f"; {left} still in flight go to the next owner")
+        return len(dropped)
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._forget([(tp.topic, tp.partition) for tp in partitions], "lost")
+        parts = [(tp.topic, tp.partition) for tp in partitions]
+        self._forget(parts, "lost", len(self._drop_buffered(parts)))
 
-    def _forget(self, parts: list[Partition], why: str) -> None:
-        gone = set(parts)
-        for part in gone:
+    def _forget(self, parts: list[Partition], why: str, dropped: int) -> None:
+        for part in parts:
             self._assigned_at.pop(part, None)
         with self._lock:
             self._tracker.revoke(parts)
-        dropped = self._buffer.drop(
-            lambda r: (r.token.topic, r.token.partition) in gone
-        )
         self._reapply_flow = True
         log.info("kafka consumer %s %s %s (dropped %d buffered)", self.group, why, parts, dropped)

@@ -49,6 +49,13 @@ class PartitionWindow:
         while self.pending and self.pending[0] in self.done:
             self.done.discard(self.pending.popleft())
 
+    def unfetch_from(self, offset: int) -> None:
+        """Forget the fetched offsets from `offset` on (never handed out): they are read again."""
+        while self.pending and self.pending[-1] >= offset:
+            self.done.discard(self.pending.pop())
+        if self.next_offset is not None and offset < self.next_offset:
+            self.next_offset = offset
+
     @property
     def in_flight(self) -> int:
         return len(self.pending) - len(self.done)
@@ -82,6 +89,17 @@ class OffsetTracker:
             window = self._windows.pop(tp, None)
             if window is not None:
                 self._in_flight -= window.in_flight
+
+    def unfetch_from(self, tp: Partition, offset: int) -> None:
+        """Records of `tp` from `offset` on were never handed out (dropped from the buffer)."""
+        window = self._windows.get(tp)
+        if window is not None:
+            before = window.in_flight
+            window.unfetch_from(offset)
+            self._in_flight += window.in_flight - before
+
+    def in_flight_of(self, partitions: list[Partition]) -> int:
+        return sum(w.in_flight for tp in partitions if (w := self._windows.get(tp)) is not None)
 
     def reset(self) -> None:
         self._windows.clear()

@@ -225,7 +225,7 @@ class RabbitSubscriptionConsumer(ThreadedConsumer):
             self._acks.clear()
         self._channel = None
         self._incoming.clear()
-        dropped = self._buffer.drop(lambda r: r.token.epoch == epoch)
+        dropped = len(self._buffer.drop(lambda r: r.token.epoch == epoch))
         if dropped:
             log.info("rabbitmq consumer %s: dropped %d buffered messages of a closed connection",
                      self.queue, dropped)

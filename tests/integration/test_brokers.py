@@ -165,6 +165,19 @@ def test_offset_window_commits_only_up_to_lowest_in_flight() -> None:
     assert tracker.ack(tokens[0]) is False  # a token of the old window
 
 
+def test_offsets_never_handed_out_are_read_again_not_waited_for() -> None:
+    tracker = OffsetTracker()
+    tracker.assign([("t", 0)])
+    tokens = [t for t in (tracker.add("t", 0, o) for o in range(10)) if t is not None]
+    tracker.ack(tokens[0])
+    tracker.unfetch_from(("t", 0), 4)  # 4..9 were still buffered
+    assert tracker.in_flight_of([("t", 0)]) == 3  # 1, 2 and 3 were handed out
+    for token in tokens[1:4]:
+        tracker.ack(token)
+    assert tracker.in_flight == 0 and tracker.to_commit() == {("t", 0): 4}
+    assert tracker.add("t", 0, 4) is not None  # fetched again after a seek
+
+
 
 @pytest.fixture
 async def kafka_publisher(kafka_bootstrap: str) -> AsyncIterator[KafkaPublisher]:
@@ -275,6 +288,41 @@ async def test_kafka_records_appended_before_the_assignment_come_flagged_redeliv
         assert not any(r.envelope.redelivered for r in fresh)
     finally:
         await second.close()
+
+
+async def test_a_rebalance_waits_for_what_was_handed_out_so_nobody_gets_it_again(
+    kafka_bootstrap: str, kafka_publisher: KafkaPublisher
+) -> None:
+    """A member gives up its partitions only once what it handed out is done (up to a grace):
+    a message being pushed when another dispatcher joins is not handed to the next owner too,
+    which would push it a second time (beside the compensator's retry, had it failed)."""
+    dest, sub = await kafka_topic(kafka_publisher, "handover", partitions=2)
+    sent = await published(kafka_publisher, dest, 40, keys=8)
+    first, second = kafka_consumer(kafka_bootstrap, sub), kafka_consumer(kafka_bootstrap, sub)
+    await first.start()
+    try:
+        held: list[Received] = []
+        while len(held) < 10:
+            held += await first.receive(10 - len(held), 1.0)
+        await eventually(lambda: first.buffered > 0)
+        await second.start()
+        await eventually(lambda: first.buffered == 0)  # its revoke began: the buffer went back
+        for received in held:
+            first.ack(received)
+        rest: list[Received] = []
+
+        async def drained() -> bool:
+            for consumer in (first, second):
+                for received in await consumer.receive(100, 0.2):
+                    consumer.ack(received)
+                    rest.append(received)
+            return len(held) + len(rest) >= len(sent)
+
+        await eventually(drained, timeout_s=30)
+        assert_same_messages(sent, held + rest)  # none twice: the held ones were committed
+        assert second.assignments >= 1
+    finally:
+        await closing(first, second)
 
 
 async def test_kafka_slow_subscriber_pauses_instead_of_rebalancing(
