@@ -4,6 +4,10 @@
 #
 #   bash scripts/test.sh [pytest args]     e.g. bash scripts/test.sh -k services
 #
+# Without arguments the tests run in two passes: those not marked `serial` on two pytest-xdist
+# workers (they mostly wait on servers and timeouts), then the `serial` ones (load, kill -9 and
+# outage tests whose budgets assume a machine to themselves) alone. With arguments, one pass.
+#
 # Environment: VENV (default .venv in the repo), PYTHON (default python3, 3.11 or newer),
 # CI=true (set by .ci/run) makes a server that cannot start fail the tests instead of skipping them.
 # RabbitMQ and chromium are installed (apt-get, as root) and RabbitMQ started if needed; the other
@@ -56,6 +60,13 @@ step "ruff check ."
 "$VENV/bin/ruff" check .
 step "mypy"
 "$VENV/bin/mypy"
-step "pytest (CI=${CI:-unset})"
-"$VENV/bin/python" -m pytest -q -x --durations=15 "$@"
+if [ "$#" -gt 0 ]; then
+    step "pytest $* (CI=${CI:-unset})"
+    "$VENV/bin/python" -m pytest -q -x --durations=15 "$@"
+else
+    step "pytest, pass 1 of 2: the tests not marked serial, on 2 workers (CI=${CI:-unset})"
+    "$VENV/bin/python" -m pytest -q -x --durations=15 -n 2 -m "not serial"
+    step "pytest, pass 2 of 2: the serial tests, alone"
+    "$VENV/bin/python" -m pytest -q -x --durations=15 -m serial
+fi
 step "all checks passed"

@@ -22,7 +22,7 @@ import pytest
 from msgbus_devtools.testkit.chaos import ChaosConfig, run_chaos
 from msgbus_devtools.testkit.deployment import Servers
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 LOAD_S = 55.0  # 10 s of lead (warm-up), a 37 s fault window, 8 s of tail
 RATE_PER_S = 150.0

@@ -9,11 +9,14 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+import pytest
 from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.delivery.shares import CapShares
 from msgbus.store import MongoStore
 from msgbus.store.shares import ShareStore
+
+pytestmark = pytest.mark.serial  # heartbeats and leases on time: run alone (scripts/test.sh)
 
 SUB = "orders/billing"
 CAP = 6

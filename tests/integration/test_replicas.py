@@ -39,6 +39,8 @@ from msgbus.ids import uuid7
 from msgbus.models import BrokerKind, ReplaySpec, ReplayState, utcnow
 from msgbus.store.replays import ReplayStore
 
+pytestmark = pytest.mark.serial  # timing-sensitive load: run alone (scripts/test.sh)
+
 CAP = 4
 RATE = 20
 PUSH_S = 0.1

@@ -31,7 +31,7 @@ from msgbus_devtools.testkit.procs import say
 
 from msgbus.models import BrokerKind
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 RATE_PER_S = 100  # messages per second, over all destinations and receivers
 MAX_LOAD_S = 150  # every load stops by itself after this long (the tests stop it sooner)
