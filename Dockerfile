@@ -26,7 +26,7 @@ COPY admin/ admin/
 COPY analytics/ analytics/
 RUN python -m venv /opt/msgbus \
     && /opt/msgbus/bin/pip install --no-cache-dir --upgrade pip \
-    && /opt/msgbus/bin/pip install --no-cache-dir ./client . \
+    && /opt/msgbus/bin/pip install --no-cache-dir ./client ".[otel]" \
     && /opt/msgbus/bin/python -m compileall -q /opt/msgbus
 
 # --- run: the virtual environment only, as an unprivileged user -------------------------------

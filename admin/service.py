@@ -20,6 +20,7 @@ from msgbus.settings import AdminSettings
 from msgbus.store import MongoStore
 from msgbus.store.shares import ShareStore
 from msgbus.store.users import UserStore
+from msgbus.tracecontext import trace_id_of
 
 
 class AdminService:
@@ -94,8 +95,11 @@ class AdminService:
 
     @staticmethod
     def message_summary(doc: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in doc.items() if k not in ("body", "_id")} | {
+        summary = {k: v for k, v in doc.items() if k not in ("body", "_id")} | {
             "message_id": doc["_id"]}
+        if doc.get("traceparent"):
+            summary["trace_id"] = trace_id_of(doc["traceparent"])
+        return summary
 
     async def message_timeline(self, message_id: str) -> dict[str, Any]:
         message = await self.store.get_message(message_id)

@@ -44,6 +44,10 @@ def encode(envelope: Envelope) -> bytes:
         meta["r"] = _ms(envelope.received_at)
     if envelope.headers:
         meta["h"] = envelope.headers
+    if envelope.traceparent is not None:
+        meta["tp"] = envelope.traceparent
+        if envelope.tracestate is not None:
+            meta["ts"] = envelope.tracestate
     if envelope.redelivered:
         meta["rd"] = 1
     head = orjson.dumps(meta)
@@ -68,6 +72,8 @@ def decode(data: bytes) -> Envelope:
         created_at=created,
         received_at=_dt(meta.get("r")),
         headers=meta.get("h") or {},
+        traceparent=meta.get("tp"),
+        tracestate=meta.get("ts"),
         redelivered=bool(meta.get("rd")),
     )
 

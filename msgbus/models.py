@@ -78,6 +78,9 @@ class Envelope:
     created_at: datetime = field(default_factory=utcnow)
     received_at: datetime | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # the W3C trace context of the producer's span that sent it (msgbus/tracecontext.py)
+    traceparent: str | None = None
+    tracestate: str | None = None
     # A copy may have reached a dispatcher before: the broker hands it out again (RabbitMQ's
     # redelivered flag, a Kafka record older than its partition's assignment), or a receiver
     # re-publishes what a predecessor left in its buffer. The dispatcher looks these up in

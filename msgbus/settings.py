@@ -71,6 +71,17 @@ class ConnectionSettings(BaseSettings):
         return clusters
 
 
+class TracingSettings(BaseSettings):
+    """OpenTelemetry spans of every service (msgbus/telemetry.py); off by default."""
+
+    model_config = SettingsConfigDict(env_prefix="MSGBUS_TRACING_", extra="ignore")
+
+    enabled: bool = False
+    # otlp: OTLP/HTTP, configured by the standard OTEL_EXPORTER_OTLP_* variables; console:
+    # each span printed on stdout as JSON
+    exporter: Literal["otlp", "console"] = "otlp"
+
+
 class ReceiverSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MSGBUS_RECEIVER_", extra="ignore")
 

@@ -20,6 +20,7 @@ from pymongo.errors import PyMongoError
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
+from msgbus import telemetry
 from msgbus.errors import (
     BufferFull,
     InvalidInput,
@@ -41,11 +42,13 @@ from msgbus.http import (
 from msgbus.metrics import BUFFER_BYTES, MESSAGES_REJECTED, REQUEST_LATENCY
 from msgbus.models import JSON_CONTENT_TYPE, Envelope, is_destination_code, utcnow
 from msgbus.settings import ReceiverSettings
+from msgbus.tracecontext import from_request
 from receiver.intake import Intake
 from receiver.openapi import BATCH_PATH, SINGLE_PATH, receiver_openapi
 from receiver.parsing import (
     ID_HEADER,
     ExactJson,
+    TraceContext,
     load_json,
     parse_envelope,
     parse_raw,
@@ -59,7 +62,9 @@ _SINGLE_PREFIX, _SINGLE_SUFFIX = "/v1/destinations/", "/messages"
 _AUTHORIZATION, _CONTENT_TYPE = b"authorization", b"content-type"
 _CONTENT_LENGTH = b"content-length"
 _RAW_ID = ID_HEADER.encode()
-_WANTED_HEADERS = frozenset({_AUTHORIZATION, _CONTENT_TYPE, _CONTENT_LENGTH, _RAW_ID})
+_TRACEPARENT, _TRACESTATE = b"traceparent", b"tracestate"
+_WANTED_HEADERS = frozenset({_AUTHORIZATION, _CONTENT_TYPE, _CONTENT_LENGTH, _RAW_ID,
+                             _TRACEPARENT, _TRACESTATE})
 LeanRoute = Callable[[dict[str, Any], str], Asgi | None]
 
 
@@ -89,6 +94,10 @@ def _headers_of(scope: dict[str, Any]) -> dict[bytes, str]:
         if name in _WANTED_HEADERS and name not in found:
             found[name] = value.decode("latin-1")
     return found
+
+
+def _request_trace(headers: dict[bytes, str]) -> TraceContext:
+    return from_request(headers.get(_TRACEPARENT), headers.get(_TRACESTATE))
 
 
 def _json(data: Any, status_code: int) -> tuple[int, bytes]:
@@ -219,7 +228,8 @@ class IngestEndpoints:
                 raw = await _read_limited(receive, headers, settings.max_message_bytes)
                 envelope = parse_raw(raw, scope["headers"], destination=code,
                                      source_app=producer.name,
-                                     max_body_bytes=settings.max_message_bytes, now=now)
+                                     max_body_bytes=settings.max_message_bytes, now=now,
+                                     request_trace=_request_trace(headers))
             else:
                 _require_json(content_type, raw_allowed=True)
                 misplaced = raw_form_header(scope["headers"])
@@ -233,11 +243,13 @@ class IngestEndpoints:
                 envelope = parse_envelope(load_json(raw), destination=code,
                                           source_app=producer.name,
                                           max_body_bytes=settings.max_message_bytes, now=now,
-                                          exact=ExactJson(raw))
+                                          exact=ExactJson(raw),
+                                          request_trace=_request_trace(headers))
         except MsgbusError as exc:
             MESSAGES_REJECTED.labels(destination, exc.code).inc()
             raise
-        [fresh] = await ingest.accept([envelope])
+        with telemetry.batch_span("msgbus accept", [envelope]):
+            [fresh] = await ingest.accept([envelope])
         return _json({"message_id": envelope.message_id,
                       "status": "accepted" if fresh else "duplicate"}, 202)
 
@@ -261,6 +273,7 @@ class IngestEndpoints:
             raise
         now = utcnow()
         exact_batch = ExactJson(raw)
+        request_trace = _request_trace(headers)
         results: list[dict[str, Any]] = []
         accepted: list[tuple[int, Envelope]] = []
         for index, item in enumerate(messages):
@@ -275,7 +288,8 @@ class IngestEndpoints:
                 producer.check_allowed(code)
                 envelope = parse_envelope(item, destination=code, source_app=producer.name,
                                           max_body_bytes=settings.max_message_bytes, now=now,
-                                          exact=partial(_batch_item, exact_batch, index))
+                                          exact=partial(_batch_item, exact_batch, index),
+                                          request_trace=request_trace)
             except MsgbusError as exc:
                 MESSAGES_REJECTED.labels(destination, exc.code).inc()
                 results.append({"message_id": _echo_id(item), "status": exc.status_code,
@@ -284,7 +298,9 @@ class IngestEndpoints:
             accepted.append((len(results), envelope))
             results.append({"message_id": envelope.message_id, "status": 202, "error": None})
         if accepted:
-            fresh = await ingest.accept([envelope for _, envelope in accepted])
+            envelopes = [envelope for _, envelope in accepted]
+            with telemetry.batch_span("msgbus accept", envelopes):
+                fresh = await ingest.accept(envelopes)
             for (index, _), is_new in zip(accepted, fresh, strict=True):
                 if not is_new:
                     results[index]["duplicate"] = True

@@ -36,11 +36,12 @@ import signal
 import sys
 from pathlib import Path
 
+from msgbus import telemetry
 from msgbus.gcfreeze import freeze_startup_objects
 from msgbus.metrics import forget_process
 from msgbus.processes import RestartBackoff, stop_child
 from msgbus.registry import Registry
-from msgbus.settings import ReceiverSettings
+from msgbus.settings import ReceiverSettings, TracingSettings
 from msgbus.store import MongoStore
 from msgbus.tasks import cancel_and_wait
 from receiver.bufferslots import ClaimedSlot
@@ -181,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     # The lock is the receiver's: closing our descriptor on exit is enough (never truncate).
     slot = ClaimedSlot(args.slot, args.lock_fd)
     os.nice(settings.drain_nice)
+    telemetry.configure(TracingSettings(), "msgbus-receiver")
     asyncio.run(_drain(settings, slot, args.doorbell_fd))
 
 

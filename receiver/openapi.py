@@ -16,6 +16,7 @@ from msgbus.apidoc import OWN_ERRORS, describe_errors
 from msgbus.apidoc import error_response_doc as _error
 from msgbus.models import CODE_PATTERN
 from msgbus.settings import ReceiverSettings
+from msgbus.tracecontext import MAX_TRACESTATE_CHARS, TRACEPARENT_PATTERN, TRACESTATE_PATTERN
 from receiver.parsing import (
     BIZ_ID_HEADER,
     HEADER_NAME_PATTERN,
@@ -31,6 +32,7 @@ SINGLE_PATH = "/v1/destinations/{code}/messages"
 BATCH_PATH = "/v1/messages"
 
 _NO_CONTROL_CHARS = r"^[^\u0000-\u001f\u007f]*$"
+TRACE_DEPENDENCY = {"tracestate": ["traceparent"]}
 
 
 def _ref(kind: str, name: str) -> dict[str, str]:
@@ -61,6 +63,12 @@ def _message_properties(max_message_bytes: int) -> dict[str, Any]:
         "content_type": {"type": "string", "maxLength": 255, "pattern": MEDIA_TYPE_PATTERN,
                          "description": "MIME type of body_base64 (default "
                                         "application/octet-stream); 'body' is always JSON"},
+        "traceparent": {"type": "string", "pattern": TRACEPARENT_PATTERN,
+                        "description": "W3C Trace Context of the producer's span; pushes carry "
+                                       "it (default: the request's traceparent header)"},
+        "tracestate": {"type": "string", "maxLength": MAX_TRACESTATE_CHARS,
+                       "pattern": TRACESTATE_PATTERN,
+                       "description": "W3C tracestate, with a traceparent"},
     }
 
 
@@ -69,9 +77,11 @@ def _schemas(settings: ReceiverSettings) -> dict[str, Any]:
     one_body = [{"required": ["body"]}, {"required": ["body_base64"]}]
     return {
         "Message": {"type": "object", "required": ["message_id"], "oneOf": one_body,
+                    "dependentRequired": TRACE_DEPENDENCY,
                     "properties": properties, "additionalProperties": False},
         "BatchMessage": {
             "type": "object", "required": ["destination", "message_id"], "oneOf": one_body,
+            "dependentRequired": TRACE_DEPENDENCY,
             "properties": {"destination": {"type": "string", "pattern": CODE_PATTERN},
                            **properties},
             "additionalProperties": False},

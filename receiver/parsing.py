@@ -20,6 +20,10 @@ import orjson
 
 from msgbus.errors import InvalidInput, InvalidMessage, MessageTooLarge
 from msgbus.models import JSON_CONTENT_TYPE, Envelope
+from msgbus.tracecontext import InvalidTraceContext, checked_traceparent, checked_tracestate
+
+TraceContext = tuple[str | None, str | None]  # (traceparent, tracestate)
+NO_TRACE: TraceContext = (None, None)
 
 BYTES_CONTENT_TYPE = "application/octet-stream"
 MAX_BIZ_ID_CHARS = 256
@@ -46,7 +50,7 @@ _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _VALUE_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a header value may hold a tab
 _INT_RANGE = range(-(2**63), 2**64)
 _FIELDS = {"message_id", "biz_id", "created_at", "headers", "body", "body_base64",
-           "content_type", "destination"}
+           "content_type", "destination", "traceparent", "tracestate"}
 
 
 def load_json(raw: bytes) -> Any:
@@ -92,9 +96,10 @@ def _holds_huge_integer(value: Any) -> bool:
 
 def parse_envelope(
     data: Any, *, destination: str, source_app: str, max_body_bytes: int, now: datetime,
-    exact: Callable[[], Any] | None = None,
+    exact: Callable[[], Any] | None = None, request_trace: TraceContext = NO_TRACE,
 ) -> Envelope:
-    """`data` parsed by orjson; `exact` gives the same message parsed exactly (see ExactJson)."""
+    """`data` parsed by orjson; `exact` gives the same message parsed exactly (see ExactJson).
+    A message without a traceparent of its own takes the request's (`request_trace`)."""
     if not isinstance(data, dict):
         raise InvalidMessage("a message must be a JSON object")
     unknown = sorted(set(data) - _FIELDS)
@@ -105,20 +110,39 @@ def parse_envelope(
     if len(body) > max_body_bytes:
         raise MessageTooLarge(f"message body is {len(body)} bytes; the limit is {max_body_bytes}",
                               field="body")
+    traceparent, tracestate = _trace_context(data, request_trace)
     return Envelope(
         message_id=message_id, destination=destination, body=body, content_type=content_type,
         biz_id=_parse_biz_id(data.get("biz_id"), "biz_id"), source_app=source_app,
         created_at=_parse_created_at(data.get("created_at"), now, "created_at"), received_at=now,
         headers=_parse_headers(data.get("headers")),
+        traceparent=traceparent, tracestate=tracestate,
     )
+
+
+def _trace_context(data: dict[str, Any], request_trace: TraceContext) -> TraceContext:
+    parent, state = data.get("traceparent"), data.get("tracestate")
+    if parent is None:
+        if state is not None:
+            raise InvalidMessage("tracestate goes with a traceparent", field="tracestate")
+        return request_trace
+    try:
+        parent = checked_traceparent(parent)
+    except InvalidTraceContext as exc:
+        raise InvalidMessage(str(exc), field="traceparent") from exc
+    try:
+        return parent, None if state is None else checked_tracestate(state)
+    except InvalidTraceContext as exc:
+        raise InvalidMessage(str(exc), field="tracestate") from exc
 
 
 def parse_raw(
     body: bytes, raw_headers: Iterable[tuple[bytes, bytes]], *, destination: str,
-    source_app: str, max_body_bytes: int, now: datetime,
+    source_app: str, max_body_bytes: int, now: datetime, request_trace: TraceContext = NO_TRACE,
 ) -> Envelope:
     """A message sent as its own request body: `ce-id` (required), `ce-bizid`, `ce-time` and
-    `x-msgbus-<name>` headers carry what the JSON envelope's fields would."""
+    `x-msgbus-<name>` headers carry what the JSON envelope's fields would; `traceparent` and
+    `tracestate` (`request_trace`) its trace context."""
     if len(body) > max_body_bytes:
         raise MessageTooLarge(f"message body is {len(body)} bytes; the limit is {max_body_bytes}",
                               field="body")
@@ -139,6 +163,7 @@ def parse_raw(
         source_app=source_app,
         created_at=_parse_created_at(attributes.get(TIME_HEADER), now, TIME_HEADER),
         received_at=now, headers=_parse_headers(headers or None),
+        traceparent=request_trace[0], tracestate=request_trace[1],
     )
 
 

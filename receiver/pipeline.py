@@ -18,6 +18,7 @@ import logging
 import time
 from collections import defaultdict
 
+from msgbus import telemetry
 from msgbus.brokers.base import Publisher
 from msgbus.codec import decode_cooperatively
 from msgbus.delivery.filters import subscription_receives
@@ -158,7 +159,8 @@ class IngestPipeline:
                 PUBLISHED.labels(*labels, "unreachable").inc(len(envelopes))
                 return envelopes
             await self._ensure_topology(publisher, destination)
-            outcomes = await publisher.publish(destination, envelopes)
+            with telemetry.batch_span("msgbus publish", envelopes):
+                outcomes = await publisher.publish(destination, envelopes)
         except Exception as exc:
             log.warning("publishing to %s (%s) failed: %s", *labels, exc)
             PUBLISHED.labels(*labels, "error").inc(len(envelopes))

@@ -41,7 +41,7 @@ install_project() {
     # MongoDB, the test kit; never in the bus's wheel or image) are packages of their own
     # (`-e .` beside `-e .[extras]`: pip 24 cannot match devtools' plain `msgbus` requirement
     # to an editable given only with extras)
-    local packages=(-e ./client -e ./devtools -e . -e '.[dev,analytics]')
+    local packages=(-e ./client -e ./devtools -e . -e '.[dev,analytics,otel]')
     step "pip install ${packages[*]}"
     "$VENV/bin/python" -m pip install --disable-pip-version-check "${packages[@]}"
 }

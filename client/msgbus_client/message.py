@@ -17,6 +17,7 @@ from typing import Any, TypedDict
 
 from msgbus_client.errors import InvalidMessageError
 from msgbus_client.ids import now_ms, rfc3339_ms, uuid7_with_key
+from msgbus_client.tracing import checked_trace_context
 
 JSON_CONTENT_TYPE = "application/json"
 BYTES_CONTENT_TYPE = "application/octet-stream"
@@ -74,6 +75,8 @@ class MessageOptions(TypedDict, total=False):
     biz_id: str | None
     headers: Mapping[str, str] | None
     content_type: str | None
+    traceparent: str | None
+    tracestate: str | None
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -120,11 +123,15 @@ def build_entry(
     biz_id: str | None = None,
     headers: Mapping[str, str] | None = None,
     content_type: str | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> Entry:
     """Validate and encode one message, giving it a new id and created_at.
 
     `message` is any JSON-serialisable value, or bytes (sent as `body_base64` with
-    `content_type`, default application/octet-stream). Raises InvalidMessageError.
+    `content_type`, default application/octet-stream). `traceparent` and `tracestate`: its
+    W3C trace context; by default the caller's current OpenTelemetry span's (see tracing.py).
+    Raises InvalidMessageError.
     """
     dest = _check_destination(destination)
     if biz_id is not None and not isinstance(biz_id, str):
@@ -132,6 +139,7 @@ def build_entry(
     if content_type is not None and (not isinstance(content_type, str) or not content_type):
         raise InvalidMessageError("content_type must be a non-empty str")
     checked_headers = _check_headers(headers)
+    trace_parent, trace_state = checked_trace_context(traceparent, tracestate)
 
     created = now_ms()
     message_id, key = uuid7_with_key(created)
@@ -140,6 +148,10 @@ def build_entry(
         doc["biz_id"] = biz_id
     if checked_headers:
         doc["headers"] = checked_headers
+    if trace_parent is not None:
+        doc["traceparent"] = trace_parent
+        if trace_state is not None:
+            doc["tracestate"] = trace_state
     if isinstance(message, bytes | bytearray | memoryview):
         doc["body_base64"] = base64.b64encode(message).decode("ascii")
         doc["content_type"] = content_type or BYTES_CONTENT_TYPE

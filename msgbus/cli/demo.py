@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 import click
 
@@ -23,7 +24,7 @@ class PrintingSubscriber:
             return
         body = await read_body(receive)
         headers = request_headers(scope)
-        biz = f" biz_id={headers['ce-bizid']}" if "ce-bizid" in headers else ""
+        biz = f" biz_id={unquote(headers['ce-bizid'])}" if "ce-bizid" in headers else ""
         click.echo(click.style("demo subscriber got ", fg="green")
                    + f"{headers.get('ce-id')}{biz}: {body.decode('utf-8', 'replace')}")
         await respond(send, 200)

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 import orjson
 
+from msgbus import telemetry
 from msgbus.cli.analytics_cmd import analytics
 from msgbus.cli.drainer_cmd import spool_drainer
 from msgbus.cli.ops_cmd import parked, replay
@@ -30,6 +31,7 @@ from msgbus.cli.stack import (
 )
 from msgbus.cli.users_cmd import users
 from msgbus.processes import pid_alive
+from msgbus.settings import TracingSettings
 
 DEFAULT_STATE_DIR = Path(".msgbus")
 STATE_DIR = click.option(
@@ -130,6 +132,7 @@ def _serve(name: str, state_dir: Path, *, reuse_port: bool = False) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     apps = ServiceApps(connection_settings(state_dir))
     app, settings = getattr(apps, name)()
+    telemetry.configure(TracingSettings(), f"msgbus-{name}")
 
     async def serve() -> None:
         stop = stop_on_signals()

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import click
 
+from msgbus import telemetry
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.cli import secrets as stored
 from msgbus.cli.demo import DEMO_DESTINATION, PrintingSubscriber, register_demo
@@ -31,7 +32,7 @@ from msgbus.cli.stack import (
     stop_on_signals,
 )
 from msgbus.cli.users_cmd import ensure_first_admin
-from msgbus.settings import ConnectionSettings
+from msgbus.settings import ConnectionSettings, TracingSettings
 from msgbus.store import MongoStore
 
 CLI_APP = "cli"
@@ -123,6 +124,7 @@ def run_up(state_dir: Path, demo: bool, demo_port: int) -> None:
         overrides["mongo_uri"] = mongo.url
     try:
         conn = connection_settings(state_dir, **overrides)
+        telemetry.configure(TracingSettings(), "msgbus")
         asyncio.run(_run(conn, demo, demo_port))
     finally:
         if mongo is not None:

@@ -21,6 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Protocol, get_args
 
+from msgbus import telemetry
 from msgbus.delivery.headers import push_headers
 from msgbus.models import AttemptResult, Envelope, Subscription, utcnow
 from msgbus.settings import HttpClient
@@ -93,12 +94,15 @@ class BaseSender(ABC):
         error: str | None = None
         retry_after: float | None = None
         try:
-            status, retry_after_header = await self._post(
-                str(subscription.url), envelope.body,
-                push_headers(envelope, subscription, attempt), subscription.timeout_ms / 1000)
-            if not 200 <= status < 300:
-                error = f"HTTP {status}"
-                retry_after = retry_after_s(retry_after_header)
+            with telemetry.push_span(envelope, subscription, attempt) as trace:
+                status, retry_after_header = await self._post(
+                    str(subscription.url), envelope.body,
+                    push_headers(envelope, subscription, attempt, trace.traceparent),
+                    subscription.timeout_ms / 1000)
+                if not 200 <= status < 300:
+                    error = f"HTTP {status}"
+                    retry_after = retry_after_s(retry_after_header)
+                trace.answered(status, error)
         except asyncio.CancelledError:
             raise
         except self.timeout_errors:  # before transport_errors: TimeoutError is an OSError

@@ -37,7 +37,13 @@ def message_doc(envelope: Envelope, subscriptions: list[str]) -> dict[str, Any]:
         "body": Binary(envelope.body),
         "size": len(envelope.body),
         "subscriptions": subscriptions,
+        **_trace_context(envelope),
     }
+
+
+def _trace_context(envelope: Envelope) -> dict[str, str]:
+    fields = {"traceparent": envelope.traceparent, "tracestate": envelope.tracestate}
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def envelope_from_doc(doc: dict[str, Any]) -> Envelope:
@@ -51,6 +57,8 @@ def envelope_from_doc(doc: dict[str, Any]) -> Envelope:
         created_at=doc["created_at"],
         received_at=doc.get("received_at"),
         headers=doc.get("headers") or {},
+        traceparent=doc.get("traceparent"),
+        tracestate=doc.get("tracestate"),
     )
 
 

@@ -5,7 +5,9 @@ import hashlib
 import hmac
 import random
 from datetime import UTC, datetime, timedelta
+from urllib.parse import unquote
 
+from msgbus.codec import decode, encode
 from msgbus.delivery.headers import push_headers
 from msgbus.delivery.retry import decide_retry
 from msgbus.delivery.signing import secret_key, sign
@@ -68,3 +70,28 @@ def test_retry_after_permanent_codes_and_limits() -> None:
                         now=NOW).park
     assert decide_retry(policy, _failure(), attempts_so_far=1,
                         first_created_at=NOW - timedelta(hours=2), now=NOW).park
+
+
+def test_a_push_carries_the_trace_context_and_a_percent_encoded_biz_id() -> None:
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    env = Envelope(message_id="m1", destination="orders", body=b"{}", biz_id='订单 "42" 100%',
+                   traceparent=parent, tracestate="v=1")
+    sub = Subscription(destination="orders", name="s", url="http://x/")  # type: ignore[arg-type]
+    headers = push_headers(env, sub, attempt=1)
+    assert headers["ce-bizid"] == "%E8%AE%A2%E5%8D%95%20%2242%22%20100%25"
+    assert unquote(headers["ce-bizid"]) == env.biz_id
+    assert headers["traceparent"] == headers["ce-traceparent"] == parent
+    assert headers["tracestate"] == headers["ce-tracestate"] == "v=1"
+    hop = "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01"
+    headers = push_headers(env, sub, attempt=2, hop_traceparent=hop)
+    assert (headers["traceparent"], headers["ce-traceparent"]) == (hop, parent)
+    untraced = push_headers(Envelope(message_id="m2", destination="orders", body=b""), sub, 1)
+    assert not {"traceparent", "tracestate", "ce-traceparent"} & set(untraced)
+
+
+def test_the_codec_keeps_the_trace_context() -> None:
+    env = Envelope(message_id="m1", destination="orders", body=b"x",
+                   traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                   tracestate="v=1")
+    decoded = decode(encode(env))
+    assert (decoded.traceparent, decoded.tracestate) == (env.traceparent, env.tracestate)
