@@ -63,6 +63,7 @@ from bench.dispatch_stack import DispatchStack, wait_for
 from bench.dispatch_subscriber import PACED_S
 from bench.ingest_stack import stop_process
 from bench.report import out, out_json, out_lines, say
+from bench.tracing_cost import hook_costs_us
 
 ISOLATION_TIMEOUT_MS = 1000
 WARMUP_MESSAGES = 50
@@ -314,6 +315,19 @@ class DispatchBench:
         return fig
 
 
+def tracing_figures(cpu_us_per_push: float) -> dict[str, float]:
+    """The tracing hooks' cost per push (bench/tracing_cost.py), off and on, beside the
+    dispatcher's CPU per push of this run (ms per 1000 pushes = µs per push)."""
+    costs = hook_costs_us()
+    added = {side: max(0.0, costs[side] - costs["headers"]) for side in ("off", "on")}
+    shares = {side: us / cpu_us_per_push for side, us in added.items()}
+    out(f"tracing hooks per push: off +{added['off']:.2f} µs ({shares['off']:.3%} of the "
+        f"dispatcher's {cpu_us_per_push:.0f} µs of CPU per push), on +{added['on']:.1f} µs "
+        f"({shares['on']:.1%})")
+    return {"off_us": round(added["off"], 3), "on_us": round(added["on"], 2),
+            "off_share": round(shares["off"], 5), "on_share": round(shares["on"], 4)}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = cli.parser("dispatch", __doc__, runs=3)
     parser.add_argument("--messages", type=int, default=10_000,
@@ -362,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                   "replicas_cap": args.replicas_cap, "replicas_subscriber_ms": PACED_S * 1000,
                   "isolation_timeout_ms": ISOLATION_TIMEOUT_MS, "elapsed_s": elapsed_s}
         figures = json_figures(summary, runs, config)
+        figures["tracing"] = tracing_figures(summary["dispatcher_cpu_ms_per_1k"]["median"])
         out_json(figures)
         return 1 if figures["problems"] else 0
 
