@@ -10,8 +10,10 @@ and only up to the lowest offset still in flight per partition (see `_offsets`).
 the buffered records of revoked partitions are dropped (the partition's next owner reads them
 again), the ones already handed out are awaited for up to `revoke_grace_s` (their outcome is
 then recorded, so the next owner neither gets them again nor pushes a second first push beside
-the compensator's retry), and what is done is committed synchronously. The rebalance waits
-meanwhile, which the group allows for up to max.poll.interval.ms.
+the compensator's retry), and what is done is committed synchronously. The whole group's
+rebalance waits meanwhile, so the grace is one push's timeout plus a margin, at most
+MAX_REVOKE_GRACE_S; an ordered subscription does not wait: its head may be retried in place
+for minutes, and the next owner takes the key over from it.
 
 A record appended before its partition was assigned to this consumer may have been handed out
 before (to the previous owner, or to this one before a restart): it comes flagged
@@ -58,6 +60,17 @@ CLOCK_MARGIN_S = 5.0
 _COMMITTED_TIMEOUT_S = 5.0
 
 
+MAX_REVOKE_GRACE_S = 10.0
+_RECORD_MARGIN_S = 2.0  # after the push's answer, its outcome is recorded before the ack
+
+
+def revoke_grace_for(subscription: Subscription) -> float:
+    """How long a revoke waits for what this member handed out (see the module docstring)."""
+    if subscription.ordered_by_biz_id:
+        return 0.0
+    return min(MAX_REVOKE_GRACE_S, subscription.timeout_ms / 1000 + _RECORD_MARGIN_S)
+
+
 def _offsets(moved: dict[Partition, int]) -> list[TopicPartition]:
     return [TopicPartition(topic, partition, offset) for (topic, partition), offset in
             moved.items()]
@@ -76,7 +89,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         # seconds (see docs/decisions.md, "A 6 s Kafka session timeout")
         session_timeout_ms: int = 6000,
         commit_interval_s: float = 0.5,
-        revoke_grace_s: float = 10.0,
+        revoke_grace_s: float | None = None,
         poll_timeout_s: float = 0.1,
         pause_after_s: float = 0.5,
         clock_margin_s: float = CLOCK_MARGIN_S,
@@ -86,7 +99,8 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         self.group = consumer_name(subscription.destination, subscription.name)
         self.topic = topic_name(subscription.destination)
         self._commit_interval_s = commit_interval_s
-        self._revoke_grace_s = revoke_grace_s
+        self._revoke_grace_s = (revoke_grace_s if revoke_grace_s is not None
+                                else revoke_grace_for(subscription))
         self._poll_timeout_s = poll_timeout_s
         self._pause_after_s = pause_after_s
         self._clock_margin_s = clock_margin_s
@@ -389,7 +403,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         with self._lock:
             for part, offset in lowest.items():
                 self._tracker.unfetch_from(part, offset)
-            if self._stop.is_set():
+            if self._stop.is_set() or self._revoke_grace_s <= 0:
                 return len(dropped)
             started = time.monotonic()
             settled = self._acked.wait_for(lambda: self._tracker.in_flight_of(parts) == 0,
