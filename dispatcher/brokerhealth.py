@@ -23,13 +23,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import httpx
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from msgbus.brokers.base import consumer_name, topic_name
+from msgbus.brokers.management import get_json_list, management_endpoints
 from msgbus.metrics import (
     BROKER_UP,
     KAFKA_COMMITTED_OFFSET,
@@ -48,24 +48,12 @@ from msgbus.tasks import PeriodicWork
 
 log = logging.getLogger(__name__)
 
-MANAGEMENT_PORT = 15672
 REQUEST_TIMEOUT_S = 5.0
 KAFKA_TIMEOUT_S = 5.0
 FLOW_STATES = frozenset({"flow", "blocked", "blocking"})
 
 # (subscription, its destination's broker) pairs to report on
 SubscriptionsFn = Callable[[], list[tuple[Subscription, BrokerKind]]]
-
-
-def management_url(amqp_url: str) -> tuple[str, tuple[str, str]]:
-    """The management API base URL and (user, password) of an amqp:// node URL."""
-    parts = urlsplit(amqp_url)
-    host = parts.hostname or "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    scheme = "https" if parts.scheme == "amqps" else "http"
-    auth = (unquote(parts.username or "guest"), unquote(parts.password or "guest"))
-    return f"{scheme}://{host}:{MANAGEMENT_PORT}", auth
 
 
 class BrokerHealthMonitor(PeriodicWork):
@@ -100,22 +88,10 @@ class BrokerHealthMonitor(PeriodicWork):
 
     # --- RabbitMQ ---------------------------------------------------------------------------
 
-    def _management_endpoints(self, cluster: str, nodes: list[str]
-                              ) -> list[tuple[str, tuple[str, str]]]:
-        configured = self._conn.rabbitmq_management_urls.get(cluster)
-        if configured:
-            parts = urlsplit(configured)
-            auth = (unquote(parts.username or "guest"), unquote(parts.password or "guest"))
-            netloc = parts.hostname or ""
-            if parts.port:
-                netloc = f"{netloc}:{parts.port}"
-            return [(f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}", auth)]
-        return [management_url(node) for node in nodes]
-
     async def _poll_rabbitmq(self, cluster: str, nodes: list[str],
                              queues: dict[str, str]) -> bool:
         """Any node's management API answers for the whole cluster: the first that does."""
-        for base, auth in self._management_endpoints(cluster, nodes):
+        for base, auth in management_endpoints(self._conn, cluster, nodes):
             try:
                 overview = await self._get_json(f"{base}/api/nodes", auth)
                 connections = await self._get_json(
@@ -131,12 +107,7 @@ class BrokerHealthMonitor(PeriodicWork):
         return False
 
     async def _get_json(self, url: str, auth: tuple[str, str]) -> list[dict[str, Any]]:
-        response = await self._http.get(url, auth=auth)
-        response.raise_for_status()
-        found = response.json()
-        if not isinstance(found, list):
-            raise ValueError(f"{url}: expected a JSON list")
-        return found
+        return await get_json_list(self._http, url, auth)
 
     @staticmethod
     def _record_rabbitmq(cluster: str, nodes: list[dict[str, Any]],
