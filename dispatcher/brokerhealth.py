@@ -12,6 +12,8 @@ primary signal; these say *why* it grows:
   partition and its lag (end offset - committed). Some brokers (tansu) advance the end offset
   per record batch, so lag is an upper bound there.
 * MongoDB: whether it answers a ping (`msgbus_mongo_up`).
+* Copies (dispatcher/copies.py): each subscription queue's type and quorum members, and each
+  destination topic's replicas, in-sync replicas and min.insync.replicas, against the settings.
 
 A cluster that does not answer sets `msgbus_broker_up{broker,cluster}` to 0 and keeps its last
 figures; the poll never raises.
@@ -28,6 +30,7 @@ import httpx
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from dispatcher.copies import CopiesCheck
 from msgbus.brokers.base import consumer_name, topic_name
 from msgbus.brokers.management import get_json_list, management_endpoints
 from msgbus.metrics import (
@@ -43,6 +46,7 @@ from msgbus.metrics import (
     RABBITMQ_QUEUE_MESSAGES,
 )
 from msgbus.models import BrokerKind, Subscription
+from msgbus.replication import QUEUE_COLUMNS
 from msgbus.settings import ConnectionSettings
 from msgbus.tasks import PeriodicWork
 
@@ -66,6 +70,7 @@ class BrokerHealthMonitor(PeriodicWork):
         self._mongo_ping = mongo_ping
         self._service = service
         self._http = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S)
+        self._copies = CopiesCheck(conn)
         self.every(interval_s, self.poll_once, what="broker health poll")
 
     async def close(self) -> None:
@@ -77,9 +82,8 @@ class BrokerHealthMonitor(PeriodicWork):
             MONGO_UP.labels(self._service).set(1 if await self._mongo_ping() else 0)
         subscriptions = self._subscriptions()
         for cluster, nodes in self._conn.clusters(BrokerKind.RABBITMQ).items():
-            queues = {consumer_name(s.destination, s.name): s.id
-                      for s, kind in subscriptions if kind is BrokerKind.RABBITMQ}
-            up = await self._poll_rabbitmq(cluster, nodes, queues)
+            subs = [s for s, kind in subscriptions if kind is BrokerKind.RABBITMQ]
+            up = await self._poll_rabbitmq(cluster, nodes, subs)
             BROKER_UP.labels("rabbitmq", cluster).set(1 if up else 0)
         for cluster, nodes in self._conn.clusters(BrokerKind.KAFKA).items():
             subs = [s for s, kind in subscriptions if kind is BrokerKind.KAFKA]
@@ -89,7 +93,7 @@ class BrokerHealthMonitor(PeriodicWork):
     # --- RabbitMQ ---------------------------------------------------------------------------
 
     async def _poll_rabbitmq(self, cluster: str, nodes: list[str],
-                             queues: dict[str, str]) -> bool:
+                             subscriptions: list[Subscription]) -> bool:
         """Any node's management API answers for the whole cluster: the first that does."""
         for base, auth in management_endpoints(self._conn, cluster, nodes):
             try:
@@ -97,12 +101,14 @@ class BrokerHealthMonitor(PeriodicWork):
                 connections = await self._get_json(
                     f"{base}/api/connections?columns=name,state", auth)
                 queue_docs = await self._get_json(
-                    f"{base}/api/queues?columns=name,messages_ready,messages_unacknowledged",
-                    auth)
+                    f"{base}/api/queues?columns={QUEUE_COLUMNS},messages_ready,"
+                    "messages_unacknowledged", auth)
             except (httpx.HTTPError, ValueError) as exc:
                 log.warning("RabbitMQ cluster %s: management API at %s: %s", cluster, base, exc)
                 continue
+            queues = {consumer_name(s.destination, s.name): s.id for s in subscriptions}
             self._record_rabbitmq(cluster, overview, connections, queue_docs, queues)
+            self._copies.rabbitmq(cluster, queue_docs, subscriptions)
             return True
         return False
 
@@ -152,6 +158,7 @@ class BrokerHealthMonitor(PeriodicWork):
                                        sorted(found.partitions))
                 except KafkaException as exc:  # one group's answer; the cluster answered
                     log.warning("Kafka cluster %s: position of %s: %s", cluster, sub.id, exc)
+            self._copies.kafka(cluster, admin, metadata, subscriptions)
             return True
         except KafkaException as exc:
             log.warning("Kafka cluster %s: %s", cluster, exc)

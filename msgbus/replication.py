@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, ResourceType
 from pydantic import BaseModel, Field
 
 from msgbus.brokers._rabbit_consumer import QueueShape
@@ -97,9 +97,13 @@ def kafka_admin(bootstrap: str) -> AdminClient:
                         "socket.timeout.ms": int(KAFKA_TIMEOUT_S * 1000)})
 
 
-def describe_topic(admin: AdminClient, topic: str, wanted: Wanted) -> TopicCopies:
-    """The topic as the cluster describes it; raises KafkaException when it does not answer."""
-    found = admin.list_topics(timeout=KAFKA_TIMEOUT_S).topics.get(topic)
+def describe_topic(admin: AdminClient, topic: str, wanted: Wanted,
+                   metadata: ClusterMetadata | None = None) -> TopicCopies:
+    """The topic as the cluster describes it (in `metadata`, else asked for); raises
+    KafkaException when the cluster does not answer."""
+    if metadata is None:
+        metadata = admin.list_topics(timeout=KAFKA_TIMEOUT_S)
+    found = metadata.topics.get(topic)
     if found is None or not found.partitions:
         return TopicCopies(topic=topic, exists=False)
     partitions = list(found.partitions.values())
