@@ -67,6 +67,9 @@ class QueueShape:
     def wanted(cls, queue_type: QueueType, ordered: bool) -> QueueShape:
         return cls(queue_type, single_active=queue_type == "quorum" and ordered)
 
+    def __str__(self) -> str:
+        return f"{self.type}{' with single active consumer' if self.single_active else ''}"
+
     def arguments(self) -> dict[str, Any]:
         if self.type == "classic":  # as queues were always declared: no arguments
             return {}

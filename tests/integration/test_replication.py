@@ -177,6 +177,8 @@ def test_a_classic_queue_where_quorum_is_asked_for_is_kept_and_shown(
     report = bus.admin.get(f"/v1/destinations/{code}/replication").json()
     expected = f"queue {queue}: classic (one copy) where quorum was asked for"
     assert report["problems"] == [f"default: {expected}"]
+    listed = bus.admin.get("/ui/destinations")
+    assert f'href="/ui/destinations/{code}/replication"' in listed.text
     page = bus.admin.get(f"/ui/destinations/{code}/replication")
     assert page.status_code == 200 and expected in page.text
 
