@@ -26,7 +26,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, ResourceType
 from pydantic import BaseModel, Field
 
-from msgbus.brokers._rabbit_consumer import QueueShape
+from msgbus.brokers._rabbit_consumer import QueueShape, QueueType
 from msgbus.brokers.base import consumer_name
 from msgbus.brokers.management import get_json_list, management_endpoints
 from msgbus.models import BrokerKind, Destination, Subscription
@@ -41,7 +41,7 @@ class Wanted(BaseModel):
 
     kafka_replication_factor: int | None = None
     kafka_min_insync_replicas: int | None = None
-    rabbitmq_queue_type: str = "classic"
+    rabbitmq_queue_type: QueueType = "classic"
 
     @classmethod
     def of(cls, conn: ConnectionSettings) -> Wanted:
@@ -180,8 +180,7 @@ def describe_queue(sub: Subscription, docs: dict[str, dict[str, Any]],
 
 def queue_problems(copies: QueueCopies, ordered: bool, wanted: Wanted) -> list[str]:
     problems: list[str] = []
-    asked = QueueShape.wanted("quorum" if wanted.rabbitmq_queue_type == "quorum" else "classic",
-                              ordered)
+    asked = QueueShape.wanted(wanted.rabbitmq_queue_type, ordered)
     if asked.type == "quorum" and copies.type == "classic":
         problems.append(f"queue {copies.queue}: classic (one copy) where quorum was asked for")
     if copies.type == "quorum":
