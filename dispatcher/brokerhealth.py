@@ -12,6 +12,8 @@ primary signal; these say *why* it grows:
   partition and its lag (end offset - committed). Some brokers (tansu) advance the end offset
   per record batch, so lag is an upper bound there.
 * MongoDB: whether it answers a ping (`msgbus_mongo_up`).
+* Copies (dispatcher/copies.py): each subscription queue's type and quorum members, and each
+  destination topic's replicas, in-sync replicas and min.insync.replicas, against the settings.
 
 A cluster that does not answer sets `msgbus_broker_up{broker,cluster}` to 0 and keeps its last
 figures; the poll never raises.
@@ -23,13 +25,14 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import httpx
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from dispatcher.copies import CopiesCheck
 from msgbus.brokers.base import consumer_name, topic_name
+from msgbus.brokers.management import get_json_list, management_endpoints
 from msgbus.metrics import (
     BROKER_UP,
     KAFKA_COMMITTED_OFFSET,
@@ -43,29 +46,18 @@ from msgbus.metrics import (
     RABBITMQ_QUEUE_MESSAGES,
 )
 from msgbus.models import BrokerKind, Subscription
+from msgbus.replication import QUEUE_COLUMNS
 from msgbus.settings import ConnectionSettings
 from msgbus.tasks import PeriodicWork
 
 log = logging.getLogger(__name__)
 
-MANAGEMENT_PORT = 15672
 REQUEST_TIMEOUT_S = 5.0
 KAFKA_TIMEOUT_S = 5.0
 FLOW_STATES = frozenset({"flow", "blocked", "blocking"})
 
 # (subscription, its destination's broker) pairs to report on
 SubscriptionsFn = Callable[[], list[tuple[Subscription, BrokerKind]]]
-
-
-def management_url(amqp_url: str) -> tuple[str, tuple[str, str]]:
-    """The management API base URL and (user, password) of an amqp:// node URL."""
-    parts = urlsplit(amqp_url)
-    host = parts.hostname or "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    scheme = "https" if parts.scheme == "amqps" else "http"
-    auth = (unquote(parts.username or "guest"), unquote(parts.password or "guest"))
-    return f"{scheme}://{host}:{MANAGEMENT_PORT}", auth
 
 
 class BrokerHealthMonitor(PeriodicWork):
@@ -78,6 +70,7 @@ class BrokerHealthMonitor(PeriodicWork):
         self._mongo_ping = mongo_ping
         self._service = service
         self._http = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S)
+        self._copies = CopiesCheck(conn)
         self.every(interval_s, self.poll_once, what="broker health poll")
 
     async def close(self) -> None:
@@ -89,9 +82,8 @@ class BrokerHealthMonitor(PeriodicWork):
             MONGO_UP.labels(self._service).set(1 if await self._mongo_ping() else 0)
         subscriptions = self._subscriptions()
         for cluster, nodes in self._conn.clusters(BrokerKind.RABBITMQ).items():
-            queues = {consumer_name(s.destination, s.name): s.id
-                      for s, kind in subscriptions if kind is BrokerKind.RABBITMQ}
-            up = await self._poll_rabbitmq(cluster, nodes, queues)
+            subs = [s for s, kind in subscriptions if kind is BrokerKind.RABBITMQ]
+            up = await self._poll_rabbitmq(cluster, nodes, subs)
             BROKER_UP.labels("rabbitmq", cluster).set(1 if up else 0)
         for cluster, nodes in self._conn.clusters(BrokerKind.KAFKA).items():
             subs = [s for s, kind in subscriptions if kind is BrokerKind.KAFKA]
@@ -100,43 +92,28 @@ class BrokerHealthMonitor(PeriodicWork):
 
     # --- RabbitMQ ---------------------------------------------------------------------------
 
-    def _management_endpoints(self, cluster: str, nodes: list[str]
-                              ) -> list[tuple[str, tuple[str, str]]]:
-        configured = self._conn.rabbitmq_management_urls.get(cluster)
-        if configured:
-            parts = urlsplit(configured)
-            auth = (unquote(parts.username or "guest"), unquote(parts.password or "guest"))
-            netloc = parts.hostname or ""
-            if parts.port:
-                netloc = f"{netloc}:{parts.port}"
-            return [(f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}", auth)]
-        return [management_url(node) for node in nodes]
-
     async def _poll_rabbitmq(self, cluster: str, nodes: list[str],
-                             queues: dict[str, str]) -> bool:
+                             subscriptions: list[Subscription]) -> bool:
         """Any node's management API answers for the whole cluster: the first that does."""
-        for base, auth in self._management_endpoints(cluster, nodes):
+        for base, auth in management_endpoints(self._conn, cluster, nodes):
             try:
                 overview = await self._get_json(f"{base}/api/nodes", auth)
                 connections = await self._get_json(
                     f"{base}/api/connections?columns=name,state", auth)
                 queue_docs = await self._get_json(
-                    f"{base}/api/queues?columns=name,messages_ready,messages_unacknowledged",
-                    auth)
+                    f"{base}/api/queues?columns={QUEUE_COLUMNS},messages_ready,"
+                    "messages_unacknowledged", auth)
             except (httpx.HTTPError, ValueError) as exc:
                 log.warning("RabbitMQ cluster %s: management API at %s: %s", cluster, base, exc)
                 continue
+            queues = {consumer_name(s.destination, s.name): s.id for s in subscriptions}
             self._record_rabbitmq(cluster, overview, connections, queue_docs, queues)
+            self._copies.rabbitmq(cluster, queue_docs, subscriptions)
             return True
         return False
 
     async def _get_json(self, url: str, auth: tuple[str, str]) -> list[dict[str, Any]]:
-        response = await self._http.get(url, auth=auth)
-        response.raise_for_status()
-        found = response.json()
-        if not isinstance(found, list):
-            raise ValueError(f"{url}: expected a JSON list")
-        return found
+        return await get_json_list(self._http, url, auth)
 
     @staticmethod
     def _record_rabbitmq(cluster: str, nodes: list[dict[str, Any]],
@@ -181,6 +158,7 @@ class BrokerHealthMonitor(PeriodicWork):
                                        sorted(found.partitions))
                 except KafkaException as exc:  # one group's answer; the cluster answered
                     log.warning("Kafka cluster %s: position of %s: %s", cluster, sub.id, exc)
+            self._copies.kafka(cluster, admin, metadata, subscriptions)
             return True
         except KafkaException as exc:
             log.warning("Kafka cluster %s: %s", cluster, exc)

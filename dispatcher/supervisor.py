@@ -53,7 +53,8 @@ def make_consumers(settings: DispatcherSettings, sources: list[Consumed],
                 from msgbus.brokers.rabbitmq import RabbitSubscriptionConsumer
 
                 consumer = RabbitSubscriptionConsumer(
-                    subscription, url=nodes, max_buffered=max_buffered)
+                    subscription, url=nodes, max_buffered=max_buffered,
+                    queue_type=conn.rabbitmq_queue_type)
             else:
                 continue
             consumer.source = (kind, only)

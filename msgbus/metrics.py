@@ -188,6 +188,21 @@ KAFKA_CONSUMER_LAG = Gauge(
     "msgbus_kafka_consumer_lag_messages",
     "End offset minus committed offset, summed over the partitions (an upper bound on brokers "
     "that advance the end per batch)", ["cluster", "subscription"], multiprocess_mode="livemax")
+KAFKA_TOPIC_REPLICAS = Gauge(
+    "msgbus_kafka_topic_replicas",
+    "A destination topic's copies as the cluster describes them: replication_factor (fewest "
+    "replicas of a partition), in_sync (fewest in-sync replicas), min_insync (its "
+    "min.insync.replicas)", ["cluster", "destination", "what"], multiprocess_mode="livemin")
+KAFKA_TOPIC_UNDER_REPLICATED = Gauge(
+    "msgbus_kafka_topic_under_replicated",
+    "1 when a destination's topic has fewer replicas or a lower min.insync.replicas than the "
+    "settings ask, or a partition fewer in-sync replicas than min.insync.replicas",
+    ["cluster", "destination"], multiprocess_mode="livemax")
+RABBITMQ_QUEUE_COPIES_MISMATCH = Gauge(
+    "msgbus_rabbitmq_queue_copies_mismatch",
+    "1 when a subscription's queue is classic where quorum was asked for, is an ordered "
+    "subscription's quorum queue without single active consumer, or has quorum members "
+    "offline", ["cluster", "subscription"], multiprocess_mode="livemax")
 
 # -- the node's spool drainer (`msgbus spool-drainer`, the DaemonSet) ------------------------------
 NODE_QUEUES = Gauge(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from msgbus.models import DEFAULT_CLUSTER, BrokerKind
@@ -37,6 +37,15 @@ class ConnectionSettings(BaseSettings):
     # Management API per RabbitMQ cluster, e.g. {"default": "http://user:pass@mq:15672"}
     # (broker health metrics); unset: each amqp:// node's host, credentials, port 15672.
     rabbitmq_management_urls: dict[str, str] = Field(default_factory=dict)
+    # How many copies of every message the brokers keep (msgbus/replication.py). Kafka topics
+    # are created with this replication factor and min.insync.replicas (unset: not sent, the
+    # broker's defaults apply); producers use acks=all. A subscription's RabbitMQ queue is
+    # declared classic or quorum (replicated on the cluster's nodes, Raft). Each applies when
+    # the topic or queue is created; the broker-health monitor and the admin report what an
+    # existing one has (docs/operations.md: migrating).
+    kafka_replication_factor: int | None = Field(default=None, ge=1)
+    kafka_min_insync_replicas: int | None = Field(default=None, ge=1)
+    rabbitmq_queue_type: Literal["classic", "quorum"] = "classic"
     # Shared secret of the internal receiver -> dispatcher ("direct") endpoint. The CLI fills it
     # from <state_dir>/internal-token when the environment does not set it.
     internal_token: SecretStr = SecretStr("")
@@ -106,7 +115,9 @@ class ReceiverSettings(BaseSettings):
     # the admin API's runtime settings override it.
     record_rate_per_s: float = 0
     publish_batch_size: int = 500
-    kafka_acks: str = "all"  # "all", "1" or "0": what a Kafka publish waits for
+    # "all", "1" or "0": what a Kafka publish waits for; min.insync.replicas holds only with
+    # "all" (checked below), and the idempotent producer needs it too
+    kafka_acks: str = "all"
     # Where the buffer is drained into the brokers and MongoDB: "process" (a drain process
     # beside each receiver process, so that drain work never delays an answer to a producer)
     # or "inline" (on the receiver's own event loop: one process, e.g. `msgbus up`).
@@ -117,6 +128,14 @@ class ReceiverSettings(BaseSettings):
     # Where the direct path hands messages (a dispatcher's internal endpoint).
     dispatcher_url: str = "http://127.0.0.1:8081"
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
+
+    @model_validator(mode="after")
+    def _acks_keep_the_copies(self) -> ReceiverSettings:
+        if (self.connections.kafka_min_insync_replicas is not None
+                and self.kafka_acks not in ("all", "-1")):
+            raise ValueError("MSGBUS_KAFKA_MIN_INSYNC_REPLICAS needs "
+                             f"MSGBUS_RECEIVER_KAFKA_ACKS=all, not {self.kafka_acks!r}")
+        return self
 
 
 class DispatcherSettings(BaseSettings):

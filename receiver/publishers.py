@@ -30,12 +30,15 @@ def build_publishers(settings: ReceiverSettings) -> list[Publisher]:
     for cluster, nodes in conn.clusters(BrokerKind.KAFKA).items():
         from msgbus.brokers.kafka import KafkaPublisher
 
-        publishers.append(KafkaPublisher(",".join(nodes), cluster=cluster,
-                                         acks=settings.kafka_acks))
+        publishers.append(KafkaPublisher(
+            ",".join(nodes), cluster=cluster, acks=settings.kafka_acks,
+            replication_factor=conn.kafka_replication_factor,
+            min_insync_replicas=conn.kafka_min_insync_replicas))
     for cluster, nodes in conn.clusters(BrokerKind.RABBITMQ).items():
         from msgbus.brokers.rabbitmq import RabbitPublisher
 
-        publishers.append(RabbitPublisher(nodes, cluster=cluster))
+        publishers.append(RabbitPublisher(nodes, cluster=cluster,
+                                          queue_type=conn.rabbitmq_queue_type))
     return publishers
 
 

@@ -6,12 +6,18 @@ loop reads. Acks are queued and handed to the thread with `add_callback_threadsa
 per burst. When the connection drops the thread reconnects with backoff; messages buffered from
 the old connection are dropped (RabbitMQ redelivers every unacked message: at-least-once).
 
+A queue is classic or quorum (`MSGBUS_RABBITMQ_QUEUE_TYPE`: replicated on the cluster's nodes).
+Its type is fixed when it is first declared; a queue that exists with another shape is used as
+it is and the mismatch is logged (`declare_queue`), and reported by the admin and the
+broker-health monitor (msgbus/replication.py).
+
 An ordered subscription's queue has one consumer at a time, whatever the number of
-dispatchers: it consumes with `exclusive=True`; the others are refused (403) and ask again every
-STANDBY_S, so one of them takes over within about that long after the active one is gone
-(its unacked messages go back to the head of the queue). RabbitMQ's single active consumer would
-do the same without the asking, but it is a queue argument, fixed when the queue is first
-declared: existing queues could not become ordered (docs/decisions.md).
+dispatchers. On a classic queue it consumes with `exclusive=True`; the others are refused (403)
+and ask again every STANDBY_S, so one of them takes over within about that long after the
+active one is gone (its unacked messages go back to the head of the queue). Quorum queues
+ignore `exclusive` (RabbitMQ 3.10 accepts a second exclusive consumer), so an ordered quorum
+queue is declared with `x-single-active-consumer`: the broker keeps the others waiting and
+hands the queue to one of them when the active one goes (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import pika
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
@@ -44,12 +51,71 @@ STANDBY_S = 1.0  # how often a refused consumer of an ordered queue asks again
 _ACCESS_REFUSED = 403
 
 
-def declare_on(channel: BlockingChannel, exchange: str, queues: list[str]) -> None:
-    """The destination's durable topic exchange and each subscription's durable queue on it."""
+_PRECONDITION_FAILED = 406
+QueueType = Literal["classic", "quorum"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueShape:
+    """What a subscription's queue is declared as: its type, and for an ordered quorum queue
+    RabbitMQ's single active consumer."""
+
+    type: QueueType = "classic"
+    single_active: bool = False
+
+    @classmethod
+    def wanted(cls, queue_type: QueueType, ordered: bool) -> QueueShape:
+        return cls(queue_type, single_active=queue_type == "quorum" and ordered)
+
+    def __str__(self) -> str:
+        return f"{self.type}{' with single active consumer' if self.single_active else ''}"
+
+    def arguments(self) -> dict[str, Any]:
+        if self.type == "classic":  # as queues were always declared: no arguments
+            return {}
+        args: dict[str, Any] = {"x-queue-type": "quorum"}
+        if self.single_active:
+            args["x-single-active-consumer"] = True
+        return args
+
+
+# every shape msgbus declares, tried in turn when a queue exists with another one
+SHAPES = (QueueShape("classic"), QueueShape("quorum"), QueueShape("quorum", single_active=True))
+
+
+def declare_queue(channel: BlockingChannel, queue: str, wanted: QueueShape
+                  ) -> tuple[BlockingChannel, QueueShape | None]:
+    """Declare `queue` as `wanted`; a queue that exists with another shape cannot be declared
+    again with this one (PRECONDITION_FAILED, which closes the channel), so the other shapes are
+    tried on a new channel and the one that matches is used as it is. Returns the channel to go
+    on with and the queue's shape (None: none of msgbus's, e.g. made by hand)."""
+    for shape in (wanted, *(s for s in SHAPES if s != wanted)):
+        try:
+            channel.queue_declare(queue, durable=True, arguments=shape.arguments())
+        except ChannelClosedByBroker as exc:
+            if exc.reply_code != _PRECONDITION_FAILED:
+                raise
+            channel = channel.connection.channel()
+            continue
+        if shape != wanted:
+            log.warning("rabbitmq queue %s exists as %s, not %s as configured: kept as it is "
+                        "(docs/operations.md: migrating a queue)", queue, shape, wanted)
+        return channel, shape
+    channel.queue_declare(queue, passive=True)
+    log.warning("rabbitmq queue %s exists with arguments msgbus does not declare: kept", queue)
+    return channel, None
+
+
+def declare_on(channel: BlockingChannel, exchange: str, queues: dict[str, QueueShape]
+               ) -> tuple[BlockingChannel, dict[str, QueueShape | None]]:
+    """The destination's durable topic exchange and each subscription's durable queue on it;
+    returns the channel to go on with and each queue's shape (see `declare_queue`)."""
     channel.exchange_declare(exchange, "topic", durable=True)
-    for queue in queues:
-        channel.queue_declare(queue, durable=True)
+    shapes: dict[str, QueueShape | None] = {}
+    for queue, wanted in queues.items():
+        channel, shapes[queue] = declare_queue(channel, queue, wanted)
         channel.queue_bind(queue, exchange, routing_key="#")
+    return channel, shapes
 
 
 def node_parameters(urls: str | Sequence[str]) -> list[pika.URLParameters]:
@@ -71,7 +137,8 @@ def short_lived_connection(urls: str | Sequence[str]) -> Iterator[BlockingConnec
             connection.close()
 
 
-def declare_topology(urls: str | Sequence[str], exchange: str, queues: list[str]) -> None:
+def declare_topology(urls: str | Sequence[str], exchange: str,
+                     queues: dict[str, QueueShape]) -> None:
     """Declare (idempotently) over a short-lived connection; raises BrokerError."""
     try:
         with short_lived_connection(urls) as connection:
@@ -93,7 +160,7 @@ class RabbitSubscriptionConsumer(ThreadedConsumer):
     kind = BrokerKind.RABBITMQ
 
     def __init__(self, subscription: Subscription, *, url: str | Sequence[str],
-                 max_buffered: int) -> None:
+                 max_buffered: int, queue_type: QueueType = "classic") -> None:
         super().__init__(subscription, max_buffered=min(max(1, max_buffered), _MAX_PREFETCH))
         self.queue = consumer_name(subscription.destination, subscription.name)
         self.exchange = topic_name(subscription.destination)
@@ -107,7 +174,9 @@ class RabbitSubscriptionConsumer(ThreadedConsumer):
         self._ack_scheduled = False
         self._incoming: list[Received] = []  # thread only: filled by callbacks, then flushed
         self._failures = 0
-        self._exclusive = subscription.ordered_by_biz_id
+        self._ordered = subscription.ordered_by_biz_id
+        self._wanted = QueueShape.wanted(queue_type, self._ordered)
+        self._exclusive = self._ordered  # on a classic queue; set per connection
         self.standing_by = False  # refused: another process consumes the ordered queue
         self.connections = 0  # successful connects, for tests and metrics
 
@@ -173,9 +242,10 @@ class RabbitSubscriptionConsumer(ThreadedConsumer):
             self._acks.clear()
             self._ack_scheduled = False
             epoch = self._epoch
-        channel = connection.channel()
+        channel, shapes = declare_on(connection.channel(), self.exchange,
+                                     {self.queue: self._wanted})
         self._channel = channel
-        declare_on(channel, self.exchange, [self.queue])
+        self._exclusive = self._ordered and self._consumes_exclusive(shapes[self.queue])
         channel.basic_qos(prefetch_count=self.max_buffered)
         channel.basic_consume(self.queue, functools.partial(self._on_message, epoch),
                               exclusive=self._exclusive)
@@ -183,12 +253,25 @@ class RabbitSubscriptionConsumer(ThreadedConsumer):
         self.standing_by = False
         self.connections += 1
         log.info("rabbitmq consumer %s: consuming (prefetch %d%s)", self.queue,
-                 self.max_buffered, ", the only consumer" if self._exclusive else "")
+                 self.max_buffered, ", the only consumer" if self._exclusive
+                 else ", one active at a time" if self._wanted.single_active else "")
         while not self._stop.is_set():
             connection.process_data_events(time_limit=_POLL_S)
             self._flush_incoming()
         self._flush_acks()
         connection.close()
+
+    def _consumes_exclusive(self, shape: QueueShape | None) -> bool:
+        """Whether this ordered subscription needs an exclusive consumer: on a classic queue
+        (or one of unknown shape) yes; a quorum queue ignores it, and keeps one consumer at a
+        time only with single active consumer."""
+        if shape is None or shape.type == "classic":
+            return True
+        if not shape.single_active:
+            log.error("rabbitmq queue %s of an ordered subscription is a quorum queue without "
+                      "single active consumer: every dispatcher consumes it and per-key order "
+                      "is not kept (docs/operations.md: migrating a queue)", self.queue)
+        return False
 
     def _on_message(self, epoch: int, channel: BlockingChannel, method: Basic.Deliver,
                     _properties: pika.BasicProperties, body: bytes) -> None:

@@ -1,8 +1,10 @@
 """Kafka adapter (confluent-kafka): a destination is a topic, a subscription a consumer group.
 
-Publisher: one idempotent producer; records are keyed by `biz_id` (else `message_id`) so all
-messages of one business key stay in one partition, in order. A poll thread serves delivery
-reports and resolves each publish batch's asyncio future through `call_soon_threadsafe`.
+Publisher: one idempotent producer (acks=all by default); records are keyed by `biz_id` (else
+`message_id`) so all messages of one business key stay in one partition, in order. A poll
+thread serves delivery reports and resolves each publish batch's asyncio future through
+`call_soon_threadsafe`. New topics get the configured replication factor and
+min.insync.replicas.
 
 Consumer: `KafkaSubscriptionConsumer` (in `_kafka_consumer`, re-exported here).
 """
@@ -59,8 +61,15 @@ class KafkaPublisher(Publisher):
         publish_timeout_ms: int = 30_000,
         connect_timeout_s: float = 10.0,
         extra_config: dict[str, Any] | None = None,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
     ) -> None:
+        """`replication_factor`, `min_insync_replicas`: what new topics are created with;
+        None sends nothing, and the broker's defaults apply."""
         self._bootstrap = bootstrap
+        self._replication_factor = replication_factor
+        self._topic_config = ({} if min_insync_replicas is None
+                              else {"min.insync.replicas": str(min_insync_replicas)})
         self.cluster = cluster
         self._publish_timeout_ms = publish_timeout_ms
         self._connect_timeout_s = connect_timeout_s
@@ -148,12 +157,22 @@ class KafkaPublisher(Publisher):
             self._create_topic, self._admin, topic_name(destination.code), destination.partitions
         )
 
+    def new_topic(self, topic: str, partitions: int) -> NewTopic:
+        """The CreateTopics request of a destination's topic (-1: the broker's default)."""
+        return NewTopic(topic, num_partitions=partitions,
+                        replication_factor=self._replication_factor or -1,
+                        config=dict(self._topic_config))
+
     def _create_topic(self, admin: AdminClient, topic: str, partitions: int) -> None:
-        new = NewTopic(topic, num_partitions=partitions, replication_factor=-1)
+        """An existing topic is left as it is: its replication is reported, not changed
+        (msgbus/replication.py; docs/operations.md)."""
+        new = self.new_topic(topic, partitions)
         futures = admin.create_topics([new], operation_timeout=self._connect_timeout_s)
         try:
             futures[topic].result(timeout=self._connect_timeout_s + 5)
-            log.info("kafka topic %s created with %d partitions", topic, partitions)
+            log.info("kafka topic %s created with %d partitions (replication factor %s, "
+                     "config %s)", topic, partitions, self._replication_factor or "default",
+                     self._topic_config or "default")
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:

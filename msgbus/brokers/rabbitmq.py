@@ -32,7 +32,12 @@ from pika.spec import Basic
 from msgbus import codec
 from msgbus.backoff import backoff_s
 from msgbus.brokers._batch import PublishBatch
-from msgbus.brokers._rabbit_consumer import RabbitSubscriptionConsumer, declare_topology
+from msgbus.brokers._rabbit_consumer import (
+    QueueShape,
+    QueueType,
+    RabbitSubscriptionConsumer,
+    declare_topology,
+)
 from msgbus.brokers.base import Publisher, PublishOutcome, consumer_name, topic_name
 from msgbus.errors import BrokerError
 from msgbus.models import DEFAULT_CLUSTER, BrokerKind, Destination, Envelope, Subscription
@@ -361,8 +366,11 @@ class RabbitPublisher(Publisher):
     kind = BrokerKind.RABBITMQ
 
     def __init__(self, nodes: str | Sequence[str], *, cluster: str = DEFAULT_CLUSTER,
-                 confirm_timeout_s: float = 10.0, connect_timeout_s: float = 10.0) -> None:
-        """`nodes`: the AMQP URLs of one cluster's nodes, tried in turn when one goes away."""
+                 confirm_timeout_s: float = 10.0, connect_timeout_s: float = 10.0,
+                 queue_type: QueueType = "classic") -> None:
+        """`nodes`: the AMQP URLs of one cluster's nodes, tried in turn when one goes away;
+        `queue_type`: what subscriptions' new queues are declared as."""
+        self._queue_type: QueueType = queue_type
         self._urls = [nodes] if isinstance(nodes, str) else list(nodes)
         if not self._urls:
             raise ValueError("a RabbitMQ cluster needs at least one node URL")
@@ -385,7 +393,8 @@ class RabbitPublisher(Publisher):
         self, destination: Destination, subscriptions: Sequence[Subscription]
     ) -> None:
         exchange = topic_name(destination.code)
-        queues = [consumer_name(destination.code, s.name) for s in subscriptions]
+        queues = {consumer_name(destination.code, s.name):
+                  QueueShape.wanted(self._queue_type, s.ordered_by_biz_id) for s in subscriptions}
         await asyncio.to_thread(declare_topology, self._urls, exchange, queues)
 
     async def publish(

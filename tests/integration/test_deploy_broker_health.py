@@ -15,8 +15,9 @@ from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import sample_value
 from msgbus_devtools.testkit.waiting import wait_until
 
-from dispatcher.brokerhealth import BrokerHealthMonitor, management_url
+from dispatcher.brokerhealth import BrokerHealthMonitor
 from msgbus.brokers.base import consumer_name, topic_name
+from msgbus.brokers.management import management_url
 from msgbus.models import BrokerKind, Subscription
 from msgbus.settings import ConnectionSettings
 

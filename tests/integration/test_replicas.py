@@ -300,6 +300,11 @@ def test_order_per_biz_id_holds_with_three_dispatchers_and_the_sweep(ordered: De
 
     with deployment.logs_on_failure():
         wait_with_progress("every message delivered", delivered, 120)
+    _assert_each_key_in_order(deployment, subscribers)
+
+
+def _assert_each_key_in_order(deployment: Deployment,
+                              subscribers: dict[str, KeyedSubscriber]) -> None:
     for code, subscriber in subscribers.items():
         succeeded: dict[str, list[int]] = {}
         for key, n, status, _ in subscriber.arrivals():
@@ -315,6 +320,57 @@ def test_order_per_biz_id_holds_with_three_dispatchers_and_the_sweep(ordered: De
         others_done = max(at for key, n, status, at in subscriber.arrivals()
                           if key != STUCK_KEY and status == 200)
         assert others_done < head_done, f"{code}: the other keys waited for the stuck one"
+
+
+QUORUM_ORDERED = f"ord-q-{UNIQUE}"
+
+
+@pytest.fixture
+def ordered_quorum(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
+    private_servers.restart_stopped()
+    deployed = Deployment(private_servers, tmp_path, {QUORUM_ORDERED: BrokerKind.RABBITMQ})
+    deployed.subscriber_factory = KeyedSubscriber
+    deployed.subscription_options = {"ordered_by_biz_id": True, "max_concurrency": 8,
+                                     "retry_policy": {"delays_s": [1.0]}}
+    deployed.compensator_settings = {"scan_interval_s": "0.5",
+                                     "sweep_after_s": str(SWEEP_AFTER_S),
+                                     "sweep_interval_s": "1"}
+    deployed.extra_env = {"MSGBUS_RABBITMQ_QUEUE_TYPE": "quorum"}
+    yield deployed
+    deployed.close()
+
+
+def test_order_per_biz_id_holds_on_a_quorum_queue_when_the_active_dispatcher_dies(
+        ordered_quorum: Deployment) -> None:
+    """Quorum queues ignore exclusive consumers; an ordered one is declared with single active
+    consumer. Three dispatchers consume it; the first, the active one, is killed (-9) while it
+    holds the stuck key's later messages unacked: the broker hands them, in order, to the
+    next, and every key's messages still succeed one after the other."""
+    deployment = ordered_quorum
+    deployment.start(receivers=1)
+    for name in ("dispatcher-1", "dispatcher-2"):
+        deployment.add_dispatcher(name).start()
+    _send_in_key_order(deployment, QUORUM_ORDERED)
+    subscriber = cast(KeyedSubscriber, deployment.subscribers[QUORUM_ORDERED])
+    total = KEYS * PER_KEY
+    with deployment.logs_on_failure():
+        wait_with_progress("a third delivered", lambda: (subscriber.delivered(), total // 3), 60)
+        assert deployment.dispatcher is not None
+        deployment.dispatcher.kill9()
+        wait_with_progress("every message delivered", lambda: (subscriber.delivered(), total),
+                           120)
+    _assert_each_key_in_order(deployment, {QUORUM_ORDERED: subscriber})
+    pushed_by = _pushed_by(deployment, QUORUM_ORDERED)
+    assert "dispatcher" in pushed_by and {"dispatcher-1", "dispatcher-2"} & pushed_by, pushed_by
+
+
+def _pushed_by(deployment: Deployment, code: str) -> set[str]:
+    async def read() -> set[str]:
+        found = await deployment.store.attempts.distinct(
+            "instance", {"subscription": f"{code}/{SUBSCRIPTION}"})
+        return {str(instance) for instance in found}
+
+    return deployment.run(read())
 
 
 # ---- one message id, one delivery, across receivers ---------------------------------------------

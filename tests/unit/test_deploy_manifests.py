@@ -171,6 +171,23 @@ def test_deploy_settings_name_real_msgbus_variables(overlay: str) -> None:
     assert not unknown, f"no msgbus setting reads {sorted(unknown)}"
 
 
+def test_deploy_prod_keeps_two_copies_of_every_message() -> None:
+    """Prod asks for three Kafka replicas, two in sync, and quorum queues; those settings load
+    (the receiver's acks stay "all", which min.insync.replicas needs); dev asks for nothing:
+    the brokers' defaults."""
+    prod = next(iter(of_kind("prod", "ConfigMap").values()))["data"]
+    asked = {"MSGBUS_KAFKA_REPLICATION_FACTOR": "3", "MSGBUS_KAFKA_MIN_INSYNC_REPLICAS": "2",
+             "MSGBUS_RABBITMQ_QUEUE_TYPE": "quorum"}
+    assert asked.items() <= prod.items()
+    assert "MSGBUS_RECEIVER_KAFKA_ACKS" not in prod
+    conn = msgbus_settings.ConnectionSettings.model_validate(
+        {key.removeprefix("MSGBUS_").lower(): value for key, value in asked.items()})
+    assert (conn.kafka_replication_factor, conn.kafka_min_insync_replicas,
+            conn.rabbitmq_queue_type) == (3, 2, "quorum")
+    dev = next(iter(of_kind("dev", "ConfigMap").values()))["data"]
+    assert not set(asked) & set(dev)
+
+
 def test_deploy_hpas_and_pdbs_select_real_workloads() -> None:
     deployments = of_kind("prod", "Deployment")
     for hpa in of_kind("prod", "HorizontalPodAutoscaler").values():
