@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Response
 
-from admin import invalid_docs, operations, pushers, removal, users_routes
+from admin import invalid_docs, operations, pushers, removal, schema_routes, users_routes
 from admin.deps import AdminParts, Deletions, Service, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.params import (
@@ -58,7 +58,7 @@ def create_app(service: AdminService) -> FastAPI:
     add_readiness(app, partial(_readiness, service.store), required=("mongo",),
                   service="admin")
     for routes in (router, invalid_docs.router, pushers.router, removal.router,
-                   operations.router, users_routes.router):
+                   operations.router, users_routes.router, schema_routes.router):
         include_routes(app, routes)
     add_ui(app)
     return app

@@ -46,6 +46,8 @@ def encode(envelope: Envelope) -> bytes:
         meta["h"] = envelope.headers
     if envelope.redelivered:
         meta["rd"] = 1
+    if envelope.schema_version is not None:
+        meta["sv"] = envelope.schema_version
     head = orjson.dumps(meta)
     return b"".join((_MAGIC, _LEN.pack(len(head)), head, envelope.body))
 
@@ -69,6 +71,7 @@ def decode(data: bytes) -> Envelope:
         received_at=_dt(meta.get("r")),
         headers=meta.get("h") or {},
         redelivered=bool(meta.get("rd")),
+        schema_version=meta.get("sv"),
     )
 
 

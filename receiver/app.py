@@ -51,7 +51,9 @@ from receiver.parsing import (
     parse_raw,
     raw_form_header,
 )
+from receiver.schema_route import router as schema_router
 from receiver.service import ReceiverService
+from receiver.validation import NOT_PARSED, BodyValidator
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +155,7 @@ class Ingest:
     def __init__(self, service: ReceiverService) -> None:
         self._registry = service.registry
         self._intake: Intake = service.intake
+        self.validator = BodyValidator(service.registry)
 
     async def check_destination(self, code: str) -> None:
         if not is_destination_code(code):
@@ -220,6 +223,7 @@ class IngestEndpoints:
                 envelope = parse_raw(raw, scope["headers"], destination=code,
                                      source_app=producer.name,
                                      max_body_bytes=settings.max_message_bytes, now=now)
+                ingest.validator.check(envelope)
             else:
                 _require_json(content_type, raw_allowed=True)
                 misplaced = raw_form_header(scope["headers"])
@@ -230,10 +234,12 @@ class IngestEndpoints:
                         "and headers itself (JSON bytes to keep as they are: body_base64)",
                         field=misplaced)
                 raw = await _read_limited(receive, headers, single_limit)
-                envelope = parse_envelope(load_json(raw), destination=code,
+                data = load_json(raw)
+                envelope = parse_envelope(data, destination=code,
                                           source_app=producer.name,
                                           max_body_bytes=settings.max_message_bytes, now=now,
                                           exact=ExactJson(raw))
+                ingest.validator.check(envelope, data.get("body", NOT_PARSED))
         except MsgbusError as exc:
             MESSAGES_REJECTED.labels(destination, exc.code).inc()
             raise
@@ -276,6 +282,7 @@ class IngestEndpoints:
                 envelope = parse_envelope(item, destination=code, source_app=producer.name,
                                           max_body_bytes=settings.max_message_bytes, now=now,
                                           exact=partial(_batch_item, exact_batch, index))
+                ingest.validator.check(envelope, item.get("body", NOT_PARSED))
             except MsgbusError as exc:
                 MESSAGES_REJECTED.labels(destination, exc.code).inc()
                 results.append({"message_id": _echo_id(item), "status": exc.status_code,
@@ -354,6 +361,7 @@ def create_app(service: ReceiverService) -> FastAPI:
     app.state.service = service
     IngestEndpoints(service).install(app)
     include_routes(app, probes)
+    include_routes(app, schema_router)
     add_readiness(app, partial(_readiness, service), required=("buffer_has_room",),
                   service="receiver")
     app.openapi = partial(_openapi, app, service.settings)  # type: ignore[method-assign]

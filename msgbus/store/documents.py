@@ -37,6 +37,7 @@ def message_doc(envelope: Envelope, subscriptions: list[str]) -> dict[str, Any]:
         "body": Binary(envelope.body),
         "size": len(envelope.body),
         "subscriptions": subscriptions,
+        "schema_version": envelope.schema_version,
     }
 
 
@@ -51,6 +52,7 @@ def envelope_from_doc(doc: dict[str, Any]) -> Envelope:
         created_at=doc["created_at"],
         received_at=doc.get("received_at"),
         headers=doc.get("headers") or {},
+        schema_version=doc.get("schema_version"),
     )
 
 
