@@ -11,10 +11,12 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from click.testing import CliRunner
 from msgbus_client import MsgbusClient, SchemaValidationError
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.waiting import wait_until
 
+from msgbus.cli.main import main as cli
 from msgbus.ids import uuid7
 
 ORDER: dict[str, Any] = {
@@ -205,3 +207,34 @@ def test_the_client_with_validate_raises_before_spooling(
         client.send(destination, VALID)
         wait_until(lambda: client.spool.pending_count() == 0, 20, "the valid message sent")
         assert client.list_rejected() == []
+
+
+def test_the_cli_puts_lists_and_shows_versions(bus: RunningBus, destination: str,
+                                               tmp_path: Path) -> None:
+    admin = ["--admin", bus.admin_url, "--token", bus.admin_token]
+    runner = CliRunner()
+
+    def schema(*args: str) -> Any:
+        return runner.invoke(cli, ["destination", "schema", args[0], *admin, *args[1:]])
+
+    first, second = tmp_path / "v1.json", tmp_path / "v2.json"
+    first.write_bytes(orjson.dumps(ORDER))
+    second.write_bytes(orjson.dumps(ORDER | {"required": ["order_id", "amount"]}))
+    put = schema("put", destination, str(first))
+    assert put.exit_code == 0, put.output
+    assert f"{destination}: version 1 registered (backward)" in put.output
+    refused = schema("put", destination, str(second))
+    assert refused.exit_code == 1 and "409" in refused.output
+    assert "/required: field `amount` became required (breaks backward)" in refused.output
+    assert schema("put", destination, str(second), "--compatibility", "none").exit_code == 0
+
+    listed = schema("list", destination)
+    assert listed.exit_code == 0
+    assert [line.split()[:2] for line in listed.output.splitlines()[1:]] == [
+        ["1", "backward"], ["2", "none"]]
+    as_json = orjson.loads(schema("list", destination, "--json").output)
+    assert [v["version"] for v in as_json] == [1, 2]
+    assert orjson.loads(schema("show", destination, "1").output) == ORDER
+    assert orjson.loads(schema("show", destination).output)["required"] == [
+        "order_id", "amount"]
+    assert orjson.loads(schema("show", destination, "--json").output)["version"] == 2
