@@ -14,7 +14,15 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Response
 
-from admin import invalid_docs, operations, pushers, removal, schema_routes, users_routes
+from admin import (
+    invalid_docs,
+    operations,
+    pushers,
+    removal,
+    schema_routes,
+    schema_ui,
+    users_routes,
+)
 from admin.deps import AdminParts, Deletions, Service, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.params import (
@@ -61,6 +69,7 @@ def create_app(service: AdminService) -> FastAPI:
                    operations.router, users_routes.router, schema_routes.router):
         include_routes(app, routes)
     add_ui(app)
+    include_routes(app, schema_ui.router)
     return app
 
 
