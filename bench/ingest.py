@@ -125,6 +125,7 @@ class IngestBench:
         label = " ".join(x for x in (target.name, broker, mode) if x)
         say(f"run {run} {label}: {duration_s:g} s, {connections} connections"
             + (f", paced at {rate_per_s:.0f} req/s" if rate_per_s else ""))
+        cpu_before = self.stack.cpu_s(target) if target.is_receiver else 0.0
         result = run_wrk(target.url, wrk_mode, code,
                          self.stack.api_key, duration_s=duration_s, threads=WRK_THREADS,
                          connections=connections, batch_size=BATCH_SIZE,
@@ -135,6 +136,7 @@ class IngestBench:
             phase.problems.append(f"{result.failed} requests failed {result.errors}")
         if target.is_receiver:
             self.settle(phase, target)
+            phase.cpu_s = self.stack.cpu_s(target) - cpu_before
             if broker == "rabbitmq":
                 self.stack.purge_rabbitmq()
         self.phases.append(phase)

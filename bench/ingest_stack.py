@@ -38,6 +38,7 @@ from pydantic import HttpUrl
 from pymongo import MongoClient
 
 from bench.buffers import pending_entries
+from bench.dispatch_stack import tree_cpu_s
 from bench.report import say
 from msgbus import processes
 from msgbus.auth import hash_api_key, new_api_key
@@ -261,6 +262,12 @@ class IngestStack:
                 say(f"  draining {target.name}: {left} buffer entries left")
                 next_note += 10
             time.sleep(0.25)
+
+    def cpu_s(self, target: Target) -> float:
+        """CPU seconds so far of a target's processes (a receiver: its workers and their
+        drain processes)."""
+        pid = next(p.pid for name, p, _ in self._processes if name == target.name)
+        return tree_cpu_s(pid)
 
     def purge_rabbitmq(self) -> None:
         """Empty the subscription queues (paused: nobody consumes them)."""
