@@ -38,7 +38,6 @@ from pydantic import HttpUrl
 from pymongo import MongoClient
 
 from bench.buffers import pending_entries
-from bench.dispatch_stack import tree_cpu_s
 from bench.report import say
 from msgbus import processes
 from msgbus.auth import hash_api_key, new_api_key
@@ -266,6 +265,8 @@ class IngestStack:
     def cpu_s(self, target: Target) -> float:
         """CPU seconds so far of a target's processes (a receiver: its workers and their
         drain processes)."""
+        from bench.dispatch_stack import tree_cpu_s  # it imports this module
+
         pid = next(p.pid for name, p, _ in self._processes if name == target.name)
         return tree_cpu_s(pid)
 
