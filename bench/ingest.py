@@ -86,8 +86,12 @@ class IngestBench:
         machine's other load, MongoDB catching up) weighs on both alike."""
         receiver, broker = self.stack.receivers[1], self.args.brokers[0]
         for kind in ("with", "without", "without", "with"):
-            self.measure(run, receiver, broker, SCHEMA_MODES[kind], duration_s=duration_s,
-                         code=self.stack.schema_destinations[kind])
+            phase = self.measure(run, receiver, broker, SCHEMA_MODES[kind],
+                                 duration_s=duration_s, code=self.stack.schema_destinations[kind])
+            # the receiver validated (and recorded the version) only where there is a schema
+            versions = self.stack.schema_versions(phase.result.id_prefix)
+            if versions != ({1} if kind == "with" else {None}):
+                phase.problems.append(f"recorded schema versions {versions}")
 
     def warm_up(self) -> None:
         """Connections, Kafka topics and first-request costs, not reported."""

@@ -245,6 +245,12 @@ class IngestStack:
         return self.mongo[self.mongo_db]["messages"].count_documents(
             {"_id": {"$gte": f"{id_prefix}-", "$lt": f"{id_prefix}."}})
 
+    def schema_versions(self, id_prefix: str) -> set[object]:
+        """The schema versions recorded for one of the messages of a wrk run (None: none)."""
+        doc = self.mongo[self.mongo_db]["messages"].find_one(
+            {"_id": {"$gte": f"{id_prefix}-", "$lt": f"{id_prefix}."}}, {"schema_version": 1})
+        return {None if doc is None else doc.get("schema_version")}
+
     def drain(self, target: Target, timeout_s: float) -> tuple[int, float]:
         """Wait until the target's buffers are empty (everything accepted was published and
         recorded), so that one phase's background writes do not slow the next.
