@@ -121,6 +121,8 @@ def test_the_receiver_refuses_an_invalid_body_with_its_pointer_and_rule(
         assert (error["error"], error["pointer"], error["keyword"]) == (
             "schema_violation", pointer, keyword)
         assert error["schema_version"] == version and error["field"] == "body"
+    assert bus.receiver_metric("msgbus_messages_rejected_total", destination=destination,
+                               reason="schema_violation") == len(cases)
 
 
 def test_a_body_that_is_not_json_is_a_415_on_a_destination_with_a_schema(
