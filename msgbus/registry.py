@@ -110,8 +110,13 @@ class Registry:
             if held is not None and held.version == version:
                 schemas[code] = held
                 continue
-            with contextlib.suppress(NotFound, InvalidStoredDocument):  # reported by the store
+            try:
                 schemas[code] = await self._schema_store.get(code, version)
+            except (NotFound, InvalidStoredDocument):  # reported by the store
+                # the newest version that reads back: a broken one never turns validation off
+                valid = await self._schema_store.versions(code)
+                if valid:
+                    schemas[code] = valid[-1]
         changed = schemas != self._schemas
         self._schemas = schemas
         return changed

@@ -2,8 +2,8 @@
 
 One document per version, `_id` `<code>/<version>`, never changed once written: a message
 records the version it passed, so the version must keep meaning what it meant. The schema is
-kept as JSON text: its keys (`$schema`, `$ref`, `$defs`, names with dots) are not all field
-names MongoDB takes as they are.
+kept as JSON text (`documents.schema_doc`). A stored version that does not validate is left out
+and listed with the other invalid configuration documents (`GET /v1/invalid-documents`).
 
 Registering checks compatibility against the latest version (the admin does, admin/schemas.py)
 and inserts the next number; two registrations racing for one number meet on the unique
@@ -14,28 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from pymongo import ASCENDING
 from pymongo.errors import DuplicateKeyError
 
 from msgbus.errors import Conflict, NotFound
 from msgbus.models import PayloadSchema, SchemaCompatibility, payload_schema_id, utcnow
 from msgbus.store.checked import read_each, read_one, storable
+from msgbus.store.documents import schema_doc, schema_from_doc
 from msgbus.store.mongo import MongoStore
 
 COLLECTION = "schemas"
-
-
-def schema_doc(schema: PayloadSchema) -> dict[str, Any]:
-    return {"_id": schema.id, "destination": schema.destination, "version": schema.version,
-            "schema_json": orjson.dumps(schema.schema_).decode(),
-            "compatibility": schema.compatibility.value, "created_at": schema.created_at,
-            "created_by": schema.created_by}
-
-
-def schema_from_doc(doc: dict[str, Any]) -> PayloadSchema:
-    fields = {k: v for k, v in doc.items() if k not in ("_id", "schema_json")}
-    return PayloadSchema.model_validate(fields | {"schema": orjson.loads(doc["schema_json"])})
 
 
 class SchemaStore:

@@ -240,3 +240,22 @@ def test_the_cli_puts_lists_and_shows_versions(bus: RunningBus, destination: str
     assert orjson.loads(schema("show", destination).output)["required"] == [
         "order_id", "amount"]
     assert orjson.loads(schema("show", destination, "--json").output)["version"] == 2
+
+
+def test_a_stored_version_that_does_not_validate_is_listed_and_skipped(
+        bus: RunningBus, http: httpx.Client, destination: str) -> None:
+    """A version edited by hand into something unreadable: the admin lists it with the other
+    invalid configuration, and the receiver goes on validating against the last good one."""
+    version = _with_schema(bus, http, destination)
+    broken_id = f"{destination}/{version + 1}"
+    bus.query(bus.store.db["schemas"].insert_one({
+        "_id": broken_id, "destination": destination, "version": version + 1,
+        "schema_json": "{not json"}))
+    listed = bus.admin.get("/v1/invalid-documents").json()["documents"]
+    assert ("schemas", broken_id) in {(d["collection"], d["id"]) for d in listed}
+    bus.wait_for_config()
+    assert http.get(f"/v1/destinations/{destination}/schema").json()["version"] == version
+    assert _send(http, destination, body={"amount": 1}).status_code == 422
+    assert [v["version"] for v in bus.admin.get(
+        f"/v1/destinations/{destination}/schemas").json()] == [version]
+    assert bus.admin.delete(f"/v1/invalid-documents/schemas/{broken_id}").status_code == 204
