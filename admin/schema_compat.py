@@ -71,6 +71,9 @@ def schema_changes(old: Any, new: Any) -> list[Change]:
 
 
 def _what(where: str) -> str:
+    if where.endswith("*"):  # what additionalProperties governs
+        owner = where[:-1].rstrip(".")
+        return "a field not named in `properties`" + (f" of `{owner}`" if owner else "")
     return f"field `{where}`" if where else "the body"
 
 

@@ -83,6 +83,12 @@ def test_closing_or_opening_the_schema() -> None:
     closed = _with(additionalProperties=False)
     assert _allowed(ORDER, closed) == {"none", "forward"}
     assert _allowed(closed, ORDER) == {"none", "backward"}
+    assert _messages(ORDER, closed, Mode.BACKWARD) == [
+        "a field not named in `properties` is no longer accepted at all"]
+    nested = {"type": "object", "properties": {"customer": ORDER}}
+    nested_closed = {"type": "object", "properties": {"customer": closed}}
+    assert _messages(nested, nested_closed, Mode.BACKWARD) == [
+        "a field not named in `properties` of `customer` is no longer accepted at all"]
 
 
 def test_additional_properties_as_a_schema_is_compared_as_one() -> None:
