@@ -14,7 +14,16 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Response
 
-from admin import invalid_docs, operations, pushers, removal, replication, users_routes
+from admin import (
+    invalid_docs,
+    operations,
+    pushers,
+    removal,
+    replication,
+    schema_routes,
+    schema_ui,
+    users_routes,
+)
 from admin.deps import AdminParts, Deletions, Service, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.params import (
@@ -59,9 +68,10 @@ def create_app(service: AdminService) -> FastAPI:
                   service="admin")
     for routes in (router, invalid_docs.router, pushers.router, removal.router,
                    operations.router, users_routes.router, replication.router,
-                   replication.ui_router):
+                   replication.ui_router, schema_routes.router):
         include_routes(app, routes)
     add_ui(app)
+    include_routes(app, schema_ui.router)
     return app
 
 

@@ -26,6 +26,7 @@ from msgbus.errors import Conflict
 from msgbus.models import subscription_id, utcnow
 from msgbus.store import MongoStore
 from msgbus.store.deletions import DESTINATION, SUBSCRIPTION, DeletionStore
+from msgbus.store.schemas import SchemaStore
 
 
 class SkipIn(BaseModel):
@@ -78,6 +79,7 @@ async def delete_destination(code: DestinationCode, who: AsAdmin, store: Store, 
     for name in names:
         await _delete_one_subscription(store, deletions, code, name, who.name)
     await store.destinations.delete_one({"_id": code})
+    await SchemaStore(store).delete_destination(code)
     await users.audit(who, "destination.delete", code, {"subscriptions": names})
     return {"deleted": code, "subscriptions": names}
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, StrictBool, StrictFloat
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat
 
 from msgbus.models import (
     APP_DESTINATION_PATTERN,
@@ -13,6 +13,7 @@ from msgbus.models import (
     ConfigModel,
     Integer,
     ReplaySpec,
+    SchemaCompatibility,
     SubscriptionSettings,
 )
 from msgbus.users import MIN_PASSWORD_LENGTH, Role
@@ -26,6 +27,18 @@ class DestinationIn(ConfigModel):
     record_rate_per_s: StrictFloat = Field(
         default=0, ge=0, le=10_000_000,
         description="MongoDB record writes/s of each receiver; 0: unlimited")
+
+
+class SchemaIn(BaseModel):
+    """A new version of a destination's payload schema."""
+
+    schema_: dict[str, Any] | StrictBool = Field(
+        alias="schema", description="a JSON Schema, draft 2020-12")
+    compatibility: SchemaCompatibility | None = Field(
+        default=None, description="checked against the latest version now and from now on; "
+                                  "default: the latest version's (backward for the first)")
+
+    model_config = ConfigDict(populate_by_name=True)
 
 
 class RuntimeIn(ConfigModel):

@@ -41,6 +41,7 @@ from msgbus.errors import InvalidStoredDocument, MsgbusError, NotFound
 from msgbus.http import include_routes
 from msgbus.models import CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id, utcnow
 from msgbus.store import MongoStore
+from msgbus.store.schemas import SchemaStore
 from msgbus.users import Principal, Role, check_password
 
 HERE = Path(__file__).parent
@@ -134,7 +135,7 @@ async def destinations_page(request: Request, who: UiUser, store: Store) -> Resp
     invalid = await store.all_invalid_documents()
     return page(request, "destinations.html", who, page="Destinations",
                 destinations=await store.list_destinations(), subscriptions=subs,
-                invalid=invalid)
+                invalid=invalid, schema_versions=await SchemaStore(store).latest_versions())
 
 
 @router.get("/ui/messages", response_model=None)

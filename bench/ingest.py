@@ -12,6 +12,10 @@ processes: the bare endpoint with single messages and batches of 100, then the r
 (`msgbus receiver --workers N`) with single messages and batches of 100 to a Kafka and to a
 RabbitMQ destination. Then single messages at half load (paced at half of the rate each target
 reached at full load in this run) to the bare endpoint and to the 1-worker receiver, for p99.
+Then the payload schema phase: single messages of 20 fields to the 1-worker receiver, to a
+destination whose schema checks those 20 fields and to one without a schema (first broker; in
+the order with, without, without, with), for the throughput with validation ÷ without
+(`--only-schema` runs this phase alone).
 After each receiver phase it waits until the receiver's buffers are empty (so that one phase's
 background writes to the brokers and MongoDB do not slow the next), then checks that MongoDB
 holds every message the phase had answered with success. Batch phases are shorter by default:
@@ -48,6 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 BATCH_SIZE = 100
 WRK_THREADS = 2
 CONNECTIONS = {"single": 64, "batch": 32, "half": 32}
+SCHEMA_MODES = {"with": "fields20+schema", "without": "fields20"}
 
 
 class IngestBench:
@@ -60,21 +65,40 @@ class IngestBench:
         self.warm_up()
         for run in range(1, self.args.runs + 1):
             say(f"=== run {run}/{self.args.runs}")
-            for workers in (1, 2):
-                bare = self.stack.bare[workers]
+            if not self.args.only_schema:
+                self.measure_full_set(run)
+            self.measure_schema(run)
+
+    def measure_full_set(self, run: int) -> None:
+        for workers in (1, 2):
+            bare = self.stack.bare[workers]
+            for mode in ("single", "batch"):
+                self.measure(run, bare, "", mode)
+            receiver = self.stack.receivers[workers]
+            for broker in self.args.brokers:
                 for mode in ("single", "batch"):
-                    self.measure(run, bare, "", mode)
-                receiver = self.stack.receivers[workers]
-                for broker in self.args.brokers:
-                    for mode in ("single", "batch"):
-                        self.measure(run, receiver, broker, mode)
-            self.measure_half_load(run)
+                    self.measure(run, receiver, broker, mode)
+        self.measure_half_load(run)
+
+    def measure_schema(self, run: int, duration_s: int | None = None) -> None:
+        """Single messages of 20 fields, to the destination with a schema and to the one
+        without, in the order with, without, without, with: what drifts during a run (the
+        machine's other load, MongoDB catching up) weighs on both alike."""
+        receiver, broker = self.stack.receivers[1], self.args.brokers[0]
+        for kind in ("with", "without", "without", "with"):
+            phase = self.measure(run, receiver, broker, SCHEMA_MODES[kind],
+                                 duration_s=duration_s, code=self.stack.schema_destinations[kind])
+            # the receiver validated (and recorded the version) only where there is a schema
+            versions = self.stack.schema_versions(phase.result.id_prefix)
+            if versions != ({1} if kind == "with" else {None}):
+                phase.problems.append(f"recorded schema versions {versions}")
 
     def warm_up(self) -> None:
         """Connections, Kafka topics and first-request costs, not reported."""
         say("warming up (not reported)")
         seconds = self.args.warmup
-        for workers in (1, 2):
+        self.measure_schema(0, seconds)
+        for workers in () if self.args.only_schema else (1, 2):
             for mode in ("single", "batch"):
                 self.measure(0, self.stack.bare[workers], "", mode, duration_s=seconds)
                 for broker in self.args.brokers:
@@ -92,17 +116,23 @@ class IngestBench:
                 self.measure(run, target, broker, "half", rate_per_s=rate)
 
     def measure(self, run: int, target: Target, broker: str, mode: str, *,
-                duration_s: int | None = None, rate_per_s: float | None = None) -> Phase:
+                duration_s: int | None = None, rate_per_s: float | None = None,
+                code: str | None = None) -> Phase:
         duration_s = duration_s or (self.args.batch_duration if mode == "batch"
                                     else self.args.duration)
-        code = self.stack.destinations[(target.workers, broker)] if broker else "bare"
+        if code is None:
+            code = self.stack.destinations[(target.workers, broker)] if broker else "bare"
+        wrk_mode = "fields20" if mode in SCHEMA_MODES.values() else (
+            "batch" if mode == "batch" else "single")
+        connections = CONNECTIONS.get(mode, CONNECTIONS["single"])
         per_request = BATCH_SIZE if mode == "batch" else 1
         label = " ".join(x for x in (target.name, broker, mode) if x)
-        say(f"run {run} {label}: {duration_s:g} s, {CONNECTIONS[mode]} connections"
+        say(f"run {run} {label}: {duration_s:g} s, {connections} connections"
             + (f", paced at {rate_per_s:.0f} req/s" if rate_per_s else ""))
-        result = run_wrk(target.url, "batch" if mode == "batch" else "single", code,
+        cpu_before = self.stack.cpu_s(target) if target.is_receiver else 0.0
+        result = run_wrk(target.url, wrk_mode, code,
                          self.stack.api_key, duration_s=duration_s, threads=WRK_THREADS,
-                         connections=CONNECTIONS[mode], batch_size=BATCH_SIZE,
+                         connections=connections, batch_size=BATCH_SIZE,
                          rate_per_s=rate_per_s)
         phase = Phase(run, target.name, broker, mode, result, per_request,
                       offered_per_s=rate_per_s)
@@ -110,6 +140,7 @@ class IngestBench:
             phase.problems.append(f"{result.failed} requests failed {result.errors}")
         if target.is_receiver:
             self.settle(phase, target)
+            phase.cpu_s = self.stack.cpu_s(target) - cpu_before
             if broker == "rabbitmq":
                 self.stack.purge_rabbitmq()
         self.phases.append(phase)
@@ -151,6 +182,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds to wait for a receiver to drain after a phase")
     parser.add_argument("--quick", action="store_true",
                         help="1 run of 1 s phases and warm-ups (smoke test)")
+    parser.add_argument("--only-schema", action="store_true",
+                        help="only the payload schema phase (validation vs none)")
     parser.add_argument("--receiver-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting of the receivers (repeatable), e.g. "
                              "MSGBUS_RECEIVER_DEDUPE_ACROSS_RECEIVERS=false to measure without "
@@ -202,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                            "batch_duration_s": args.batch_duration,
                            "batch_size": BATCH_SIZE, "wrk_threads": WRK_THREADS,
                            "connections": CONNECTIONS, "brokers": args.brokers,
+                           "only_schema": args.only_schema,
                            "receiver_env": args.receiver_env,
                            "half_load": "wrk paced (delay() hook) at half of the full-load "
                                         "req/s of the same target and run"}

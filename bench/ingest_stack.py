@@ -7,6 +7,8 @@
   subscription (so RabbitMQ routes every message to a durable queue and the receiver records a
   pending delivery per message, as with a real subscriber, while no dispatcher pushes compete
   for the CPU during a measurement);
+- for the payload schema phase, two more destinations on the first broker, like the others:
+  one with `SCHEMA_20_FIELDS` as its schema, one without;
 - a dispatcher (`msgbus dispatcher`) and a trivial subscriber, so that a message a broker
   refuses takes the direct path as in production;
 - the targets, each in processes of their own: the receiver with 1 and with 2 workers
@@ -40,14 +42,46 @@ from bench.report import say
 from msgbus import processes
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.brokers.base import consumer_name, topic_name
-from msgbus.models import BrokerKind, Destination, Subscription
+from msgbus.models import BrokerKind, Destination, SchemaCompatibility, Subscription
 from msgbus.store import MongoStore
+from msgbus.store.schemas import SchemaStore
 from receiver.bufferslots import holder_of, slots
 
 HOST = "127.0.0.1"
 APP_NAME = "bench-ingest"
 SUBSCRIPTION = "sink"
 STOP_TIMEOUT_S = 30.0
+
+
+def _text(max_length: int, **more: Any) -> dict[str, Any]:
+    return {"type": "string", "maxLength": max_length, **more}
+
+
+# The schema of the payload schema phase: the 20 fields of bench/wrk/ingest.lua's "fields20"
+# body, each typed and bounded, all required, nothing else allowed.
+SCHEMA_20_FIELDS: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "order_id": _text(64, pattern="^o-"), "customer": _text(64),
+        "amount": {"type": "number", "minimum": 0},
+        "currency": {"enum": ["EUR", "USD", "GBP", "CHF"]},
+        "status": {"enum": ["new", "paid", "shipped", "cancelled"]},
+        "country": _text(2, minLength=2), "city": _text(100), "zip": _text(10),
+        "street": _text(200), "email": _text(254, format="email"), "phone": _text(20),
+        "channel": {"enum": ["web", "app", "store"]},
+        "priority": {"type": "integer", "minimum": 0, "maximum": 9},
+        "gift": {"type": "boolean"}, "discount": {"type": "number", "minimum": 0},
+        "tax": {"type": "number", "minimum": 0}, "shipping": {"type": "number", "minimum": 0},
+        "weight_g": {"type": "integer", "minimum": 0},
+        "items": {"type": "array", "minItems": 1, "maxItems": 100, "items": {
+            "type": "object", "required": ["sku", "qty"], "additionalProperties": False,
+            "properties": {"sku": _text(64), "qty": {"type": "integer", "minimum": 1}}}},
+        "note": _text(1000),
+    },
+    "additionalProperties": False,
+}
+SCHEMA_20_FIELDS["required"] = list(SCHEMA_20_FIELDS["properties"])
 
 
 @dataclass
@@ -79,6 +113,10 @@ class IngestStack:
         self.destinations: dict[tuple[int, str], str] = {
             (workers, broker): f"ingest-{self.run_id}-w{workers}-{broker}"
             for workers in (1, 2) for broker in brokers}
+        # the payload schema phase's destinations, on the first broker: "with" has
+        # SCHEMA_20_FIELDS, "without" no schema
+        self.schema_destinations = {
+            kind: f"ingest-{self.run_id}-{kind}-schema" for kind in ("with", "without")}
         self.bare: dict[int, Target] = {}
         self.receivers: dict[int, Target] = {}
         self.env: dict[str, str] = {}
@@ -187,11 +225,15 @@ class IngestStack:
         try:
             await store.ensure_indexes()
             await store.create_app(APP_NAME, hash_api_key(self.api_key), ["*"])
-            for (_, broker), code in self.destinations.items():
+            schema_codes = {code: self.brokers[0] for code in self.schema_destinations.values()}
+            for code, broker in [*((c, b) for (_, b), c in self.destinations.items()),
+                                 *schema_codes.items()]:
                 await store.save_destination(Destination(code=code, broker=BrokerKind(broker)))
                 await store.save_subscription(Subscription(
                     destination=code, name=SUBSCRIPTION, url=HttpUrl(f"{subscriber_url}/{code}"),
                     paused=True))
+            await SchemaStore(store).add(self.schema_destinations["with"], SCHEMA_20_FIELDS,
+                                         SchemaCompatibility.BACKWARD, 1, APP_NAME)
         finally:
             await store.close()
 
@@ -202,6 +244,12 @@ class IngestStack:
         the _id index: a count by destination would scan, and slow the drain it waits for)."""
         return self.mongo[self.mongo_db]["messages"].count_documents(
             {"_id": {"$gte": f"{id_prefix}-", "$lt": f"{id_prefix}."}})
+
+    def schema_versions(self, id_prefix: str) -> set[object]:
+        """The schema versions recorded for one of the messages of a wrk run (None: none)."""
+        doc = self.mongo[self.mongo_db]["messages"].find_one(
+            {"_id": {"$gte": f"{id_prefix}-", "$lt": f"{id_prefix}."}}, {"schema_version": 1})
+        return {None if doc is None else doc.get("schema_version")}
 
     def drain(self, target: Target, timeout_s: float) -> tuple[int, float]:
         """Wait until the target's buffers are empty (everything accepted was published and
@@ -220,6 +268,14 @@ class IngestStack:
                 next_note += 10
             time.sleep(0.25)
 
+    def cpu_s(self, target: Target) -> float:
+        """CPU seconds so far of a target's processes (a receiver: its workers and their
+        drain processes)."""
+        from bench.dispatch_stack import tree_cpu_s  # it imports this module
+
+        pid = next(p.pid for name, p, _ in self._processes if name == target.name)
+        return tree_cpu_s(pid)
+
     def purge_rabbitmq(self) -> None:
         """Empty the subscription queues (paused: nobody consumes them)."""
         self._on_rabbitmq(lambda channel, code: channel.queue_purge(
@@ -237,6 +293,8 @@ class IngestStack:
         from pika.exceptions import AMQPError
 
         codes = [c for (_, broker), c in self.destinations.items() if broker == "rabbitmq"]
+        if self.brokers[0] == "rabbitmq":
+            codes += self.schema_destinations.values()
         if not codes:
             return
         try:

@@ -15,7 +15,20 @@ ERROR_SCHEMA: dict[str, Any] = {
                                                    "invalid_input, not_found, buffer_full"},
         "message": {"type": "string", "description": "what is wrong, for a human"},
         "field": {"type": ["string", "null"],
-                  "description": "the field, parameter or header at fault, when there is one"}}}
+                  "description": "the field, parameter or header at fault, when there is one"},
+        "pointer": {"type": "string", "description": "schema_violation: the JSON pointer "
+                                                     "(RFC 6901) of the value at fault in the "
+                                                     "body"},
+        "keyword": {"type": "string", "description": "schema_violation: the JSON Schema "
+                                                     "keyword of the rule broken"},
+        "schema_version": {"type": ["integer", "null"],
+                           "description": "schema_violation: the schema version checked"},
+        "incompatibilities": {
+            "type": "array", "description": "incompatible_schema: each change that breaks the "
+                                            "destination's compatibility mode",
+            "items": {"type": "object", "properties": {
+                "path": {"type": "string"}, "message": {"type": "string"},
+                "breaks": {"type": "array", "items": {"type": "string"}}}}}}}
 RETRY_AFTER_HEADER: dict[str, Any] = {
     "description": "seconds to wait before retrying", "required": True,
     "schema": {"type": "integer", "minimum": 0}}

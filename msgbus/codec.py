@@ -50,6 +50,8 @@ def encode(envelope: Envelope) -> bytes:
             meta["ts"] = envelope.tracestate
     if envelope.redelivered:
         meta["rd"] = 1
+    if envelope.schema_version is not None:
+        meta["sv"] = envelope.schema_version
     head = orjson.dumps(meta)
     return b"".join((_MAGIC, _LEN.pack(len(head)), head, envelope.body))
 
@@ -75,6 +77,7 @@ def decode(data: bytes) -> Envelope:
         traceparent=meta.get("tp"),
         tracestate=meta.get("ts"),
         redelivered=bool(meta.get("rd")),
+        schema_version=meta.get("sv"),
     )
 
 

@@ -3,11 +3,15 @@
     MsgbusError
     ├── InvalidInput            bad data from a caller; maps to a 4xx
     │   ├── InvalidMessage        envelope or body is malformed (400/422)
+    │   │   └── SchemaViolation     the body breaks its destination's schema (422;
+    │   │                           msgbus/payload_schema.py)
     │   ├── MessageTooLarge       body over the configured limit (413)
     │   ├── UnsupportedMediaType  a Content-Type the endpoint does not take (415)
     │   └── InvalidConfig         destination/subscription definition is invalid (422)
     ├── NotFound                unknown destination, subscription, message (404)
     ├── Conflict                already exists (409)
+    │   ├── IncompatibleSchema    a schema version its compatibility mode refuses
+    │   │                         (admin/schema_routes.py)
     │   └── InvalidStoredDocument a stored document no longer validates; fix or delete it
     ├── Unauthorized            missing or wrong credentials (401)
     ├── Forbidden               authenticated but not allowed (403)
@@ -17,6 +21,8 @@
 
 A 503 tells the caller when to retry: `retry_after_s` becomes the HTTP Retry-After header.
 """
+
+from typing import Any
 
 
 class MsgbusError(Exception):
@@ -34,7 +40,7 @@ class MsgbusError(Exception):
         if retry_after_s is not None:
             self.retry_after_s = retry_after_s
 
-    def to_json(self) -> dict[str, str]:
+    def to_json(self) -> dict[str, Any]:
         body = {"error": self.code, "message": self.message}
         if self.field:
             body["field"] = self.field

@@ -50,6 +50,15 @@ class BrokerKind(StrEnum):
     DIRECT = "direct"
 
 
+class SchemaCompatibility(StrEnum):
+    """Which new versions of a destination's payload schema are accepted (docs/schemas.md)."""
+
+    NONE = "none"  # any
+    BACKWARD = "backward"  # consumers on the new version read every body the old one took
+    FORWARD = "forward"  # consumers on the old version read every body the new one takes
+    FULL = "full"  # both
+
+
 class DeliveryStatus(StrEnum):
     PENDING = "pending"  # accepted, no outcome yet
     DELIVERED = "delivered"  # the subscriber answered 2xx
@@ -86,6 +95,9 @@ class Envelope:
     # re-publishes what a predecessor left in its buffer. The dispatcher looks these up in
     # MongoDB before pushing (dispatcher/redelivery.py); for the others it need not.
     redelivered: bool = False
+    # the version of the destination's payload schema the body was validated against; None:
+    # the destination had no schema when the receiver took it
+    schema_version: int | None = None
 
     @property
     def accepted_at(self) -> datetime:
@@ -217,6 +229,28 @@ class Destination(ConfigModel):
         if self.broker is not BrokerKind.DIRECT:
             retired.append(RetiredBroker(broker=self.broker, retired_at=now))
         return self.model_copy(update={"broker": broker, "retired": retired})
+
+
+class PayloadSchema(BaseModel):
+    """One version of a destination's payload schema (`schemas` collection; `_id` is
+    `<code>/<version>`). Versions count from 1 and are never changed or removed."""
+
+    destination: Annotated[str, Field(pattern=CODE_PATTERN)]
+    version: int = Field(ge=1)
+    schema_: dict[str, Any] | bool = Field(alias="schema")
+    compatibility: SchemaCompatibility = SchemaCompatibility.BACKWARD
+    created_at: datetime = Field(default_factory=utcnow)
+    created_by: str = ""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    @property
+    def id(self) -> str:
+        return payload_schema_id(self.destination, self.version)
+
+
+def payload_schema_id(destination: str, version: int) -> str:
+    return f"{destination}/{version}"
 
 
 class RetiredCluster(ConfigModel):

@@ -27,8 +27,9 @@ from pydantic import ValidationError
 from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 
 from msgbus.errors import InvalidStoredDocument, NotFound, Unavailable
-from msgbus.models import Destination, RuntimeConfig, Subscription
+from msgbus.models import Destination, PayloadSchema, RuntimeConfig, Subscription
 from msgbus.store import MongoStore
+from msgbus.store.schemas import SchemaStore
 from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,12 @@ ChangeListener = Callable[[], Awaitable[None]]
 
 class Registry:
     def __init__(self, store: MongoStore, *, refresh_s: float,
-                 snapshot: Path | None = None) -> None:
+                 snapshot: Path | None = None, payload_schemas: bool = False) -> None:
         self._store = store
+        # the latest payload schema of each destination that has one, for the services that
+        # validate bodies (the receiver): loaded only when asked for
+        self._schema_store = SchemaStore(store) if payload_schemas else None
+        self._schemas: dict[str, PayloadSchema] = {}
         self._refresh_s = refresh_s
         self._snapshot = snapshot
         self._destinations: dict[str, Destination] = {}
@@ -84,12 +89,41 @@ class Registry:
         read_at = time.monotonic()
         destinations = await self._store.list_destinations()
         subscriptions = await self._store.list_subscriptions()
+        schemas_changed = await self._reload_schemas()
         changed = self._apply(destinations, subscriptions, await self._store.get_runtime())
+        changed = changed or schemas_changed
         if changed or (self._snapshot is not None and not self._snapshot.exists()):
             self._save_snapshot()
         if changed:
             await self._notify()
         self.current_as_of = read_at
+
+    async def _reload_schemas(self) -> bool:
+        """Follows the latest schema versions: one read of the versions, and the schema of a
+        version not held yet. Returns whether any changed."""
+        if self._schema_store is None:
+            return False
+        latest = await self._schema_store.latest_versions()
+        schemas: dict[str, PayloadSchema] = {}
+        for code, version in latest.items():
+            held = self._schemas.get(code)
+            if held is not None and held.version == version:
+                schemas[code] = held
+                continue
+            try:
+                schemas[code] = await self._schema_store.get(code, version)
+            except (NotFound, InvalidStoredDocument):  # reported by the store
+                # the newest version that reads back: a broken one never turns validation off
+                valid = await self._schema_store.versions(code)
+                if valid:
+                    schemas[code] = valid[-1]
+        changed = schemas != self._schemas
+        self._schemas = schemas
+        return changed
+
+    def payload_schema(self, code: str) -> PayloadSchema | None:
+        """The latest version of the destination's payload schema; None when it has none."""
+        return self._schemas.get(code)
 
     def _apply(self, destinations: list[Destination], subscriptions: list[Subscription],
                runtime: RuntimeConfig) -> bool:
@@ -113,7 +147,9 @@ class Registry:
             return
         state = {"destinations": [d.model_dump(mode="json") for d in self.destinations()],
                  "subscriptions": [s.model_dump(mode="json") for s in self.subscriptions()],
-                 "runtime": self._runtime.model_dump(mode="json")}
+                 "runtime": self._runtime.model_dump(mode="json"),
+                 "schemas": [s.model_dump(mode="json", by_alias=True)
+                             for s in self._schemas.values()]}
         try:
             self._snapshot.parent.mkdir(parents=True, exist_ok=True)
             partial = self._snapshot.with_name(self._snapshot.name + ".partial")
@@ -133,6 +169,7 @@ class Registry:
             destinations = [Destination.model_validate(d) for d in state["destinations"]]
             subscriptions = [Subscription.model_validate(s) for s in state["subscriptions"]]
             runtime = RuntimeConfig.model_validate(state["runtime"])
+            schemas = [PayloadSchema.model_validate(s) for s in state.get("schemas", [])]
         except (OSError, ValueError, KeyError, ValidationError) as exc:
             log.warning("registry: the saved configuration %s is unusable: %s",
                         self._snapshot, exc)
@@ -140,6 +177,8 @@ class Registry:
         log.warning("registry: serving the configuration saved at %s (%d destinations, %d "
                     "subscriptions) until MongoDB answers", time.ctime(
                         self._snapshot.stat().st_mtime), len(destinations), len(subscriptions))
+        if self._schema_store is not None:
+            self._schemas = {s.destination: s for s in schemas}
         if self._apply(destinations, subscriptions, runtime):
             await self._notify()
 

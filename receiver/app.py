@@ -54,7 +54,9 @@ from receiver.parsing import (
     parse_raw,
     raw_form_header,
 )
+from receiver.schema_route import router as schema_router
 from receiver.service import ReceiverService
+from receiver.validation import NOT_PARSED, BodyValidator
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +164,7 @@ class Ingest:
     def __init__(self, service: ReceiverService) -> None:
         self._registry = service.registry
         self._intake: Intake = service.intake
+        self.validator = BodyValidator(service.registry)
 
     async def check_destination(self, code: str) -> None:
         if not is_destination_code(code):
@@ -230,6 +233,7 @@ class IngestEndpoints:
                                      source_app=producer.name,
                                      max_body_bytes=settings.max_message_bytes, now=now,
                                      request_trace=_request_trace(headers))
+                ingest.validator.check(envelope)
             else:
                 _require_json(content_type, raw_allowed=True)
                 misplaced = raw_form_header(scope["headers"])
@@ -240,11 +244,13 @@ class IngestEndpoints:
                         "and headers itself (JSON bytes to keep as they are: body_base64)",
                         field=misplaced)
                 raw = await _read_limited(receive, headers, single_limit)
-                envelope = parse_envelope(load_json(raw), destination=code,
+                data = load_json(raw)
+                envelope = parse_envelope(data, destination=code,
                                           source_app=producer.name,
                                           max_body_bytes=settings.max_message_bytes, now=now,
                                           exact=ExactJson(raw),
                                           request_trace=_request_trace(headers))
+                ingest.validator.check(envelope, data.get("body", NOT_PARSED))
         except MsgbusError as exc:
             MESSAGES_REJECTED.labels(destination, exc.code).inc()
             raise
@@ -290,6 +296,7 @@ class IngestEndpoints:
                                           max_body_bytes=settings.max_message_bytes, now=now,
                                           exact=partial(_batch_item, exact_batch, index),
                                           request_trace=request_trace)
+                ingest.validator.check(envelope, item.get("body", NOT_PARSED))
             except MsgbusError as exc:
                 MESSAGES_REJECTED.labels(destination, exc.code).inc()
                 results.append({"message_id": _echo_id(item), "status": exc.status_code,
@@ -370,6 +377,7 @@ def create_app(service: ReceiverService) -> FastAPI:
     app.state.service = service
     IngestEndpoints(service).install(app)
     include_routes(app, probes)
+    include_routes(app, schema_router)
     add_readiness(app, partial(_readiness, service), required=("buffer_has_room",),
                   service="receiver")
     app.openapi = partial(_openapi, app, service.settings)  # type: ignore[method-assign]

@@ -32,7 +32,8 @@ class ReceiverService:
         conn.require_internal_token()
         self.settings = settings
         self.store = MongoStore(conn.mongo_uri, conn.mongo_db)
-        self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
+        self.registry = Registry(self.store, refresh_s=conn.config_refresh_s,
+                                 payload_schemas=True)
         self.auth = ProducerAuthenticator(self.store)
         # several receivers may share the buffer root: each owns one slot of it
         buffer_root = settings.buffer_dir or conn.state_dir / "receiver-buffer"

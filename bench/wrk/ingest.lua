@@ -4,6 +4,8 @@
 --
 -- MODE "single": POST /v1/destinations/DESTINATION/messages, one message per request;
 -- MODE "batch":  POST /v1/messages, BATCH_SIZE messages per request (default 100).
+-- MODE "fields20": as "single", with a body of 20 fields (~450 bytes) that the benchmark's
+--                 payload schema (bench/ingest_stack.py, SCHEMA_20_FIELDS) accepts.
 -- Every message gets a fresh message_id (the receiver answers a repeated id "duplicate" and
 -- stores nothing): ID_PREFIX is the first 18 characters of a UUIDv7 made by the benchmark for
 -- this wrk run ("tttttttt-tttt-7rrr"); each thread appends its number and a counter, so the ids
@@ -27,8 +29,8 @@ function init(args)
   batch_size = tonumber(args[5] or "100")
   math.randomseed(os.time() + thread_index * 7919)
   salt = math.random(0, 0xffff)
-  if mode ~= "single" and mode ~= "batch" then
-    error("MODE must be 'single' or 'batch', got " .. tostring(mode))
+  if mode ~= "single" and mode ~= "batch" and mode ~= "fields20" then
+    error("MODE must be 'single', 'batch' or 'fields20', got " .. tostring(mode))
   end
 end
 
@@ -44,9 +46,17 @@ local body_format = '{"order_id":"o-%d-%d","customer":"c-%d","amount":123.45,"cu
   .. '"items":[{"sku":"sku-1","qty":2},{"sku":"sku-2","qty":1}],'
   .. '"note":"a benchmark message with a body of typical size"}'
 
+local body20_format = '{"order_id":"o-%d-%d","customer":"c-%d","amount":123.45,"currency":"EUR",'
+  .. '"status":"new","country":"DE","city":"Berlin","zip":"10115","street":"Main St 1",'
+  .. '"email":"buyer@example.com","phone":"+49301234567","channel":"web","priority":2,'
+  .. '"gift":false,"discount":0.0,"tax":19.5,"shipping":4.99,"weight_g":1200,'
+  .. '"items":[{"sku":"sku-1","qty":2},{"sku":"sku-2","qty":1}],'
+  .. '"note":"a benchmark message with twenty fields"}'
+
 local function message(with_destination)
   local id = next_id()
-  local body = string.format(body_format, thread_index, counter, counter % 1000)
+  local format = mode == "fields20" and body20_format or body_format
+  local body = string.format(format, thread_index, counter, counter % 1000)
   if with_destination then
     return '{"message_id":"' .. id .. '","destination":"' .. destination .. '","body":'
       .. body .. '}'
@@ -55,7 +65,7 @@ local function message(with_destination)
 end
 
 function request()
-  if mode == "single" then
+  if mode ~= "batch" then
     return wrk.format("POST", "/v1/destinations/" .. destination .. "/messages", headers,
                       message(false))
   end

@@ -23,6 +23,7 @@ from msgbus_client.delivery import AsyncDeliverer
 from msgbus_client.groupcommit import AsyncGroupCommitter, GroupResult
 from msgbus_client.message import Entry, MessageOptions, build_entry
 from msgbus_client.resender import AsyncResender
+from msgbus_client.schemas import DestinationSchema, checked
 from msgbus_client.spool import RejectedMessage
 from msgbus_client.transport import AsyncHttpSender
 
@@ -74,7 +75,8 @@ class AsyncMsgbusClient(BaseClient[httpx.AsyncBaseTransport, AsyncDeliverer]):
         concurrent send()s share a commit that starts as soon as the previous one ends.
         """
         try:
-            entry = build_entry(destination, message, **options)
+            schema = await self._schema_of(destination)
+            entry = checked(build_entry(destination, message, **options), schema)
             await self.start()
             async with self._sending():
                 if self._committer is not None:
@@ -86,6 +88,13 @@ class AsyncMsgbusClient(BaseClient[httpx.AsyncBaseTransport, AsyncDeliverer]):
             raise
         self.counters.add(metrics.SENT)
         return entry.message_id
+
+    async def _schema_of(self, destination: object) -> DestinationSchema | None:
+        due, held = self._schema_due(destination)
+        if due and self._schemas is not None and isinstance(destination, str):
+            answer = await self._deliverer.sender.get(self._schemas.path(destination))
+            held = self._schemas.remember(destination, answer)
+        return held
 
     async def close(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> int:
         """Flush the spool for up to `timeout_s`, then close it; return how many messages stay

@@ -26,6 +26,7 @@ from msgbus_client.message import Entry
 from msgbus_client.metrics import ClientCounters, ClientMetrics
 from msgbus_client.resender import ResendPlan
 from msgbus_client.retry import ReceiverHealth
+from msgbus_client.schemas import DestinationSchema, SchemaCache
 from msgbus_client.settings import ClientOptions, ClientSettings, StrPath
 
 log = logging.getLogger("msgbus_client")
@@ -75,6 +76,8 @@ class BaseClient(ABC, Generic[TransportT, DelivererT]):
             self._resender = None
             self._active_sends = 0
             self._closed = False
+            self._schemas = SchemaCache(self.settings.schema_ttl_s) if (
+                self.settings.validate) else None
             self._set_up()
         except BaseException:
             self.spool.close()
@@ -127,6 +130,12 @@ class BaseClient(ABC, Generic[TransportT, DelivererT]):
             return [None] * len(entries)
         refused_keys = {e.key for e in refused}
         return [self.spool.full_error(e) if e.key in refused_keys else None for e in entries]
+
+    def _schema_due(self, destination: object) -> tuple[bool, DestinationSchema | None]:
+        """Whether the destination's schema is to be fetched, and the one held."""
+        if self._schemas is None or not isinstance(destination, str):
+            return False, None
+        return self._schemas.fresh(destination)
 
     def _inline_failed(self) -> bool:
         """An inline attempt raised (a bug, not a network failure: those are outcomes)."""

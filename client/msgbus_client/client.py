@@ -27,6 +27,7 @@ from msgbus_client.delivery import Deliverer
 from msgbus_client.groupcommit import GroupCommitter, GroupResult
 from msgbus_client.message import Entry, MessageOptions, build_entry
 from msgbus_client.resender import Resender
+from msgbus_client.schemas import DestinationSchema, checked
 from msgbus_client.spool import RejectedMessage
 from msgbus_client.transport import HttpSender
 
@@ -62,15 +63,18 @@ class MsgbusClient(BaseClient[httpx.BaseTransport, Deliverer]):
         `build_entry`).
 
         Raises InvalidMessageError (a TypeError and ValueError) for input it cannot encode,
-        SpoolFullError when max_spool_bytes is reached, SpoolDiskFullError when the disk is
-        full, ClientClosedError after close(). Never raises for network or receiver failures
-        once the message is spooled.
+        SchemaValidationError (one of those) with validate=True for a message its
+        destination's schema refuses, SpoolFullError when max_spool_bytes is reached,
+        SpoolDiskFullError when the disk is full, ClientClosedError after close(). Never raises
+        for network or receiver failures once the message is spooled.
         """
         try:
+            schema = self._schema_of(destination)
             if self._committer is not None:  # counts SENT per group, see _commit_group
-                entry = self._committer.commit(lambda: build_entry(destination, message, **options))
+                entry = self._committer.commit(
+                    lambda: checked(build_entry(destination, message, **options), schema))
             else:
-                entry = build_entry(destination, message, **options)
+                entry = checked(build_entry(destination, message, **options), schema)
                 self._send_one(entry)
         except BaseException as exc:
             self.counters.send_error(exc)
@@ -119,6 +123,13 @@ class MsgbusClient(BaseClient[httpx.BaseTransport, Deliverer]):
         self.close()
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _schema_of(self, destination: object) -> DestinationSchema | None:
+        due, held = self._schema_due(destination)
+        if due and self._schemas is not None and isinstance(destination, str):
+            answer = self._deliverer.sender.get(self._schemas.path(destination))
+            held = self._schemas.remember(destination, answer)
+        return held
 
     def _commit_group(self, entries: list[Entry]) -> GroupResult:
         """Run by a group's leader: one commit for all; the resender delivers them."""

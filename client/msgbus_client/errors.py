@@ -4,6 +4,7 @@ Tree::
 
     MsgbusClientError
     ├── InvalidMessageError        (also a TypeError and a ValueError) bad input to send()
+    │   └── SchemaValidationError  validate=True: the message breaks its destination's schema
     ├── ClientClosedError          send() after close()
     ├── SpoolError                 the local LMDB spool cannot be used
     │   ├── SpoolLockedError       another process (or client) owns the spool dir
@@ -46,6 +47,18 @@ class InvalidMessageError(MsgbusClientError, TypeError, ValueError):
 
     It is both a TypeError and a ValueError so that callers may catch whichever feels natural.
     """
+
+
+class SchemaValidationError(InvalidMessageError):
+    """validate=True: the message breaks its destination's payload schema; nothing was spooled.
+    `pointer` is the JSON pointer of the value at fault in the message, `keyword` the JSON
+    Schema rule it breaks, `version` the schema version checked."""
+
+    def __init__(self, message: str, *, destination: str, pointer: str, keyword: str,
+                 version: int) -> None:
+        super().__init__(message)
+        self.destination, self.pointer, self.keyword = destination, pointer, keyword
+        self.version = version
 
 
 class ClientClosedError(MsgbusClientError):

@@ -43,6 +43,10 @@ class ClientSettings:
     max_batch_messages: int = 100
     max_batch_bytes: int = 1_000_000
     idle_poll_s: float = 5.0
+    # True: send() validates each message against its destination's payload schema (fetched
+    # from the receiver, kept schema_ttl_s) and raises SchemaValidationError before spooling
+    validate: bool = False
+    schema_ttl_s: float = 60.0
 
     def __post_init__(self) -> None:
         if (self.spool_dir is None) == (self.spool_root is None):
@@ -62,6 +66,7 @@ class ClientSettings:
             "max_batch_messages": self.max_batch_messages,
             "max_batch_bytes": self.max_batch_bytes,
             "idle_poll_s": self.idle_poll_s,
+            "schema_ttl_s": self.schema_ttl_s,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -109,3 +114,5 @@ class ClientOptions(TypedDict, total=False):
     max_batch_messages: int
     max_batch_bytes: int
     idle_poll_s: float
+    validate: bool
+    schema_ttl_s: float

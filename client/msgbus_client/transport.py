@@ -140,6 +140,13 @@ class HttpSender(_SenderBase[httpx.BaseTransport]):
             return _failure(request, exc)
         return self._answered(request, response, started)
 
+    def get(self, path: str) -> PostResult:
+        """A GET of the receiver's API (the payload schema); never raises either."""
+        try:
+            return _result(self._client.get(path))
+        except Exception as exc:
+            return PostResult(status=None, error=f"{type(exc).__name__}: {exc}")
+
     def close(self) -> None:
         self._client.close()
 
@@ -161,6 +168,13 @@ class AsyncHttpSender(_SenderBase[httpx.AsyncBaseTransport]):
         except Exception as exc:  # the sender never raises: a failure is a result
             return _failure(request, exc)
         return self._answered(request, response, started)
+
+    async def get(self, path: str) -> PostResult:
+        """A GET of the receiver's API (the payload schema); never raises either."""
+        try:
+            return _result(await self._client.get(path))
+        except Exception as exc:
+            return PostResult(status=None, error=f"{type(exc).__name__}: {exc}")
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -49,6 +49,8 @@ class _State:
     seen: set[str] = field(default_factory=set)
     busy: tuple[int, str | None] | None = None
     rule: Rule | None = None
+    schemas: dict[str, tuple[int, Any]] = field(default_factory=dict)  # code -> version, schema
+    schema_gets: int = 0
 
 
 def free_port() -> int:
@@ -108,6 +110,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        """`GET /v1/destinations/{code}/schema`, as the receiver answers it."""
+        state = self.server.state
+        parts = self.path.strip("/").split("/")
+        with state.lock:
+            state.schema_gets += 1
+            found = state.schemas.get(parts[2]) if len(parts) == 4 else None
+        if found is None or parts[3] != "schema":
+            self._answer(404, {"error": "not_found", "message": "no payload schema"})
+            return
+        version, schema = found
+        self._answer(200, {"destination": parts[2], "version": version, "schema": schema,
+                           "compatibility": "backward"})
 
     def do_POST(self) -> None:
         state = self.server.state
@@ -212,6 +228,8 @@ class StubReceiver:
             self._state.seen.clear()
             self._state.busy = None
             self._state.rule = None
+            self._state.schemas.clear()
+            self._state.schema_gets = 0
 
     def set_busy(self, status: int = 503, retry_after: str | None = None) -> None:
         with self._state.lock:
@@ -220,6 +238,15 @@ class StubReceiver:
     def set_ready(self) -> None:
         with self._state.lock:
             self._state.busy = None
+
+    def set_schema(self, destination: str, version: int, schema: Any) -> None:
+        with self._state.lock:
+            self._state.schemas[destination] = (version, schema)
+
+    @property
+    def schema_gets(self) -> int:
+        with self._state.lock:
+            return self._state.schema_gets
 
     def set_rule(self, rule: Rule | None) -> None:
         with self._state.lock:

@@ -36,6 +36,8 @@ OPTIONS: dict[str, Any] = {
     "max_batch_messages": 9,
     "max_batch_bytes": 9_000,
     "idle_poll_s": 0.25,
+    "validate": True,
+    "schema_ttl_s": 30.0,
 }
 
 

@@ -41,6 +41,9 @@ class AdminClient:
                 detail = body.get("message") or response.text
                 if body.get("field"):
                     detail += f" (field: {body['field']})"
+                for change in body.get("incompatibilities") or []:
+                    detail += f"\n  {change['path']}: {change['message']} (breaks " \
+                              f"{' and '.join(change['breaks'])})"
             except (ValueError, AttributeError):
                 detail = response.text
             raise click.ClickException(f"{response.status_code}: {detail}")

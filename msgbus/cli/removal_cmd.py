@@ -8,6 +8,7 @@ import os
 import click
 
 from msgbus.cli.ops_cmd import AdminClient, admin_options
+from msgbus.cli.schema_cmd import schema
 
 
 @click.group()
@@ -49,7 +50,10 @@ def subscription_skip(client: AdminClient, destination: str, name: str, reason: 
 
 @click.group()
 def destination() -> None:
-    """Delete a destination."""
+    """Delete a destination; its payload schemas."""
+
+
+destination.add_command(schema)
 
 
 @destination.command("delete")

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import orjson
 from bson import Binary
 
 from msgbus.models import (
@@ -13,6 +14,7 @@ from msgbus.models import (
     DeliveryStatus,
     Destination,
     Envelope,
+    PayloadSchema,
     ProducerApp,
     ReplayJob,
     RuntimeConfig,
@@ -38,6 +40,7 @@ def message_doc(envelope: Envelope, subscriptions: list[str]) -> dict[str, Any]:
         "size": len(envelope.body),
         "subscriptions": subscriptions,
         **_trace_context(envelope),
+        "schema_version": envelope.schema_version,
     }
 
 
@@ -59,6 +62,7 @@ def envelope_from_doc(doc: dict[str, Any]) -> Envelope:
         headers=doc.get("headers") or {},
         traceparent=doc.get("traceparent"),
         tracestate=doc.get("tracestate"),
+        schema_version=doc.get("schema_version"),
     )
 
 
@@ -152,6 +156,20 @@ def runtime_from_doc(doc: dict[str, Any]) -> RuntimeConfig:
 
 # Each collection of configuration, and how its readers parse a document: what a write must
 # read back as, and what the admin's GET /v1/invalid-documents checks.
+def schema_doc(schema: PayloadSchema) -> dict[str, Any]:
+    """A payload schema version; the schema as JSON text, since its keys (`$ref`, `$defs`,
+    names with dots) are not all field names MongoDB takes as they are."""
+    return {"_id": schema.id, "destination": schema.destination, "version": schema.version,
+            "schema_json": orjson.dumps(schema.schema_).decode(),
+            "compatibility": schema.compatibility.value, "created_at": schema.created_at,
+            "created_by": schema.created_by}
+
+
+def schema_from_doc(doc: dict[str, Any]) -> PayloadSchema:
+    fields = {k: v for k, v in doc.items() if k not in ("_id", "schema_json")}
+    return PayloadSchema.model_validate(fields | {"schema": orjson.loads(doc["schema_json"])})
+
+
 CONFIG_PARSERS: dict[str, Callable[[dict[str, Any]], object]] = {
     "destinations": destination_from_doc,
     "subscriptions": subscription_from_doc,
@@ -160,4 +178,5 @@ CONFIG_PARSERS: dict[str, Callable[[dict[str, Any]], object]] = {
     "users": UserRecord.model_validate,
     "api_tokens": TokenRecord.model_validate,
     "replays": ReplayJob.model_validate,
+    "schemas": schema_from_doc,
 }

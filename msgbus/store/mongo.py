@@ -4,7 +4,8 @@ Collections: messages (one per accepted message), deliveries (one per message an
 that has an outcome: the delivery state), pending_batches (one per record batch and subscription:
 the messages the subscription is to get, until the compensator's sweep has seen an outcome of
 each), attempts (append-only, one per push), destinations, subscriptions, apps, runtime (one
-document: the knobs operators change at runtime).
+document: the knobs operators change at runtime), schemas (payload schema versions,
+msgbus/store/schemas.py).
 Hot-path writes are batched: insert_many and bulk_write, never one round trip per message.
 
 No delivery document before the first outcome: a pending state per message and subscription
@@ -83,6 +84,7 @@ INDEXES: dict[str, list[IndexModel]] = {
         IndexModel([("subscription", ASCENDING), ("started_at", DESCENDING)]),
     ],
     "subscriptions": [IndexModel([("destination", ASCENDING)])],
+    "schemas": [IndexModel([("destination", ASCENDING), ("version", ASCENDING)])],
     "apps": [IndexModel([("key_hashes", ASCENDING)])],
     "instances": [IndexModel([("expires_at", ASCENDING)])],  # the live ones (cap shares)
 }

@@ -318,3 +318,42 @@ def test_admin_ui_skips_a_backlog_and_deletes_after_a_confirmation(
         assert code not in {d["code"] for d in bus.admin.get("/v1/destinations").json()}
     finally:
         page.close()
+
+
+def test_admin_ui_shows_schema_versions_their_diff_and_tries_a_message(
+        bus: RunningBus, browser: object) -> None:
+    """A destination with two schema versions: its card links to the schema page, which lists
+    both, shows their diff and the change the rules see, and checks a message typed in."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    code = f"ui-schema-{uuid.uuid4().hex[:6]}"
+    bus.create_destination(code, "direct")
+    first = {"type": "object", "properties": {"order_id": {"type": "string"}},
+             "required": ["order_id"]}
+    second = first | {"properties": first["properties"] | {"amount": {"type": "number"}}}
+    for schema in (first, second):
+        bus.admin.put(f"/v1/destinations/{code}/schemas",
+                      json={"schema": schema}).raise_for_status()
+    page: Any = _logged_in_page(bus, browser)
+    try:
+        link = page.locator(f"#dest-{code} a.schema-link")
+        assert "version 2" in link.inner_text()
+        link.click()
+        page.wait_for_url(f"**/ui/destinations/{code}/schemas")
+        assert page.locator("tr.schema-version").count() == 2
+        diff = page.locator("#schema-diff-text").inner_text()
+        assert '+    "amount": {' in diff and "--- version 1" in diff
+        assert "compatible in every mode" in page.locator("#schema-changes").inner_text()
+        page.screenshot(path=str(ARTIFACTS / "schemas.png"), full_page=True)
+
+        form = page.locator("#schema-try form")
+        form.locator("select[name=version]").select_option("2")
+        form.locator("textarea[name=body]").fill('{"order_id": "o-1", "amount": "ten"}')
+        form.get_by_role("button", name="Check").click()
+        result = page.locator("#try-result")
+        assert "invalid against version 2" in result.inner_text()
+        assert "/amount" in result.inner_text() and "(type)" in result.inner_text()
+        page.locator("#schema-try textarea[name=body]").fill('{"order_id": "o-1"}')
+        page.locator("#schema-try").get_by_role("button", name="Check").click()
+        assert page.locator("#try-result").inner_text() == "valid against version 2"
+    finally:
+        page.close()

@@ -54,7 +54,10 @@ RULES_BEYOND_THE_DOCUMENT: Lists = {
             "422": "the url is at most 2,083 characters also in the form it is stored in "
                    "(percent-encoded, '/' after a bare host)"},
         "PUT /v1/users/{name}": {"400": "a new user needs a password and a role; a change "
-                                        "does not"}},
+                                        "does not"},
+        "PUT /v1/destinations/{code}/schemas": {
+            "422": "the schema is a valid JSON Schema of draft 2020-12 (its metaschema, which "
+                   "the document does not repeat)"}},
     "dispatcher": {"POST /internal/v1/deliveries": {
         "422": "the bytes are a batch of envelopes as msgbus.codec.encode_batch writes it"}},
 }
