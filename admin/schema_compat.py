@@ -126,13 +126,19 @@ def _compare_type(old: dict[str, Any], new: dict[str, Any], path: str,
     before, after = _types(old), _types(new)
     lost = sorted(t for t in before if not _covered(t, after))
     gained = sorted(t for t in after if not _covered(t, before))
-    at = _pointer(path, "type")
-    if lost:
-        yield Change(at, f"type of {_what(where)} no longer allows {', '.join(lost)}",
-                     True, False)
-    if gained:
-        yield Change(at, f"type of {_what(where)} now also allows {', '.join(gained)}",
-                     False, True)
+    yield from _narrowed_and_widened(
+        _pointer(path, "type"),
+        f"type of {_what(where)} no longer allows {', '.join(lost)}" if lost else "",
+        f"type of {_what(where)} now also allows {', '.join(gained)}" if gained else "")
+
+
+def _narrowed_and_widened(at: str, narrowed: str, widened: str) -> Iterator[Change]:
+    """A change that refuses what was taken (`narrowed`, when not empty) and one that takes
+    what was refused (`widened`)."""
+    if narrowed:
+        yield Change(at, narrowed, True, False)
+    if widened:
+        yield Change(at, widened, False, True)
 
 
 def _canonical(value: Any) -> bytes:
@@ -165,12 +171,9 @@ def _compare_enum(old: dict[str, Any], new: dict[str, Any], path: str,
     elif before is not None:
         lost = [v for k, v in before.items() if k not in after]
         gained = [v for k, v in after.items() if k not in before]
-        if lost:
-            yield Change(at, f"{_what(where)} no longer allows the values {_listing(lost)}",
-                         True, False)
-        if gained:
-            yield Change(at, f"{_what(where)} now also allows the values {_listing(gained)}",
-                         False, True)
+        yield from _narrowed_and_widened(
+            at, f"{_what(where)} no longer allows the values {_listing(lost)}" if lost else "",
+            f"{_what(where)} now also allows the values {_listing(gained)}" if gained else "")
 
 
 def _listing(values: Any) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus, StartBus, running_bus
 from msgbus_devtools.testkit.children import ScriptChildren
 
@@ -31,6 +32,15 @@ def start_bus(mongo_uri: str, kafka_bootstrap: str, rabbitmq_url: str,
                            kafka_bootstrap=kafka_bootstrap, rabbitmq_url=rabbitmq_url, **options)
 
     return start
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_management(rabbitmq_url: str) -> str:
+    """The URL of the machine's RabbitMQ management API (enabled if it was not)."""
+    try:
+        return services.ensure_rabbitmq_management()
+    except services.ServiceError as exc:
+        pytest.fail(f"RabbitMQ's management API is unavailable: {exc}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -24,14 +24,6 @@ from msgbus.settings import ConnectionSettings
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def rabbitmq_management(rabbitmq_url: str) -> str:
-    try:
-        return services.ensure_rabbitmq_management()
-    except services.ServiceError as exc:
-        pytest.fail(f"RabbitMQ's management API is unavailable: {exc}", pytrace=False)
-
-
 def exposition() -> str:
     from prometheus_client import REGISTRY, generate_latest
 

@@ -245,16 +245,24 @@ class KeyedSubscriber(RecordingSubscriber):
             return list(self.log)
 
 
-@pytest.fixture
-def ordered(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
-    private_servers.restart_stopped()
-    deployed = Deployment(private_servers, tmp_path, ORDERED_DESTINATIONS)
+def _ordered_deployment(servers: Servers, tmp_path: Path,
+                        destinations: dict[str, BrokerKind]) -> Deployment:
+    """Ordered subscriptions whose heads retry after 1 s, and a compensator that sweeps stale
+    pending deliveries every second."""
+    servers.restart_stopped()
+    deployed = Deployment(servers, tmp_path, destinations)
     deployed.subscriber_factory = KeyedSubscriber
     deployed.subscription_options = {"ordered_by_biz_id": True, "max_concurrency": 8,
                                      "retry_policy": {"delays_s": [1.0]}}
     deployed.compensator_settings = {"scan_interval_s": "0.5",
                                      "sweep_after_s": str(SWEEP_AFTER_S),
                                      "sweep_interval_s": "1"}
+    return deployed
+
+
+@pytest.fixture
+def ordered(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
+    deployed = _ordered_deployment(private_servers, tmp_path, ORDERED_DESTINATIONS)
     yield deployed
     deployed.close()
 
@@ -327,14 +335,8 @@ QUORUM_ORDERED = f"ord-q-{UNIQUE}"
 
 @pytest.fixture
 def ordered_quorum(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
-    private_servers.restart_stopped()
-    deployed = Deployment(private_servers, tmp_path, {QUORUM_ORDERED: BrokerKind.RABBITMQ})
-    deployed.subscriber_factory = KeyedSubscriber
-    deployed.subscription_options = {"ordered_by_biz_id": True, "max_concurrency": 8,
-                                     "retry_policy": {"delays_s": [1.0]}}
-    deployed.compensator_settings = {"scan_interval_s": "0.5",
-                                     "sweep_after_s": str(SWEEP_AFTER_S),
-                                     "sweep_interval_s": "1"}
+    deployed = _ordered_deployment(private_servers, tmp_path,
+                                   {QUORUM_ORDERED: BrokerKind.RABBITMQ})
     deployed.extra_env = {"MSGBUS_RABBITMQ_QUEUE_TYPE": "quorum"}
     yield deployed
     deployed.close()

@@ -35,14 +35,6 @@ MESSAGES = 200
 
 
 @pytest.fixture(scope="module")
-def rabbitmq_management(rabbitmq_url: str) -> str:
-    try:
-        return services.ensure_rabbitmq_management()
-    except services.ServiceError as exc:
-        pytest.fail(f"RabbitMQ's management API is unavailable: {exc}", pytrace=False)
-
-
-@pytest.fixture(scope="module")
 def quorum_bus(start_bus: Any, rabbitmq_management: str) -> Iterator[RunningBus]:
     """A bus whose settings ask for quorum queues, three Kafka replicas and two in sync."""
     with start_bus("quorum", rabbitmq_queue_type="quorum", kafka_replication_factor=3,
