@@ -18,6 +18,7 @@ import hmac
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from cloudevents.core.bindings.http import HTTPMessage, from_binary_event
 
 TOLERANCE_S = 300  # refuse pushes signed longer ago than this (or as far in the future): replays
+PRINTING = threading.Lock()  # pushes arrive in parallel: one whole line at a time
 
 
 def verify(secret: str, headers: Mapping[str, str], body: bytes) -> None:
@@ -69,7 +71,8 @@ class PushHandler(BaseHTTPRequestHandler):
         })
 
     def _answer(self, status: int, record: dict[str, object]) -> None:
-        print(json.dumps(record, ensure_ascii=False), flush=True)
+        with PRINTING:
+            print(json.dumps(record, ensure_ascii=False), flush=True)
         self.send_response(status)
         self.send_header("content-length", "0")
         self.end_headers()
