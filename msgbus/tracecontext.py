@@ -20,6 +20,8 @@ TRACEPARENT_PATTERN = (r"^(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a
                        r"-[0-9a-f]{2}$")
 TRACESTATE_PATTERN = r"^[\x20-\x7e]*$"  # printable ASCII, as every list member is
 MAX_TRACESTATE_CHARS = 512  # the specification's 32 list members stay within it in practice
+TraceContext = tuple[str | None, str | None]  # (traceparent, tracestate)
+NO_TRACE: TraceContext = (None, None)
 _TRACEPARENT_RE = re.compile(TRACEPARENT_PATTERN)
 _TRACESTATE_RE = re.compile(TRACESTATE_PATTERN)
 
@@ -50,16 +52,15 @@ def trace_id_of(traceparent: str) -> str:
     return traceparent[3:35]
 
 
-def from_request(traceparent: str | None,
-                 tracestate: str | None) -> tuple[str | None, str | None]:
+def from_request(traceparent: str | None, tracestate: str | None) -> TraceContext:
     """The trace context of a request's `traceparent` and `tracestate` headers: (None, None)
     when it has none or an invalid traceparent; its tracestate only with a valid one."""
     if traceparent is None:
-        return None, None
+        return NO_TRACE
     try:
         parent = checked_traceparent(traceparent.strip())
     except InvalidTraceContext:
-        return None, None
+        return NO_TRACE
     try:
         return parent, (checked_tracestate(tracestate.strip()) if tracestate else None)
     except InvalidTraceContext:

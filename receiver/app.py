@@ -42,13 +42,12 @@ from msgbus.http import (
 from msgbus.metrics import BUFFER_BYTES, MESSAGES_REJECTED, REQUEST_LATENCY
 from msgbus.models import JSON_CONTENT_TYPE, Envelope, is_destination_code, utcnow
 from msgbus.settings import ReceiverSettings
-from msgbus.tracecontext import from_request
+from msgbus.tracecontext import TraceContext, from_request
 from receiver.intake import Intake
 from receiver.openapi import BATCH_PATH, SINGLE_PATH, receiver_openapi
 from receiver.parsing import (
     ID_HEADER,
     ExactJson,
-    TraceContext,
     load_json,
     parse_envelope,
     parse_raw,

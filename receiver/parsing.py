@@ -20,10 +20,13 @@ import orjson
 
 from msgbus.errors import InvalidInput, InvalidMessage, MessageTooLarge
 from msgbus.models import JSON_CONTENT_TYPE, Envelope
-from msgbus.tracecontext import InvalidTraceContext, checked_traceparent, checked_tracestate
-
-TraceContext = tuple[str | None, str | None]  # (traceparent, tracestate)
-NO_TRACE: TraceContext = (None, None)
+from msgbus.tracecontext import (
+    NO_TRACE,
+    InvalidTraceContext,
+    TraceContext,
+    checked_traceparent,
+    checked_tracestate,
+)
 
 BYTES_CONTENT_TYPE = "application/octet-stream"
 MAX_BIZ_ID_CHARS = 256
