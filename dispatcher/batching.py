@@ -96,7 +96,11 @@ class BatchCollector:
             self._oldest_ready_at = item.admitted_at
 
     def _recount(self) -> None:
-        """After keys became busy or free: what a batch may take now (one pass)."""
+        """After keys became busy or free: what a batch may take now (one pass, only where
+        keys are kept: unordered, everything gathered is ready)."""
+        if not self._sub.ordered_by_biz_id:
+            self._oldest_ready_at = self._gathered[0].admitted_at if self._gathered else None
+            return
         self._ready_count = self._ready_bytes = 0
         self._oldest_ready_at = None
         for item in self._gathered:
@@ -135,6 +139,8 @@ class BatchCollector:
             if not builder.add(item.envelope, 1):
                 break
             self._gathered.popleft()
+            self._ready_count -= 1
+            self._ready_bytes -= item.size
             acks.append(item.ack)
             if item.key is not None:
                 keys.add(item.key)
