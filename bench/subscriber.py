@@ -53,10 +53,19 @@ class Recorder:
     def record(self, label: str, body: bytes, arrived_at: float) -> None:
         try:
             data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            self.bad += 1
+            return
+        # a batch push: a CloudEvents JSON batch, each event's `data` one message body
+        for item in ([e["data"] for e in data] if isinstance(data, list) else [data]):
+            self._record_one(label, item, arrived_at)
+
+    def _record_one(self, label: str, data: Any, arrived_at: float) -> None:
+        try:
             if "message_id" in data:
                 data = data["body"]
             n, sent_at = int(data["n"]), float(data["sent_at"])
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):
             self.bad += 1
             return
         first = self.first.setdefault(label, {})

@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
-from msgbus.delivery.attempt import outcome_of, push_through
+from msgbus.delivery.attempt import outcome_of, push_batch_through, push_through
+from msgbus.delivery.batch import BatchPush, batches_of
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.shares import CapShares
@@ -113,10 +115,7 @@ class ReplayJobRun:
                 log.info("replay %s: done, %d pushes", self.job_id, self._done_so_far)
                 return
             pairs = await self._pairs(page)
-            outcomes = await asyncio.gather(*(
-                self._push(live[sid], env) if sid in live else self._gone(sid)
-                for env, sid in pairs))
-            made = [o for o in outcomes if o is not None]
+            made = await self._push_page(pairs, live)
             await self._store.record_outcomes(made)
             if self._closing.is_set():  # part of the page was not pushed: redo it next time
                 await self._jobs.release(self.job_id, self._owner)
@@ -172,10 +171,50 @@ class ReplayJobRun:
         return [(env, sid) for env, sid in pairs
                 if states.get(f"{env.message_id}|{sid}") in wanted]
 
-    async def _push(self, sub: Subscription, envelope: Envelope) -> DeliveryOutcome | None:
+    async def _push_page(self, pairs: list[tuple[Envelope, str]],
+                         live: dict[str, Subscription]) -> list[DeliveryOutcome]:
+        """The outcomes of the pushes made: batch subscriptions get batch pushes (in page
+        order), the others a push per message."""
+        batched = {sid for sid, sub in live.items() if sub.batched}
+        pushes: list[Coroutine[Any, Any, list[DeliveryOutcome]]] = [
+            self._push_batch(live[sid], batch) for sid in batched
+            for batch in batches_of(((env, 1) for env, s in pairs if s == sid), live[sid])]
+        singles = await asyncio.gather(*(
+            self._push(live[sid], env) if sid in live else self._gone(sid)
+            for env, sid in pairs if sid not in batched), *pushes)
+        made: list[DeliveryOutcome] = []
+        for outcome in singles:
+            if isinstance(outcome, list):
+                made += outcome
+            elif outcome is not None:
+                made.append(outcome)
+        return made
+
+    async def _push_batch(self, sub: Subscription, batch: BatchPush) -> list[DeliveryOutcome]:
+        limiter = self._limiter(sub)
+        if not await limiter.acquire(self._closing):
+            return []
+        try:  # the job's rate counts messages, batched or not
+            for _ in range(len(batch)):
+                await self._bucket.take_one()
+        except BaseException:
+            limiter.release(None)
+            raise
+        results = await push_batch_through(limiter, self._sender, batch, sub)
+        outcomes = []
+        for result, envelope in zip(results, batch.envelopes, strict=True):
+            result.instance = f"{result.instance} replay {self.job_id}"
+            outcomes.append(outcome_of(result, envelope, sub, attempts_so_far=1))
+        return outcomes
+
+    def _limiter(self, sub: Subscription) -> SubscriptionLimiter:
         limiter = self._limiters.get(sub.id)
         if limiter is None:
             limiter = self._limiters[sub.id] = self._shares.limiter(sub)
+        return limiter
+
+    async def _push(self, sub: Subscription, envelope: Envelope) -> DeliveryOutcome | None:
+        limiter = self._limiter(sub)
         if not await limiter.acquire(self._closing):
             return None
         try:  # the job's rate token last, right before the push: a wait for a slot (the

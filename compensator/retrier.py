@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
+from compensator.batch_retry import claim_size, retry_in_batches
 from msgbus.delivery.attempt import outcome_of, push_through, skipped_outcome
 from msgbus.delivery.filters import FILTERED_OUT, why_not_pushed
 from msgbus.delivery.limiter import SubscriptionLimiter
@@ -91,8 +91,7 @@ class SubscriptionRetrier:
 
     async def retry_due(self, sub: Subscription) -> int:
         """One claim of due retries, pushed and recorded. Returns how many were claimed."""
-        batch = max(1, min(self._settings.claim_batch, 4 * sub.max_concurrency))
-        rounds = math.ceil(batch / sub.max_concurrency)
+        batch, rounds = claim_size(sub, self._settings.claim_batch)
         lease_s = self._settings.lease_s + rounds * sub.timeout_ms / 1000
         claimed = await self._claims.claim_due(sub.id, batch, lease_s)
         if not claimed:
@@ -108,8 +107,7 @@ class SubscriptionRetrier:
         ready = [(c, envelopes[c.message_id]) for c in claimed if c.message_id in envelopes]
         skipped = self._skipped_by_operator(sub, ready)
         ready = [(c, env) for c, env in ready if env.message_id not in skipped]
-        results = await asyncio.gather(*(self._attempt(sub, limiter, c, env)
-                                         for c, env in ready))
+        results = await self._attempts(sub, limiter, ready)
         outcomes = list(skipped.values()) + [o for o in results if o is not None]
         unpushed = [c for (c, _), o in zip(ready, results, strict=True) if o is None]
         await self._record(outcomes)
@@ -133,6 +131,16 @@ class SubscriptionRetrier:
         if skipped:
             RETRIES.labels(sub.id, "skipped").inc(len(skipped))
         return skipped
+
+    async def _attempts(self, sub: Subscription, limiter: SubscriptionLimiter,
+                        ready: list[tuple[ClaimedDelivery, Envelope]]
+                        ) -> list[DeliveryOutcome | None]:
+        """One outcome per entry of `ready` (None: not pushed): batch pushes for a batch
+        subscription, else one push each."""
+        if sub.batched:
+            return await retry_in_batches(sub, limiter, self._sender, ready, self._closing)
+        return list(await asyncio.gather(*(self._attempt(sub, limiter, c, env)
+                                           for c, env in ready)))
 
     async def _attempt(self, sub: Subscription, limiter: SubscriptionLimiter,
                        claimed: ClaimedDelivery, envelope: Envelope) -> DeliveryOutcome | None:

@@ -27,7 +27,7 @@ def encode_outcome(outcome: DeliveryOutcome) -> bytes:
         "l": r.latency_ms, "c": r.status_code, "e": r.error, "i": r.instance,
         "ra": r.retry_after_s, "d": outcome.destination, "ca": outcome.created_at,
         "b": outcome.biz_id, "na": outcome.next_attempt_at, "p": outcome.parked,
-        "rp": outcome.retrying_in_place, "sk": outcome.skipped,
+        "rp": outcome.retrying_in_place, "sk": outcome.skipped, "bi": r.batch_id,
     })
 
 
@@ -38,7 +38,7 @@ def decode_outcome(data: bytes) -> DeliveryOutcome:
     result = AttemptResult(
         message_id=d["m"], subscription=d["s"], attempt=d["n"], started_at=started,
         latency_ms=d["l"], status_code=d["c"], error=d["e"], instance=d["i"],
-        retry_after_s=d["ra"],
+        retry_after_s=d["ra"], batch_id=d.get("bi"),
     )
     return DeliveryOutcome(result=result, destination=d["d"], created_at=created,
                            biz_id=d["b"], next_attempt_at=_dt(d["na"]), parked=d["p"],

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from dispatcher.batching import BatchCollector
 from dispatcher.redelivery import DeliveredCheck
 from dispatcher.trace import TraceWriter
 from msgbus.backoff import backoff_s
@@ -60,6 +61,7 @@ class SubscriptionWorker:
             maxsize=subscription.max_concurrency)
         self._pushers: list[asyncio.Task[None]] = []
         self._to_record: list[tuple[DeliveryOutcome, Ack | None]] = []
+        self._batches = self._batch_collector() if subscription.batched else None
 
     async def start(self) -> None:
         """Never fails on a broker: a consumer that cannot connect keeps trying in its loop,
@@ -68,8 +70,18 @@ class SubscriptionWorker:
             self._start_consuming(consumer)
         self._loops.append(asyncio.create_task(self._direct_loop(),
                                                name=f"direct-{self.subscription.id}"))
+        if self._batches is not None:
+            self._loops.append(asyncio.create_task(self._batches.run(),
+                                                   name=f"batch-{self.subscription.id}"))
+            return
         self._pushers = [asyncio.create_task(self._pusher(), name=f"push-{self.subscription.id}")
                          for _ in range(self.subscription.max_concurrency)]
+
+    def _batch_collector(self) -> BatchCollector:
+        """A batch subscription's messages go from admission to a collector, not to pushers."""
+        return BatchCollector(self.subscription, self._limiter, self._sender,
+                              record=self._record_many, track=self._track,
+                              closing=self._closing)
 
     @property
     def consumers(self) -> list[SubscriptionConsumer]:
@@ -226,6 +238,8 @@ class SubscriptionWorker:
         ordered one, which waits in its key's lane instead."""
         if (reason := why_not_pushed(self.subscription, envelope)) is not None:
             self._track(self._skip(envelope, ack, reason))
+        elif self._batches is not None:
+            await self._batches.add(envelope, ack)
         elif self.subscription.ordered_by_biz_id and envelope.biz_id is not None:
             self._enqueue_in_lane(envelope.biz_id, envelope, ack)
         else:

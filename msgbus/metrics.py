@@ -115,6 +115,9 @@ OLDEST_UNDELIVERED_AGE = Gauge(
 PUSH_LATENCY = Histogram(
     "msgbus_push_latency_seconds", "Subscriber response time", ["subscription"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+BATCH_SIZE = Histogram(
+    "msgbus_push_batch_messages", "Messages per batch push (batch subscriptions)",
+    ["subscription"], buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000))
 IN_FLIGHT = Gauge(
     "msgbus_pushes_in_flight", "Pushes in flight (semaphore occupancy)", ["subscription"],
     multiprocess_mode="livesum")

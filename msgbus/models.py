@@ -28,6 +28,8 @@ _CODE_RE = re.compile(CODE_PATTERN)
 # what a producer app may send to: a destination code, or "*" for every one
 APP_DESTINATION_PATTERN = r"^(\*|[a-z0-9][a-z0-9_.-]{0,99})$"
 MAX_RETRY_DELAY_S = 30 * 24 * 3600.0
+MAX_BATCH_MESSAGES = 1000
+MAX_BATCH_BYTES = 16 * 1024 * 1024
 
 JSON_CONTENT_TYPE = "application/json"
 DEFAULT_CLUSTER = "default"  # the cluster MSGBUS_KAFKA_BOOTSTRAP / MSGBUS_RABBITMQ_URL define
@@ -332,6 +334,31 @@ class SubscriptionSettings(ConfigModel):
         default_factory=list, max_length=100,
         description="All must match for a message to be pushed; the others are recorded as "
                     "skipped")
+    batch_max_messages: Integer | None = Field(
+        default=None, ge=1, le=MAX_BATCH_MESSAGES,
+        description="Push up to this many messages in one POST, a CloudEvents batch "
+                    "(application/cloudevents-batch+json); None or 1: one message per push")
+    batch_max_bytes: Integer = Field(
+        default=1024 * 1024, ge=1024, le=MAX_BATCH_BYTES,
+        description="A batch's body stays within this many bytes (a single larger message "
+                    "goes alone)")
+    batch_max_wait_ms: Integer = Field(
+        default=100, ge=0, le=60_000,
+        description="A batch goes at the latest this long after its first message was taken")
+
+    @model_validator(mode="after")
+    def _batch_fits_in_flight(self) -> SubscriptionSettings:
+        if (self.batch_max_messages is not None and self.max_in_flight is not None
+                and self.max_in_flight < self.batch_max_messages):
+            raise ValueError(
+                f"max_in_flight ({self.max_in_flight}) must be at least batch_max_messages "
+                f"({self.batch_max_messages}): a batch is gathered from the messages in flight")
+        return self
+
+    @property
+    def batched(self) -> bool:
+        """Pushes carry CloudEvents batches (of one message or more)."""
+        return self.batch_max_messages is not None and self.batch_max_messages > 1
 
 
 class Subscription(SubscriptionSettings):
@@ -358,7 +385,12 @@ class Subscription(SubscriptionSettings):
 
     @property
     def in_flight_budget(self) -> int:
-        return self.max_in_flight or max(64, 4 * self.max_concurrency)
+        """A batch subscription's default leaves room for a batch per pusher and the next
+        one being gathered."""
+        if self.max_in_flight:
+            return self.max_in_flight
+        batches = (self.max_concurrency + 1) * (self.batch_max_messages or 1) if self.batched else 0
+        return min(100_000, max(64, 4 * self.max_concurrency, batches))
 
 
 def subscription_id(destination: str, name: str) -> str:
@@ -378,6 +410,7 @@ class AttemptResult:
     error: str | None = None
     instance: str = ""
     retry_after_s: float | None = None
+    batch_id: str | None = None  # the batch push that carried it (batch subscriptions)
 
     @property
     def ok(self) -> bool:

@@ -8,7 +8,8 @@
 //   npm install cloudevents
 //   MSGBUS_SIGNING_SECRET=whsec_... node subscriber.cjs 8000
 //
-// Each push is printed as one JSON line; a push that does not verify is answered 401.
+// Each message is printed as one JSON line (a batch push, application/cloudevents-batch+json,
+// one line per message); a push that does not verify is answered 401.
 const crypto = require("node:crypto");
 const http = require("node:http");
 const { HTTP } = require("cloudevents");
@@ -37,7 +38,7 @@ function verify(secret, headers, body) {
 }
 
 function answer(response, status, record) {
-  console.log(JSON.stringify(record));
+  if (record !== null) console.log(JSON.stringify(record));
   response.writeHead(status, { "content-length": "0" });
   response.end();
 }
@@ -52,21 +53,35 @@ const server = http.createServer((request, response) => {
     } catch (error) {
       return answer(response, 401, { verified: false, error: String(error) });
     }
-    const event = HTTP.toEvent({ headers: request.headers, body });
-    answer(response, 204, {
-      verified: true,
-      id: event.id, // de-duplicate on it: delivery is at least once
-      type: event.type, // the destination
-      source: event.source,
-      // the SDK hands ce- values over as sent: percent-encoded (CloudEvents HTTP binding)
-      bizid: event.bizid === undefined ? null : decodeURIComponent(event.bizid),
-      traceparent: event.traceparent ?? null,
-      attempt: event.attempt ?? null,
-      datacontenttype: event.datacontenttype ?? null,
-      size: body.length,
-    });
+    // a batch push (application/cloudevents-batch+json) gives an array: one event per message
+    const parsed = HTTP.toEvent({ headers: request.headers, body });
+    const batch = Array.isArray(parsed) ? request.headers["webhook-id"] : null;
+    for (const event of Array.isArray(parsed) ? parsed : [parsed]) {
+      console.log(JSON.stringify(record(event, batch, batch ? null : body.length)));
+    }
+    answer(response, 204, null); // every message of a batch is delivered
   });
 });
+
+// `size`: the body's bytes (a single push), else those of the event's data
+function record(event, batch, size) {
+  const data = event.data_base64 !== undefined ? Buffer.from(event.data_base64, "base64")
+    : event.data;
+  return {
+    verified: true,
+    id: event.id, // de-duplicate on it: delivery is at least once
+    type: event.type, // the destination
+    source: event.source,
+    // single pushes: the SDK hands ce- values over as sent, percent-encoded (CloudEvents HTTP
+    // binding); in a batch, JSON carries the text as it is
+    bizid: event.bizid === undefined ? null : batch ? event.bizid : decodeURIComponent(event.bizid),
+    traceparent: event.traceparent ?? null,
+    attempt: event.attempt ?? null,
+    datacontenttype: event.datacontenttype ?? null,
+    size: size ?? (Buffer.isBuffer(data) ? data.length : JSON.stringify(data ?? null).length),
+    batch,
+  };
+}
 
 const port = Number(process.argv[2] ?? 8000);
 server.listen(port, "127.0.0.1", () => console.log(JSON.stringify({ listening: port })));

@@ -9,7 +9,8 @@ whose body is bytes of another kind (an image, a protobuf). For JSON bodies it w
     pip install cloudevents
     MSGBUS_SIGNING_SECRET=whsec_... python subscriber.py 8000
 
-Each push is printed as one JSON line; a push that does not verify is answered 401.
+Each message is printed as one JSON line (a batch push, `application/cloudevents-batch+json`,
+one line per message); a push that does not verify is answered 401.
 """
 
 import base64
@@ -22,9 +23,12 @@ import threading
 import time
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from cloudevents.core.bindings.http import HTTPMessage, from_binary_event
+from cloudevents.core.formats.json import JSONFormat
 
+BATCH = "application/cloudevents-batch+json"  # a batch subscription's pushes
 TOLERANCE_S = 300  # refuse pushes signed longer ago than this (or as far in the future): replays
 PRINTING = threading.Lock()  # pushes arrive in parallel: one whole line at a time
 
@@ -56,23 +60,44 @@ class PushHandler(BaseHTTPRequestHandler):
         except (KeyError, ValueError) as exc:
             self._answer(401, {"verified": False, "error": repr(exc)})
             return
+        if headers.get("content-type", "").startswith(BATCH):
+            # a JSON array of structured events, signed once; the SDK reads one event at a time
+            events = [JSONFormat().read(None, json.dumps(e)) for e in json.loads(body)]
+            for event in events:
+                self._print(self._record(event, headers["webhook-id"], None))
+            self._answer(204)  # every message of the batch is delivered
+            return
         event = from_binary_event(HTTPMessage(headers=headers, body=body))
+        self._print(self._record(event, None, len(body)))
+        self._answer(204)
+
+    @staticmethod
+    def _record(event: Any, batch: str | None, size: int | None) -> dict[str, object]:
+        """`size`: the body's bytes (a single push), else those of the event's data."""
         attributes = event.get_attributes()
-        self._answer(204, {
+        data = event.get_data()
+        if size is None:
+            size = len(data) if isinstance(data, bytes) else len(json.dumps(data))
+        return {
             "verified": True,
             "id": event.get_id(),  # de-duplicate on it: delivery is at least once
             "type": event.get_type(),  # the destination
             "source": event.get_source(),
-            "bizid": attributes.get("bizid"),  # percent-decoded by the SDK
+            "bizid": attributes.get("bizid"),  # percent-decoded by the SDK (single pushes)
             "traceparent": attributes.get("traceparent"),
             "attempt": attributes.get("attempt"),
             "datacontenttype": attributes.get("datacontenttype"),
-            "size": len(body),
-        })
+            "size": size,
+            "batch": batch,
+        }
 
-    def _answer(self, status: int, record: dict[str, object]) -> None:
+    def _print(self, record: dict[str, object]) -> None:
         with PRINTING:
             print(json.dumps(record, ensure_ascii=False), flush=True)
+
+    def _answer(self, status: int, record: dict[str, object] | None = None) -> None:
+        if record is not None:
+            self._print(record)
         self.send_response(status)
         self.send_header("content-length", "0")
         self.end_headers()

@@ -3,14 +3,16 @@ a limiter's slot, then turn the subscriber's answer into an outcome with the ret
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from datetime import datetime
 from typing import Any
 
+from msgbus.delivery.batch import BatchPush
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.retry import decide_retry
 from msgbus.delivery.sender import Sender
-from msgbus.metrics import PUSH_LATENCY, PUSHES
+from msgbus.metrics import BATCH_SIZE, PUSH_LATENCY, PUSHES
 from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, Subscription, utcnow
 
 
@@ -32,6 +34,21 @@ async def push_through(limiter: SubscriptionLimiter, sender: Sender, envelope: E
         return result
     finally:
         limiter.release(result)
+
+
+async def push_batch_through(limiter: SubscriptionLimiter, sender: Sender, batch: BatchPush,
+                             subscription: Subscription) -> list[AttemptResult]:
+    """A batch push in one slot of `limiter`. The circuit counts it as one result: as one
+    message (the batch's id) on its first push, however many messages it holds."""
+    results: list[AttemptResult] = []
+    try:
+        results = await sender.push_batch(batch, subscription)
+        BATCH_SIZE.labels(subscription.id).observe(len(batch))
+        return results
+    finally:
+        limiter.release(dataclasses.replace(results[0], message_id=batch.batch_id,
+                                            attempt=min(batch.attempts))
+                        if results else None)
 
 
 def skipped_outcome(envelope: Envelope, subscription: Subscription, reason: str,

@@ -3,7 +3,7 @@ AttemptResult and never raises: every failure (status, timeout, connection error
 the retry policy.
 
 - `Sender`: what the dispatcher, the compensator and the admin's test push depend on (`start`,
-  `close`, `push`, `instance`).
+  `close`, `push`, `push_batch`, `instance`).
 - `BaseSender`: what every implementation shares: the timing, the total timeout
   (`subscription.timeout_ms`), the mapping of failures to error text, Retry-After parsing and the
   AttemptResult. An implementation supplies only `_post()` and its exception types.
@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Protocol, get_args
 
 from msgbus import telemetry
+from msgbus.delivery.batch import BatchPush, batch_headers
 from msgbus.delivery.headers import push_headers
 from msgbus.models import AttemptResult, Envelope, Subscription, utcnow
 from msgbus.settings import HttpClient
@@ -41,6 +43,9 @@ class Sender(Protocol):
 
     async def push(self, envelope: Envelope, subscription: Subscription,
                    attempt: int) -> AttemptResult: ...
+
+    async def push_batch(self, batch: BatchPush,
+                         subscription: Subscription) -> list[AttemptResult]: ...
 
 
 def retry_after_s(value: str | None) -> float | None:
@@ -90,29 +95,52 @@ class BaseSender(ABC):
                    attempt: int) -> AttemptResult:
         started_at = utcnow()
         t0 = time.perf_counter()
-        status: int | None = None
-        error: str | None = None
-        retry_after: float | None = None
-        try:
-            with telemetry.push_span(envelope, subscription, attempt) as trace:
-                status, retry_after_header = await self._post(
-                    str(subscription.url), envelope.body,
-                    push_headers(envelope, subscription, attempt, trace.traceparent),
-                    subscription.timeout_ms / 1000)
-                if not 200 <= status < 300:
-                    error = f"HTTP {status}"
-                    retry_after = retry_after_s(retry_after_header)
-                trace.answered(status, error)
-        except asyncio.CancelledError:
-            raise
-        except self.timeout_errors:  # before transport_errors: TimeoutError is an OSError
-            error = timeout_text(subscription)
-        except self.transport_errors as exc:
-            error = error_text(exc)
-        except Exception as exc:  # an unexpected bug must still become a failed attempt
-            error = error_text(exc, unexpected=True)
+        with telemetry.push_span(envelope, subscription, attempt) as trace:
+            status, error, retry_after = await self._answer_of(
+                str(subscription.url), envelope.body,
+                lambda: push_headers(envelope, subscription, attempt, trace.traceparent),
+                subscription)
+            trace.answered(status, error)
         return AttemptResult(
             message_id=envelope.message_id, subscription=subscription.id, attempt=attempt,
             started_at=started_at, latency_ms=(time.perf_counter() - t0) * 1000,
             status_code=status, error=error, instance=self.instance, retry_after_s=retry_after,
         )
+
+    async def push_batch(self, batch: BatchPush,
+                         subscription: Subscription) -> list[AttemptResult]:
+        """One POST of the batch's body; the answer is each of its messages' result."""
+        started_at = utcnow()
+        t0 = time.perf_counter()
+        body = batch.body
+        with telemetry.batch_span("msgbus push", batch.envelopes):
+            status, error, retry_after = await self._answer_of(
+                str(subscription.url), body, lambda: batch_headers(batch, subscription, body),
+                subscription)
+        latency_ms = (time.perf_counter() - t0) * 1000
+        return [AttemptResult(
+            message_id=envelope.message_id, subscription=subscription.id, attempt=attempt,
+            started_at=started_at, latency_ms=latency_ms, status_code=status, error=error,
+            instance=self.instance, retry_after_s=retry_after, batch_id=batch.batch_id)
+            for envelope, attempt in zip(batch.envelopes, batch.attempts, strict=True)]
+
+    async def _answer_of(self, url: str, body: bytes, headers: Callable[[], dict[str, str]],
+                         subscription: Subscription
+                         ) -> tuple[int | None, str | None, float | None]:
+        """One POST: (status, error text, Retry-After s). Headers are made inside, so that an
+        error making them (a bad secret) is a failed attempt too."""
+        status: int | None = None
+        try:
+            status, retry_after_header = await self._post(
+                url, body, headers(), subscription.timeout_ms / 1000)
+            if not 200 <= status < 300:
+                return status, f"HTTP {status}", retry_after_s(retry_after_header)
+            return status, None, None
+        except asyncio.CancelledError:
+            raise
+        except self.timeout_errors:  # before transport_errors: TimeoutError is an OSError
+            return status, timeout_text(subscription), None
+        except self.transport_errors as exc:
+            return status, error_text(exc), None
+        except Exception as exc:  # an unexpected bug must still become a failed attempt
+            return status, error_text(exc, unexpected=True), None

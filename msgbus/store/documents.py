@@ -109,7 +109,7 @@ def pending_batch_doc(batch_id: str, sub_id: str, envelopes: list[Envelope],
 def attempt_doc(result: AttemptResult) -> dict[str, Any]:
     # A deterministic _id makes re-writing a batch after a crash idempotent.
     started_us = int(result.started_at.timestamp() * 1_000_000)
-    return {
+    doc = {
         "_id": f"{result.message_id}|{result.subscription}|{started_us}|{result.instance}",
         "message_id": result.message_id,
         "subscription": result.subscription,
@@ -121,6 +121,9 @@ def attempt_doc(result: AttemptResult) -> dict[str, Any]:
         "instance": result.instance,
         "ok": result.ok,
     }
+    if result.batch_id is not None:
+        doc["batch_id"] = result.batch_id
+    return doc
 
 
 def destination_doc(destination: Destination) -> dict[str, Any]:

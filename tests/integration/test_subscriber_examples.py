@@ -1,7 +1,8 @@
 """docs/subscribers.md's example subscribers, run as they are (Python, and Node.js with the
 npm `cloudevents` SDK from tests/tools), get every kind of push from a real bus: a JSON body, a
 binary body that is not UTF-8, a non-ASCII biz_id (percent-encoded, as the CloudEvents HTTP
-binding has it), a trace context, and pushes signed with two secrets during a rotation. Each
+binding has it), a trace context, pushes signed with two secrets during a rotation, and batch
+pushes (a CloudEvents JSON batch, signed once). Each
 verifies and parses; a forged push is refused. Beside them, the third-party `standardwebhooks`
 and `cloudevents` PyPI packages alone verify and parse every push whose body is text (the
 library decodes the body as UTF-8: what docs/subscribers.md says about binary bodies)."""
@@ -23,9 +24,10 @@ from typing import Any
 import httpx
 import pytest
 from cloudevents.core.bindings.http import HTTPMessage, from_binary_event
+from cloudevents.core.formats.json import JSONFormat
 from msgbus_devtools.servers import free_port
 from msgbus_devtools.testkit.bus import RunningBus
-from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.subscriber import BatchSubscriber, RecordingSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 from standardwebhooks import Webhook, WebhookVerificationError
 
@@ -131,6 +133,40 @@ def test_the_example_subscribers_verify_and_parse_every_kind_of_push(
     assert forged.status_code == 401
 
 
+@pytest.mark.parametrize("language", ["python", "node"])
+def test_the_example_subscribers_verify_and_parse_batch_pushes(
+        bus: RunningBus, api_key: str, unique: str, language: str) -> None:
+    destination, port = f"examples-batch-{language}-{unique}", free_port()
+    bus.create_destination(destination, "rabbitmq")
+    subscription = bus.subscribe(destination, "batched", f"http://127.0.0.1:{port}/hook",
+                                 batch_max_messages=10, batch_max_wait_ms=200)
+    command = ([sys.executable, str(EXAMPLES / "subscriber.py")] if language == "python"
+               else ["node", str(EXAMPLES / "subscriber.cjs")])
+    subscriber = ExampleSubscriber(command, port, subscription["signing_secrets"][0])
+    try:
+        bus.wait_for_workers([f"{destination}/batched"])
+        sent = _send_every_kind(bus, api_key, destination)
+        more = [_send(bus, api_key, destination, body={"n": n}) for n in range(12)]
+        wait_until(lambda: {*sent.values(), *more} <= set(subscriber.verified()), 30,
+                   "the batches")
+        got = subscriber.verified()
+        assert all(got[m]["batch"] for m in [*sent.values(), *more]), "not batch pushes"
+        assert len({got[m]["batch"] for m in more}) < len(more), "never more than one a push"
+        assert got[sent["binary"]]["size"] == len(BINARY)
+        assert got[sent["binary"]]["bizid"] == BIZ_ID
+        assert got[sent["binary"]]["datacontenttype"] == "application/x-protobuf"
+        assert got[sent["traced"]]["traceparent"] == PARENT
+        assert not [r for r in subscriber.records if r.get("verified") is False]
+
+        forged = httpx.post(subscriber.url, content=b"[]", headers={
+            "content-type": "application/cloudevents-batch+json",
+            "webhook-id": "x", "webhook-timestamp": str(int(time.time())),
+            "webhook-signature": "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="})
+        assert forged.status_code == 401
+    finally:
+        subscriber.stop()
+
+
 def test_the_third_party_libraries_alone_verify_and_parse_every_text_push(
         bus: RunningBus, api_key: str, unique: str) -> None:
     destination = f"libraries-{unique}"
@@ -151,3 +187,24 @@ def test_the_third_party_libraries_alone_verify_and_parse_every_text_push(
                 webhook.verify(push.body, headers)  # the library's limit: text bodies only
         else:
             assert webhook.verify(push.body, headers) == json.loads(push.body)
+
+
+def test_the_third_party_libraries_alone_verify_and_parse_batch_pushes(
+        bus: RunningBus, api_key: str, unique: str) -> None:
+    destination = f"libraries-batch-{unique}"
+    bus.create_destination(destination, "kafka")
+    subscriber = BatchSubscriber()
+    subscription = bus.subscribe(destination, "libs", bus.serve_subscriber(subscriber),
+                                 batch_max_messages=10)
+    bus.wait_for_workers([f"{destination}/libs"])
+    sent = _send_every_kind(bus, api_key, destination)
+    wait_until(lambda: set(sent.values()) <= set(subscriber.delivered()), 30, "the batches")
+    webhook = Webhook(subscription["signing_secrets"][0])
+    for push in subscriber.all_pushes():
+        events = webhook.verify(push.body, push.headers)  # a batch body is JSON: it verifies
+        parsed = {e.get_id(): e for e in (JSONFormat().read(None, json.dumps(event))
+                                          for event in events)}
+        if sent["binary"] in parsed:
+            assert parsed[sent["binary"]].get_data() == BINARY
+            assert parsed[sent["binary"]].get_attributes()["bizid"] == BIZ_ID
+        assert {e.get_type() for e in parsed.values()} == {destination}

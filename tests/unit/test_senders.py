@@ -8,10 +8,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import orjson
 import pytest
 from aiohttp import web
 from msgbus_devtools.servers import free_port
 
+from msgbus.delivery.batch import batches_of
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.senders import make_sender
 from msgbus.delivery.signing import sign
@@ -38,7 +40,8 @@ async def server() -> AsyncIterator[Server]:
 
     async def record(request: web.Request) -> None:
         headers = {k.lower(): v for k, v in request.headers.items()}
-        received[headers["ce-id"]] = (headers, await request.read())
+        # a batch push has no ce- headers: its webhook-id is the batch's id
+        received[headers.get("ce-id") or headers["webhook-id"]] = (headers, await request.read())
 
     async def ok(request: web.Request) -> web.Response:
         await record(request)
@@ -146,6 +149,29 @@ async def test_many_concurrent_pushes_all_arrive(server: Server, sender: Sender)
     results = await asyncio.gather(*(sender.push(e, sub, attempt=1) for e in envelopes))
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
     assert all(server.received[e.message_id][1] == e.body for e in envelopes)
+
+
+async def test_a_batch_is_one_signed_post_and_each_message_gets_its_result(
+        server: Server, sender: Sender) -> None:
+    sub = subscription(f"{server.url}/ok").model_copy(update={"batch_max_messages": 10})
+    envelopes = [envelope() for _ in range(3)]
+    [batch] = batches_of([(e, 2) for e in envelopes], sub)
+    results = await sender.push_batch(batch, sub)
+    assert [r.message_id for r in results] == [e.message_id for e in envelopes]
+    assert all(r.ok and r.batch_id == batch.batch_id and r.attempt == 2 for r in results)
+    headers, body = server.received[batch.batch_id]
+    assert headers["content-type"] == "application/cloudevents-batch+json"
+    assert headers["webhook-signature"] == sign(
+        sub.signing_secrets, batch.batch_id, int(headers["webhook-timestamp"]), body)
+    assert [event["id"] for event in orjson.loads(body)] == [e.message_id for e in envelopes]
+
+
+async def test_a_failed_batch_fails_each_of_its_messages(server: Server, sender: Sender) -> None:
+    sub = subscription(f"{server.url}/fail").model_copy(update={"batch_max_messages": 10})
+    [batch] = batches_of([(envelope(), 1), (envelope(), 1)], sub)
+    results = await sender.push_batch(batch, sub)
+    assert [(r.status_code, r.retry_after_s, r.batch_id) for r in results] == [
+        (500, 7.0, batch.batch_id)] * 2
 
 
 def test_unknown_client_is_refused() -> None:

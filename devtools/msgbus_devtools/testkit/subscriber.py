@@ -9,7 +9,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond
+from msgbus.delivery.batch import BATCH_CONTENT_TYPE
 
 
 @dataclass
@@ -123,3 +126,57 @@ class PeakSubscriber(RecordingSubscriber):
                 start += 1
             most = max(most, end - start + 1)
         return most
+
+
+@dataclass
+class BatchPush:
+    """One batch push as a subscriber got it: its headers, raw body, events and answer."""
+
+    headers: dict[str, str]
+    body: bytes
+    events: list[dict[str, Any]]
+    status: int
+    at: float = field(default_factory=time.monotonic)
+
+    @property
+    def batch_id(self) -> str:
+        return self.headers["webhook-id"]
+
+
+@dataclass
+class BatchSubscriber:
+    """Takes batch pushes (`application/cloudevents-batch+json`) and records each; answers
+    `script(push)` (default 200), where `push` is the BatchPush before it is recorded and
+    `seen` holds the message ids of every earlier push."""
+
+    script: Any = None  # Callable[[BatchPush, set[str]], int]
+    pushes: list[BatchPush] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if await answer_lifespan(scope, receive, send):
+            return
+        body = await read_body(receive)
+        headers = request_headers(scope)
+        events = orjson.loads(body) if headers.get("content-type") == BATCH_CONTENT_TYPE else []
+        with self._lock:
+            push = BatchPush(headers, body, events, 200)
+            push.status = self.script(push, self.seen) if self.script is not None else 200
+            self.pushes.append(push)
+            self.seen |= {event["id"] for event in events}
+        await respond(send, push.status, b"ok")
+
+    def delivered(self) -> dict[str, int]:
+        """Per message id, how many pushes of it were answered 2xx."""
+        with self._lock:
+            counts: dict[str, int] = {}
+            for push in self.pushes:
+                if 200 <= push.status < 300:
+                    for event in push.events:
+                        counts[event["id"]] = counts.get(event["id"], 0) + 1
+            return counts
+
+    def all_pushes(self) -> list[BatchPush]:
+        with self._lock:
+            return list(self.pushes)
