@@ -5,7 +5,8 @@
 #   bash scripts/test.sh [pytest args]     e.g. bash scripts/test.sh -k services
 #
 # Without arguments the tests run in two passes: those not marked `serial` on two pytest-xdist
-# workers (they mostly wait on servers and timeouts), then the `serial` ones (load, kill -9 and
+# workers (they mostly wait on servers and timeouts; an `xdist_group` keeps its tests on one
+# worker, e.g. the Spark session's), then the `serial` ones (load, kill -9 and
 # outage tests whose budgets assume a machine to themselves) alone. With arguments, one pass.
 #
 # Environment: VENV (default .venv in the repo), PYTHON (default python3, 3.11 or newer),
@@ -65,7 +66,7 @@ if [ "$#" -gt 0 ]; then
     "$VENV/bin/python" -m pytest -q -x --durations=15 "$@"
 else
     step "pytest, pass 1 of 2: the tests not marked serial, on 2 workers (CI=${CI:-unset})"
-    "$VENV/bin/python" -m pytest -q -x --durations=15 -n 2 -m "not serial"
+    "$VENV/bin/python" -m pytest -q -x --durations=15 -n 2 --dist loadgroup -m "not serial"
     step "pytest, pass 2 of 2: the serial tests, alone"
     "$VENV/bin/python" -m pytest -q -x --durations=15 -m serial
 fi

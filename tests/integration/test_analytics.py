@@ -44,6 +44,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "analytics"
 START = datetime(2026, 3, 1, 23, 0, tzinfo=UTC)  # three hours over midnight: two days
 SPAN = timedelta(hours=3)
+# one xdist worker runs them all (scripts/test.sh: --dist loadgroup): one Spark start, not two
+pytestmark = pytest.mark.xdist_group("spark")
 
 
 def assert_percentile(value: float, data: Any, p: float, what: object) -> None:

@@ -1,8 +1,8 @@
-"""`python -m bench.e2e --quick`, issue 10's whole-system benchmark, as CI runs it: receiver,
-dispatcher and compensator each a `msgbus` process on real tansu, SecantusDB and RabbitMQ, the
-producer library's send() as the load, real HTTP subscribers. Its figures are the benchmark's
-business (bench/README.md); the suite checks that every message whose send() returned arrived,
-and that the report a user reads is complete."""
+"""`python -m bench.e2e` with --quick's settings but shorter phases, issue 10's whole-system
+benchmark, as CI runs it: receiver, dispatcher and compensator each a `msgbus` process on real
+tansu, SecantusDB and RabbitMQ, the producer library's send() as the load, real HTTP
+subscribers. Its figures are the benchmark's business (bench/README.md); the suite checks that
+every message whose send() returned arrived, and that the report a user reads is complete."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+# --quick's settings with shorter phases: the suite checks that the benchmark works, not its figures
+SMALLER = ["--runs", "1", "--rate", "1500", "--duration-s", "2", "--latency-s", "2",
+           "--isolation-messages", "400"]
 
 
 @pytest.mark.timeout(600)
@@ -23,7 +26,7 @@ def test_the_quick_whole_system_benchmark_loses_nothing_and_reports_its_figures(
         tmp_path: Path) -> None:
     plot = tmp_path / "latency.png"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.e2e", "--quick", "--brokers", "kafka", "--plot", str(plot)],
+        [sys.executable, "-m", "bench.e2e", "--brokers", "kafka", "--plot", str(plot), *SMALLER],
         cwd=REPO, capture_output=True, text=True, timeout=540)
     output = f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-4000:]}"
     assert done.returncode == 0, output

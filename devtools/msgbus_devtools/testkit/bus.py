@@ -54,7 +54,7 @@ def sample_value(exposition: str, name: str, labels: dict[str, str]) -> float:
 
 CONFIG_REFRESH_S = 0.5  # how soon the bus's services see a configuration change
 # The backlog gauges read every failed delivery of a subscription (up to the cap) on each pass;
-# at 0.5 s a test's 5,000 due retries kept the session's MongoDB server busy.
+# at 0.5 s a test's thousands of due retries kept the session's MongoDB server busy.
 BACKLOG_INTERVAL_S = 3.0
 SHUTDOWN_TIMEOUT_S = 240.0
 SLOW_SHUTDOWN_S = 30.0
