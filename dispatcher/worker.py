@@ -11,6 +11,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
+from datetime import datetime
 from typing import Any
 
 from dispatcher.redelivery import DeliveredCheck
@@ -20,8 +21,9 @@ from msgbus.brokers.base import Received, SubscriptionConsumer
 from msgbus.delivery.attempt import outcome_of, push_through, skipped_outcome
 from msgbus.delivery.filters import subscription_receives, why_not_pushed
 from msgbus.delivery.limiter import SubscriptionLimiter
+from msgbus.delivery.schedule import scheduled_outcome, wait_until
 from msgbus.delivery.sender import Sender
-from msgbus.metrics import SKIPPED
+from msgbus.metrics import SCHEDULED, SKIPPED
 from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
 from msgbus.tasks import cancel_and_wait
 
@@ -228,8 +230,17 @@ class SubscriptionWorker:
             self._track(self._skip(envelope, ack, reason))
         elif self.subscription.ordered_by_biz_id and envelope.biz_id is not None:
             self._enqueue_in_lane(envelope.biz_id, envelope, ack)
+        elif (due := wait_until(envelope, self.subscription)) is not None:
+            self._schedule(envelope, ack, due)
         else:
             await self._ready.put((envelope, ack))
+
+    def _schedule(self, envelope: Envelope, ack: Ack | None, due: datetime) -> None:
+        """Due later: recorded as scheduled (the compensator pushes it then), then acked; the
+        record is on local disk before the ack, so a kill -9 loses no delay."""
+        SCHEDULED.labels(self.subscription.id).inc()
+        self._collect(scheduled_outcome(envelope, self.subscription, due,
+                                        self._sender.instance), ack)
 
     async def _pusher(self) -> None:
         """One of max_concurrency pushers: takes the next message as soon as its push is
@@ -240,9 +251,13 @@ class SubscriptionWorker:
             if not await self._limiter.acquire(self._closing):
                 return  # closing: not pushed, not acked; the broker hands it on
             outcome = await self._attempt(envelope, 1, retry_in_place=False)
-            if not self._to_record:
-                asyncio.get_running_loop().call_soon(self._record_collected)
-            self._to_record.append((outcome, ack))
+            self._collect(outcome, ack)
+
+    def _collect(self, outcome: DeliveryOutcome, ack: Ack | None) -> None:
+        """Records the outcome with the others of this turn of the loop, then acks."""
+        if not self._to_record:
+            asyncio.get_running_loop().call_soon(self._record_collected)
+        self._to_record.append((outcome, ack))
 
     def _record_collected(self) -> None:
         """The outcomes the pushers collected in one turn of the loop: one local write, then
@@ -277,12 +292,30 @@ class SubscriptionWorker:
         try:
             while lane and not self._closing.is_set():
                 envelope, ack = lane[0]
+                if not await self._wait_in_lane_until_due(envelope):
+                    break
                 if not await self._limiter.acquire(self._closing):
                     break
                 await self._deliver_in_order(envelope, ack)
                 lane.popleft()
         finally:
             del self._lanes[key]
+
+    async def _wait_in_lane_until_due(self, envelope: Envelope) -> bool:
+        """Order beats delay: a key's head that is due later is recorded as scheduled (held
+        here, not by the compensator) and waited for in place, and the key's later messages
+        wait behind it. False: the worker closes meanwhile (unacked: the broker hands the
+        message on, and the next worker waits for it again)."""
+        due = wait_until(envelope, self.subscription)
+        if due is None:
+            return True
+        SCHEDULED.labels(self.subscription.id).inc()
+        await self._record(scheduled_outcome(envelope, self.subscription, due,
+                                             self._sender.instance, in_place=True))
+        delay_s = (due - utcnow()).total_seconds()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), max(0.0, delay_s))
+        return not self._closing.is_set()
 
     async def _attempt(self, envelope: Envelope, attempt: int, *,
                        retry_in_place: bool) -> DeliveryOutcome:
