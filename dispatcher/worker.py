@@ -312,9 +312,12 @@ class SubscriptionWorker:
         SCHEDULED.labels(self.subscription.id).inc()
         await self._record(scheduled_outcome(envelope, self.subscription, due,
                                              self._sender.instance, in_place=True))
-        delay_s = (due - utcnow()).total_seconds()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._closing.wait(), max(0.0, delay_s))
+        # again until due by the wall clock: the loop's timers may end a little early
+        while due is not None and not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(),
+                                       (due - utcnow()).total_seconds() + 0.001)
+            due = wait_until(envelope, self.subscription)
         return not self._closing.is_set()
 
     async def _attempt(self, envelope: Envelope, attempt: int, *,
