@@ -29,6 +29,10 @@ from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
+# A message due within this long waits in the worker, not in MongoDB: the compensator's scan
+# interval and the trace's way to MongoDB would make it later than the wait itself. Held
+# messages are unacked, so at most a quarter of the in-flight budget is held at once.
+HOLD_IN_MEMORY_S = 3.0
 RECEIVE_BATCH = 256
 RECEIVE_WAIT_S = 0.5
 START_RETRY_FIRST_S, START_RETRY_MAX_S = 1.0, 10.0  # a consumer that cannot start
@@ -62,6 +66,7 @@ class SubscriptionWorker:
             maxsize=subscription.max_concurrency)
         self._pushers: list[asyncio.Task[None]] = []
         self._to_record: list[tuple[DeliveryOutcome, Ack | None]] = []
+        self._held = 0  # messages due soon, waiting in `_push_when_due`
 
     async def start(self) -> None:
         """Never fails on a broker: a consumer that cannot connect keeps trying in its loop,
@@ -231,8 +236,27 @@ class SubscriptionWorker:
         elif self.subscription.ordered_by_biz_id and envelope.biz_id is not None:
             self._enqueue_in_lane(envelope.biz_id, envelope, ack)
         elif (due := wait_until(envelope, self.subscription)) is not None:
-            self._schedule(envelope, ack, due)
+            if self._may_hold(due):
+                self._track(self._push_when_due(envelope, ack, due))
+            else:
+                self._schedule(envelope, ack, due)
         else:
+            await self._ready.put((envelope, ack))
+
+    def _may_hold(self, due: datetime) -> bool:
+        return ((due - utcnow()).total_seconds() <= HOLD_IN_MEMORY_S
+                and self._held < self.subscription.in_flight_budget // 4)
+
+    async def _push_when_due(self, envelope: Envelope, ack: Ack | None,
+                             due: datetime | None) -> None:
+        """Due within HOLD_IN_MEMORY_S: held here, unacked (the broker hands it on if this
+        process dies), then given to the pushers."""
+        self._held += 1
+        try:
+            await self._sleep_until_due(envelope, due)
+        finally:
+            self._held -= 1
+        if not self._closing.is_set():
             await self._ready.put((envelope, ack))
 
     def _schedule(self, envelope: Envelope, ack: Ack | None, due: datetime) -> None:
@@ -312,13 +336,17 @@ class SubscriptionWorker:
         SCHEDULED.labels(self.subscription.id).inc()
         await self._record(scheduled_outcome(envelope, self.subscription, due,
                                              self._sender.instance, in_place=True))
-        # again until due by the wall clock: the loop's timers may end a little early
+        await self._sleep_until_due(envelope, due)
+        return not self._closing.is_set()
+
+    async def _sleep_until_due(self, envelope: Envelope, due: datetime | None) -> None:
+        """Until due by the wall clock (the loop's timers may end a little early), or until
+        the worker closes."""
         while due is not None and not self._closing.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(),
                                        (due - utcnow()).total_seconds() + 0.001)
             due = wait_until(envelope, self.subscription)
-        return not self._closing.is_set()
 
     async def _attempt(self, envelope: Envelope, attempt: int, *,
                        retry_in_place: bool) -> DeliveryOutcome:
