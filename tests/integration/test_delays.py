@@ -4,7 +4,6 @@ subscription's delay_s, order beating delay, and the operator's deliver-now and 
 from __future__ import annotations
 
 import random
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,7 +11,8 @@ import httpx
 import pytest
 from msgbus_client import MsgbusClient
 from msgbus_devtools.testkit.bus import RunningBus
-from msgbus_devtools.testkit.subscriber import Push, RecordingSubscriber
+from msgbus_devtools.testkit.delays import lateness_s, percentile, wall_time
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.ids import uuid7
@@ -23,21 +23,6 @@ MAX_DELAY_S = 20.0
 LATE_LIMIT_S = 2.0
 
 
-def wall_time(push: Push) -> datetime:
-    """When the push arrived, on the wall clock (Push.at is monotonic)."""
-    return datetime.fromtimestamp(time.time() - (time.monotonic() - push.at), UTC)
-
-
-def lateness_s(pushes: list[Push], due: dict[str, datetime]) -> dict[str, float]:
-    """Per message, how late its first push came after its due time (negative: early)."""
-    first: dict[str, datetime] = {}
-    for push in pushes:
-        at = wall_time(push)
-        if push.message_id not in first or at < first[push.message_id]:
-            first[push.message_id] = at
-    return {m: (first[m] - due[m]).total_seconds() for m in first}
-
-
 def _setup(bus: RunningBus, unique: str, broker: str, **options: object
            ) -> tuple[str, RecordingSubscriber]:
     destination = f"delays-{broker}-{unique}"
@@ -46,11 +31,6 @@ def _setup(bus: RunningBus, unique: str, broker: str, **options: object
     bus.subscribe(destination, "sub", bus.serve_subscriber(subscriber), **options)
     bus.wait_for_workers([f"{destination}/sub"])
     return destination, subscriber
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @pytest.mark.serial
@@ -80,8 +60,8 @@ def test_random_delays_none_early_each_within_two_seconds(
     assert not early, f"{len(early)} pushed before their time, e.g. {list(early.items())[:3]}"
     too_late = {m: s for m, s in late.items() if s > LATE_LIMIT_S}
     values = list(late.values())
-    print(f"{broker}: lateness p50 {_percentile(values, 0.5):.3f} s, p99 "
-          f"{_percentile(values, 0.99):.3f} s, max {max(values):.3f} s")
+    print(f"{broker}: lateness p50 {percentile(values, 0.5):.3f} s, p99 "
+          f"{percentile(values, 0.99):.3f} s, max {max(values):.3f} s")
     assert not too_late, (f"{len(too_late)} more than {LATE_LIMIT_S} s late (late by, "
                           "asked delay): "
                           f"{sorted((s, round(asked[m], 2)) for m, s in too_late.items())}")
