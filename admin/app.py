@@ -20,6 +20,7 @@ from admin import (
     pushers,
     removal,
     replication,
+    scheduled,
     schema_routes,
     schema_ui,
     users_routes,
@@ -68,7 +69,8 @@ def create_app(service: AdminService) -> FastAPI:
                   service="admin")
     for routes in (router, invalid_docs.router, pushers.router, removal.router,
                    operations.router, users_routes.router, replication.router,
-                   replication.ui_router, schema_routes.router):
+                   replication.ui_router, schema_routes.router, scheduled.router,
+                   scheduled.ui_router):
         include_routes(app, routes)
     add_ui(app)
     include_routes(app, schema_ui.router)

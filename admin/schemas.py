@@ -115,3 +115,14 @@ class DiscardIn(BaseModel):
         description="only these messages' parked deliveries; None: every parked delivery of "
                     "the subscription")
     reason: str = Field(min_length=1, max_length=500, description="why, for the audit log")
+
+
+class ScheduledIn(BaseModel):
+    message_ids: list[Annotated[str, Field(max_length=100)]] = Field(
+        min_length=1, max_length=1000, description="the messages whose scheduled deliveries "
+                                                   "to act on")
+    requested_by: str | None = Field(default=None, pattern=OPERATOR_PATTERN)
+
+
+class ScheduledCancelIn(ScheduledIn):
+    reason: str = Field(min_length=1, max_length=500, description="why, for the audit log")

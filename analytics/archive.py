@@ -35,7 +35,7 @@ from analytics.retention import ensure_retention
 from analytics.schemas import ARCHIVED_AT
 from analytics.session import mongo_location
 from analytics.settings import AnalyticsSettings
-from msgbus.models import UNDELIVERED_STATUSES
+from msgbus.models import OPEN_STATUSES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -129,7 +129,7 @@ def _candidates(spark: SparkSession, settings: AnalyticsSettings, start: datetim
     raw = {name: frame.where(not_archived).persist(StorageLevel.MEMORY_AND_DISK)
            for name, frame in raw.items()}
     read_counts = {name: frame.count() for name, frame in raw.items()}
-    under_way = [s.value for s in UNDELIVERED_STATUSES]
+    under_way = [s.value for s in OPEN_STATUSES]
     in_flight = (raw["deliveries"].where(F.col("status").isin(under_way))
                  .select(F.col("message_id").alias("_id")))
     # a subscription the message was recorded for that has no delivery state yet: pending

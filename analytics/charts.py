@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 MAX_SERIES = 8  # lines or bars beyond this make a chart unreadable: the busiest are kept
 STATUS_COLORS = {"delivered": "#2e9d5b", "failed": "#d64545", "retrying": "#f0a030",
                  "pending": "#9aa5b1", "parked": "#7a3fa0", "skipped": "#c9d1d9",
-                 "discarded": "#4a4a4a"}
+                 "discarded": "#4a4a4a", "scheduled": "#4a90d9"}
 _METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)  # RDF with a creation date
 plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
                      "svg.fonttype": "none", "svg.hashsalt": "msgbus"})

@@ -30,7 +30,8 @@ from analytics import stats_sql as sql
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-STATUSES = ("delivered", "failed", "retrying", "pending", "parked", "skipped", "discarded")
+STATUSES = ("delivered", "failed", "retrying", "pending", "parked", "skipped", "discarded",
+            "scheduled")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from msgbus.metrics import (
     PARKED,
     RETRIES_DUE,
     RETRIES_WAITING,
+    SCHEDULED_WAITING,
     SWEEP_SECONDS,
     SWEPT,
 )
@@ -68,7 +69,7 @@ class Sweeper(PeriodicWork):
         total = 0
         for sub in self.sweepable():
             order = KeyOrder() if sub.ordered_by_biz_id else None
-            swept = await self._sweep_batches(sub.id, older_than, order)
+            swept = await self._sweep_batches(sub.id, older_than, order, sub.delay_s)
             swept += await self._sweep_pending_states(sub.id, older_than)
             if swept:
                 SWEPT.labels(sub.id).inc(swept)
@@ -89,7 +90,7 @@ class Sweeper(PeriodicWork):
                 await self._sweep_batches(sub.id, None)
 
     async def _sweep_batches(self, sub_id: str, older_than: datetime | None,
-                             order: KeyOrder | None = None) -> int:
+                             order: KeyOrder | None = None, delay_s: float = 0.0) -> int:
         """Settles the subscription's pending batches; sweeps what is older than `older_than`
         (None: nothing), of an ordered subscription only the keys' heads. Returns how many it
         swept."""
@@ -99,7 +100,7 @@ class Sweeper(PeriodicWork):
         while True:
             done = await self._pending.run(sub_id, settle_before=settle_before,
                                            sweep_before=older_than, limit=PENDING_PAGE,
-                                           order=order)
+                                           order=order, delay_s=delay_s)
             swept += done.swept
             if done.reached_dispatcher or done.batches < PENDING_PAGE:
                 return swept
@@ -120,5 +121,6 @@ class Sweeper(PeriodicWork):
             RETRIES_DUE.labels(sub.id).set(stats.due)
             RETRIES_WAITING.labels(sub.id).set(stats.waiting)
             PARKED.labels(sub.id).set(stats.parked)
+            SCHEDULED_WAITING.labels(sub.id).set(stats.scheduled)
             age = (now - stats.oldest_failed_at).total_seconds() if stats.oldest_failed_at else 0
             OLDEST_RETRY_AGE.labels(sub.id).set(max(0.0, age))

@@ -28,6 +28,7 @@ def encode_outcome(outcome: DeliveryOutcome) -> bytes:
         "ra": r.retry_after_s, "d": outcome.destination, "ca": outcome.created_at,
         "b": outcome.biz_id, "na": outcome.next_attempt_at, "p": outcome.parked,
         "rp": outcome.retrying_in_place, "sk": outcome.skipped, "bi": r.batch_id,
+        **({} if outcome.scheduled_for is None else {"sf": outcome.scheduled_for}),
     })
 
 
@@ -42,7 +43,8 @@ def decode_outcome(data: bytes) -> DeliveryOutcome:
     )
     return DeliveryOutcome(result=result, destination=d["d"], created_at=created,
                            biz_id=d["b"], next_attempt_at=_dt(d["na"]), parked=d["p"],
-                           retrying_in_place=d.get("rp", False), skipped=d.get("sk", False))
+                           retrying_in_place=d.get("rp", False), skipped=d.get("sk", False),
+                           scheduled_for=_dt(d.get("sf")))
 
 
 class TraceWriter:

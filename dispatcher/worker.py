@@ -11,6 +11,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
+from datetime import datetime
 from typing import Any
 
 from dispatcher.batching import BatchCollector
@@ -21,13 +22,18 @@ from msgbus.brokers.base import Received, SubscriptionConsumer
 from msgbus.delivery.attempt import outcome_of, push_through, skipped_outcome
 from msgbus.delivery.filters import subscription_receives, why_not_pushed
 from msgbus.delivery.limiter import SubscriptionLimiter
+from msgbus.delivery.schedule import scheduled_outcome, wait_until
 from msgbus.delivery.sender import Sender
-from msgbus.metrics import SKIPPED
+from msgbus.metrics import SCHEDULED, SKIPPED
 from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
 from msgbus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
+# A message due within this long waits in the worker, not in MongoDB: the compensator's scan
+# interval and the trace's way to MongoDB would make it later than the wait itself. Held
+# messages are unacked, so at most a quarter of the in-flight budget is held at once.
+HOLD_IN_MEMORY_S = 3.0
 RECEIVE_BATCH = 256
 RECEIVE_WAIT_S = 0.5
 START_RETRY_FIRST_S, START_RETRY_MAX_S = 1.0, 10.0  # a consumer that cannot start
@@ -62,6 +68,7 @@ class SubscriptionWorker:
         self._pushers: list[asyncio.Task[None]] = []
         self._to_record: list[tuple[DeliveryOutcome, Ack | None]] = []
         self._batches = self._batch_collector() if subscription.batched else None
+        self._held = 0  # messages due soon, waiting in `_push_when_due`
 
     async def start(self) -> None:
         """Never fails on a broker: a consumer that cannot connect keeps trying in its loop,
@@ -238,12 +245,46 @@ class SubscriptionWorker:
         ordered one, which waits in its key's lane instead."""
         if (reason := why_not_pushed(self.subscription, envelope)) is not None:
             self._track(self._skip(envelope, ack, reason))
-        elif self._batches is not None:
-            await self._batches.add(envelope, ack)
-        elif self.subscription.ordered_by_biz_id and envelope.biz_id is not None:
+        elif (self.subscription.ordered_by_biz_id and envelope.biz_id is not None
+              and self._batches is None):
             self._enqueue_in_lane(envelope.biz_id, envelope, ack)
+        elif (due := wait_until(envelope, self.subscription)) is not None:
+            if self._may_hold(due):
+                self._track(self._push_when_due(envelope, ack, due))
+            else:
+                self._schedule(envelope, ack, due)
+        else:
+            await self._hand_on(envelope, ack)
+
+    async def _hand_on(self, envelope: Envelope, ack: Ack | None) -> None:
+        """To the batch collector (a batch subscription) or the pushers."""
+        if self._batches is not None:
+            await self._batches.add(envelope, ack)
         else:
             await self._ready.put((envelope, ack))
+
+    def _may_hold(self, due: datetime) -> bool:
+        return ((due - utcnow()).total_seconds() <= HOLD_IN_MEMORY_S
+                and self._held < self.subscription.in_flight_budget // 4)
+
+    async def _push_when_due(self, envelope: Envelope, ack: Ack | None,
+                             due: datetime | None) -> None:
+        """Due within HOLD_IN_MEMORY_S: held here, unacked (the broker hands it on if this
+        process dies), then given to the pushers."""
+        self._held += 1
+        try:
+            await self._sleep_until_due(envelope, due)
+        finally:
+            self._held -= 1
+        if not self._closing.is_set():
+            await self._hand_on(envelope, ack)
+
+    def _schedule(self, envelope: Envelope, ack: Ack | None, due: datetime) -> None:
+        """Due later: recorded as scheduled (the compensator pushes it then), then acked; the
+        record is on local disk before the ack, so a kill -9 loses no delay."""
+        SCHEDULED.labels(self.subscription.id).inc()
+        self._collect(scheduled_outcome(envelope, self.subscription, due,
+                                        self._sender.instance), ack)
 
     async def _pusher(self) -> None:
         """One of max_concurrency pushers: takes the next message as soon as its push is
@@ -254,9 +295,13 @@ class SubscriptionWorker:
             if not await self._limiter.acquire(self._closing):
                 return  # closing: not pushed, not acked; the broker hands it on
             outcome = await self._attempt(envelope, 1, retry_in_place=False)
-            if not self._to_record:
-                asyncio.get_running_loop().call_soon(self._record_collected)
-            self._to_record.append((outcome, ack))
+            self._collect(outcome, ack)
+
+    def _collect(self, outcome: DeliveryOutcome, ack: Ack | None) -> None:
+        """Records the outcome with the others of this turn of the loop, then acks."""
+        if not self._to_record:
+            asyncio.get_running_loop().call_soon(self._record_collected)
+        self._to_record.append((outcome, ack))
 
     def _record_collected(self) -> None:
         """The outcomes the pushers collected in one turn of the loop: one local write, then
@@ -291,12 +336,37 @@ class SubscriptionWorker:
         try:
             while lane and not self._closing.is_set():
                 envelope, ack = lane[0]
+                if not await self._wait_in_lane_until_due(envelope):
+                    break
                 if not await self._limiter.acquire(self._closing):
                     break
                 await self._deliver_in_order(envelope, ack)
                 lane.popleft()
         finally:
             del self._lanes[key]
+
+    async def _wait_in_lane_until_due(self, envelope: Envelope) -> bool:
+        """Order beats delay: a key's head that is due later is recorded as scheduled (held
+        here, not by the compensator) and waited for in place, and the key's later messages
+        wait behind it. False: the worker closes meanwhile (unacked: the broker hands the
+        message on, and the next worker waits for it again)."""
+        due = wait_until(envelope, self.subscription)
+        if due is None:
+            return True
+        SCHEDULED.labels(self.subscription.id).inc()
+        await self._record(scheduled_outcome(envelope, self.subscription, due,
+                                             self._sender.instance, in_place=True))
+        await self._sleep_until_due(envelope, due)
+        return not self._closing.is_set()
+
+    async def _sleep_until_due(self, envelope: Envelope, due: datetime | None) -> None:
+        """Until due by the wall clock (the loop's timers may end a little early), or until
+        the worker closes."""
+        while due is not None and not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(),
+                                       (due - utcnow()).total_seconds() + 0.001)
+            due = wait_until(envelope, self.subscription)
 
     async def _attempt(self, envelope: Envelope, attempt: int, *,
                        retry_in_place: bool) -> DeliveryOutcome:

@@ -52,6 +52,8 @@ def encode(envelope: Envelope) -> bytes:
         meta["rd"] = 1
     if envelope.schema_version is not None:
         meta["sv"] = envelope.schema_version
+    if envelope.deliver_at is not None:
+        meta["da"] = _ms(envelope.deliver_at)
     head = orjson.dumps(meta)
     return b"".join((_MAGIC, _LEN.pack(len(head)), head, envelope.body))
 
@@ -78,6 +80,7 @@ def decode(data: bytes) -> Envelope:
         tracestate=meta.get("ts"),
         redelivered=bool(meta.get("rd")),
         schema_version=meta.get("sv"),
+        deliver_at=_dt(meta.get("da")),
     )
 
 

@@ -85,6 +85,10 @@ PUSHES = Counter(
 SKIPPED = Counter(
     "msgbus_messages_skipped_total", "Messages a subscription's filters left out (not pushed)",
     ["subscription"])
+SCHEDULED = Counter(
+    "msgbus_deliveries_scheduled_total",
+    "Deliveries not pushed at once because they are due later (deliver_at, delay_s)",
+    ["subscription"])
 REDELIVERIES_SKIPPED = Counter(
     "msgbus_redeliveries_skipped_total",
     "Messages a broker handed out again (or the compensator pushed meanwhile) that the "
@@ -136,6 +140,10 @@ RETRIES_WAITING = Gauge(
 OLDEST_RETRY_AGE = Gauge(
     "msgbus_oldest_retry_age_seconds",
     "Age of the oldest message whose delivery waits for a retry (0: none)",
+    ["subscription"], multiprocess_mode="livemax")
+SCHEDULED_WAITING = Gauge(
+    "msgbus_scheduled_deliveries",
+    "Deliveries waiting for their due time (deliver_at, delay_s; capped)",
     ["subscription"], multiprocess_mode="livemax")
 PARKED = Gauge(
     "msgbus_parked_deliveries",

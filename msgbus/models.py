@@ -30,6 +30,8 @@ APP_DESTINATION_PATTERN = r"^(\*|[a-z0-9][a-z0-9_.-]{0,99})$"
 MAX_RETRY_DELAY_S = 30 * 24 * 3600.0
 MAX_BATCH_MESSAGES = 1000
 MAX_BATCH_BYTES = 16 * 1024 * 1024
+# the longest a message may wait for its delivery (deliver_at, delay_s; a subscription's delay_s)
+MAX_DELIVERY_DELAY_S = 30 * 24 * 3600.0
 
 JSON_CONTENT_TYPE = "application/json"
 DEFAULT_CLUSTER = "default"  # the cluster MSGBUS_KAFKA_BOOTSTRAP / MSGBUS_RABBITMQ_URL define
@@ -70,10 +72,17 @@ class DeliveryStatus(StrEnum):
     # and the next message of the key waits for it
     RETRYING = "retrying"
     SKIPPED = "skipped"  # the subscription's filters did not match: not pushed, on purpose
-    DISCARDED = "discarded"  # parked, then dropped by an operator (with a reason)
+    DISCARDED = "discarded"  # parked or scheduled, then dropped by an operator (with a reason)
+    # not pushed before its due time (deliver_at, delay_s): the compensator pushes it when
+    # `next_attempt_at` comes; an ordered subscription's dispatcher holds it in its key's lane
+    # instead (`next_attempt_at` None); `scheduled_for` says when
+    SCHEDULED = "scheduled"
 
 
+# accepted and not done: the backlog (what the gauges count and the scaling follows)
 UNDELIVERED_STATUSES = (DeliveryStatus.PENDING, DeliveryStatus.FAILED, DeliveryStatus.RETRYING)
+# not final: the backlog and what waits for its time (not stuck, so not in the backlog)
+OPEN_STATUSES = (*UNDELIVERED_STATUSES, DeliveryStatus.SCHEDULED)
 
 
 @dataclass(slots=True)
@@ -100,6 +109,8 @@ class Envelope:
     # the version of the destination's payload schema the body was validated against; None:
     # the destination had no schema when the receiver took it
     schema_version: int | None = None
+    # pushed to no subscriber before this (the producer's deliver_at or delay_s); None: now
+    deliver_at: datetime | None = None
 
     @property
     def accepted_at(self) -> datetime:
@@ -345,6 +356,10 @@ class SubscriptionSettings(ConfigModel):
     batch_max_wait_ms: Integer = Field(
         default=100, ge=0, le=60_000,
         description="A batch goes at the latest this long after its first message was taken")
+    delay_s: StrictFloat = Field(
+        default=0.0, ge=0, le=MAX_DELIVERY_DELAY_S,
+        description="Each message is pushed no sooner than this long after it was accepted "
+                    "(and not before its own deliver_at)")
 
     @model_validator(mode="after")
     def _batch_fits_in_flight(self) -> SubscriptionSettings:
@@ -435,6 +450,14 @@ class DeliveryOutcome:
     parked: bool = False
     retrying_in_place: bool = False  # an ordered subscription's dispatcher retries it itself
     skipped: bool = False  # filtered out: no push was made; `result` says why
+    # not pushed before this (deliver_at, delay_s): no push was made, the state becomes
+    # scheduled (`next_attempt_at`: when the compensator pushes it; None: held in place)
+    scheduled_for: datetime | None = None
+
+    @property
+    def pushed(self) -> bool:
+        """Whether a push was made (an attempt to append to the trace)."""
+        return not self.skipped and self.scheduled_for is None
 
 
 class ReplayState(StrEnum):

@@ -14,11 +14,13 @@ from fastapi.openapi.utils import get_openapi
 
 from msgbus.apidoc import OWN_ERRORS, describe_errors
 from msgbus.apidoc import error_response_doc as _error
-from msgbus.models import CODE_PATTERN
+from msgbus.models import CODE_PATTERN, MAX_DELIVERY_DELAY_S
 from msgbus.settings import ReceiverSettings
 from msgbus.tracecontext import MAX_TRACESTATE_CHARS, TRACEPARENT_PATTERN, TRACESTATE_PATTERN
 from receiver.parsing import (
     BIZ_ID_HEADER,
+    DELAY_HEADER,
+    DELIVER_AT_HEADER,
     HEADER_NAME_PATTERN,
     ID_HEADER,
     MAX_BIZ_ID_CHARS,
@@ -33,6 +35,7 @@ BATCH_PATH = "/v1/messages"
 
 _NO_CONTROL_CHARS = r"^[^\u0000-\u001f\u007f]*$"
 TRACE_DEPENDENCY = {"tracestate": ["traceparent"]}
+ONE_DELAY = {"required": ["deliver_at", "delay_s"]}  # one of them, or neither
 
 
 def _ref(kind: str, name: str) -> dict[str, str]:
@@ -69,6 +72,14 @@ def _message_properties(max_message_bytes: int) -> dict[str, Any]:
         "tracestate": {"type": "string", "maxLength": MAX_TRACESTATE_CHARS,
                        "pattern": TRACESTATE_PATTERN,
                        "description": "W3C tracestate, with a traceparent"},
+        "deliver_at": {"type": "string", "format": "date-time",
+                       "description": "RFC 3339 with a time zone: pushed to no subscriber "
+                                      "before this; at most 30 days ahead; a time passed "
+                                      "means now. Not with delay_s"},
+        "delay_s": {"type": "number", "minimum": 0, "maximum": MAX_DELIVERY_DELAY_S,
+                    "description": "pushed to no subscriber sooner than this many seconds "
+                                   "after it is received (at most 30 days). Not with "
+                                   "deliver_at"},
     }
 
 
@@ -77,11 +88,11 @@ def _schemas(settings: ReceiverSettings) -> dict[str, Any]:
     one_body = [{"required": ["body"]}, {"required": ["body_base64"]}]
     return {
         "Message": {"type": "object", "required": ["message_id"], "oneOf": one_body,
-                    "dependentRequired": TRACE_DEPENDENCY,
+                    "dependentRequired": TRACE_DEPENDENCY, "not": ONE_DELAY,
                     "properties": properties, "additionalProperties": False},
         "BatchMessage": {
             "type": "object", "required": ["destination", "message_id"], "oneOf": one_body,
-            "dependentRequired": TRACE_DEPENDENCY,
+            "dependentRequired": TRACE_DEPENDENCY, "not": ONE_DELAY,
             "properties": {"destination": {"type": "string", "pattern": CODE_PATTERN},
                            **properties},
             "additionalProperties": False},
@@ -168,6 +179,10 @@ def _single_operation() -> dict[str, Any]:
                         {"type": "string", "minLength": 1, "maxLength": MAX_BIZ_ID_CHARS}),
             _raw_header(TIME_HEADER, "raw form: created_at (RFC 3339)",
                         {"type": "string", "format": "date-time"}),
+            _raw_header(DELIVER_AT_HEADER, "raw form: deliver_at (RFC 3339)",
+                        {"type": "string", "format": "date-time"}),
+            _raw_header(DELAY_HEADER, f"raw form: delay_s (seconds; not with {DELIVER_AT_HEADER})",
+                        {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"}),
         ],
         content={
             "application/json": {"schema": _ref("schemas", "Message")},

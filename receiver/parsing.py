@@ -11,15 +11,16 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
 from msgbus.errors import InvalidInput, InvalidMessage, MessageTooLarge
-from msgbus.models import JSON_CONTENT_TYPE, Envelope
+from msgbus.models import JSON_CONTENT_TYPE, MAX_DELIVERY_DELAY_S, Envelope
 from msgbus.tracecontext import (
     NO_TRACE,
     InvalidTraceContext,
@@ -35,8 +36,10 @@ MAX_HEADERS_CHARS = 8192  # names and values together: subscribers' servers cap 
 MAX_CONTENT_TYPE_CHARS = 255
 # raw form: the headers that carry a message's attributes
 ID_HEADER, BIZ_ID_HEADER, TIME_HEADER = "ce-id", "ce-bizid", "ce-time"
+DELIVER_AT_HEADER, DELAY_HEADER = "ce-deliverat", "ce-delayseconds"
+_ATTRIBUTE_HEADERS = (ID_HEADER, BIZ_ID_HEADER, TIME_HEADER, DELIVER_AT_HEADER, DELAY_HEADER)
 HEADER_PREFIX = "x-msgbus-"
-_RAW_FORM_NAMES = {ID_HEADER.encode(), BIZ_ID_HEADER.encode(), TIME_HEADER.encode()}
+_RAW_FORM_NAMES = {name.encode() for name in _ATTRIBUTE_HEADERS}
 _RAW_FORM_PREFIX = HEADER_PREFIX.encode()
 
 UUID7_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
@@ -53,7 +56,10 @@ _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _VALUE_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a header value may hold a tab
 _INT_RANGE = range(-(2**63), 2**64)
 _FIELDS = {"message_id", "biz_id", "created_at", "headers", "body", "body_base64",
-           "content_type", "destination", "traceparent", "tracestate"}
+           "content_type", "destination", "traceparent", "tracestate", "deliver_at", "delay_s"}
+# a deliver_at this far beyond the longest delay is still taken: the producer's clock may be
+# ahead of the receiver's, and a client turns delay_s into deliver_at when it spools
+DELIVER_AT_CLOCK_SKEW_S = 300.0
 
 
 def load_json(raw: bytes) -> Any:
@@ -120,6 +126,8 @@ def parse_envelope(
         created_at=_parse_created_at(data.get("created_at"), now, "created_at"), received_at=now,
         headers=_parse_headers(data.get("headers")),
         traceparent=traceparent, tracestate=tracestate,
+        deliver_at=_parse_delivery_time(data.get("deliver_at"), data.get("delay_s"), now,
+                                        ("deliver_at", "delay_s")),
     )
 
 
@@ -153,7 +161,7 @@ def parse_raw(
     headers: dict[str, str] = {}
     for raw_name, raw_value in raw_headers:
         name = raw_name.decode("latin-1").lower()
-        if name in (ID_HEADER, BIZ_ID_HEADER, TIME_HEADER, "content-type"):
+        if name in _ATTRIBUTE_HEADERS or name == "content-type":
             attributes.setdefault(name, _header_text(raw_value, name))
         elif name.startswith(HEADER_PREFIX):
             headers[name.removeprefix(HEADER_PREFIX)] = _header_text(raw_value, name)
@@ -167,6 +175,9 @@ def parse_raw(
         created_at=_parse_created_at(attributes.get(TIME_HEADER), now, TIME_HEADER),
         received_at=now, headers=_parse_headers(headers or None),
         traceparent=request_trace[0], tracestate=request_trace[1],
+        deliver_at=_parse_delivery_time(attributes.get(DELIVER_AT_HEADER),
+                                        _delay_header(attributes.get(DELAY_HEADER)), now,
+                                        (DELIVER_AT_HEADER, DELAY_HEADER)),
     )
 
 
@@ -253,6 +264,42 @@ def _parse_created_at(value: Any, now: datetime, field: str) -> datetime:
         return datetime.fromisoformat(value.upper()).astimezone(UTC)
     except (ValueError, OverflowError) as exc:  # e.g. month 13, or year 1 at UTC+1
         raise InvalidMessage(f"{field} is not a valid time: {value!r}", field=field) from exc
+
+
+def _parse_delivery_time(deliver_at: Any, delay_s: Any, now: datetime,
+                         fields: tuple[str, str]) -> datetime | None:
+    """When the message may first be pushed: `deliver_at` (RFC 3339; one in the past means
+    now), or `delay_s` after `now`; at most MAX_DELIVERY_DELAY_S ahead. None: at once."""
+    at_field, delay_field = fields
+    if deliver_at is not None and delay_s is not None:
+        raise InvalidMessage(f"give {at_field} or {delay_field}, not both", field=delay_field)
+    if delay_s is not None:
+        if (isinstance(delay_s, bool) or not isinstance(delay_s, int | float)
+                or not 0 <= delay_s <= MAX_DELIVERY_DELAY_S):
+            raise InvalidMessage(f"{delay_field} must be a number of seconds from 0 to "
+                                 f"{MAX_DELIVERY_DELAY_S:.0f} (30 days)", field=delay_field)
+        return now + timedelta(seconds=delay_s) if delay_s > 0 else None
+    if deliver_at is None:
+        return None
+    at = _parse_created_at(deliver_at, now, at_field)
+    limit = now + timedelta(seconds=MAX_DELIVERY_DELAY_S + DELIVER_AT_CLOCK_SKEW_S)
+    if at > limit:
+        raise InvalidMessage(f"{at_field} is more than 30 days ahead: {deliver_at!r}",
+                             field=at_field)
+    return at
+
+
+def _delay_header(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        delay = float(value)
+    except ValueError:
+        raise InvalidMessage(f"{DELAY_HEADER} must be a number of seconds",
+                             field=DELAY_HEADER) from None
+    if not math.isfinite(delay):
+        raise InvalidMessage(f"{DELAY_HEADER} must be a number of seconds", field=DELAY_HEADER)
+    return delay
 
 
 def _parse_headers(value: Any) -> dict[str, str]:

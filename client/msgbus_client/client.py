@@ -59,8 +59,8 @@ class MsgbusClient(BaseClient[httpx.BaseTransport, Deliverer]):
 
     def send(self, destination: str, message: object, **options: Unpack[MessageOptions]) -> str:
         """Spool `message` durably and return its message id (see the module docstring).
-        Keywords: `biz_id`, `headers`, `content_type`, `traceparent`, `tracestate` (see
-        `build_entry`).
+        Keywords: `biz_id`, `headers`, `content_type`, `traceparent`, `tracestate`,
+        `deliver_at` or `delay_s` (delayed delivery) (see `build_entry`).
 
         Raises InvalidMessageError (a TypeError and ValueError) for input it cannot encode,
         SchemaValidationError (one of those) with validate=True for a message its

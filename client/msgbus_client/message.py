@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import struct
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypedDict
 
 from msgbus_client.errors import InvalidMessageError
@@ -22,6 +24,7 @@ from msgbus_client.tracing import checked_trace_context
 JSON_CONTENT_TYPE = "application/json"
 BYTES_CONTENT_TYPE = "application/octet-stream"
 MAX_DESTINATION_CHARS = 200
+MAX_DELAY_S = 30 * 24 * 3600.0  # the bus refuses a message due later than this (422)
 
 _DEST_LEN = struct.Struct(">H")
 
@@ -77,6 +80,8 @@ class MessageOptions(TypedDict, total=False):
     content_type: str | None
     traceparent: str | None
     tracestate: str | None
+    deliver_at: datetime | None
+    delay_s: float | None
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -116,6 +121,28 @@ def _check_headers(headers: object) -> dict[str, str]:
     return checked
 
 
+def _deliver_at_ms(deliver_at: object, delay_s: object, created_ms: int) -> int | None:
+    """The unix ms before which the message is pushed to no subscriber; None: at once. A
+    delay becomes a time here, when the message is created: time in the spool counts."""
+    if deliver_at is not None and delay_s is not None:
+        raise InvalidMessageError("give deliver_at or delay_s, not both")
+    if delay_s is not None:
+        if (isinstance(delay_s, bool) or not isinstance(delay_s, int | float)
+                or not 0 <= delay_s <= MAX_DELAY_S):
+            raise InvalidMessageError(
+                f"delay_s must be a number of seconds from 0 to {MAX_DELAY_S:.0f} (30 days)")
+        return created_ms + round(delay_s * 1000) if delay_s > 0 else None
+    if deliver_at is None:
+        return None
+    if not isinstance(deliver_at, datetime) or deliver_at.utcoffset() is None:
+        raise InvalidMessageError("deliver_at must be a datetime with a time zone "
+                                  "(e.g. datetime.now(UTC) + timedelta(hours=1))")
+    at_ms = math.ceil(deliver_at.timestamp() * 1000)  # never a millisecond early
+    if at_ms - created_ms > MAX_DELAY_S * 1000:
+        raise InvalidMessageError(f"deliver_at is more than 30 days ahead: {deliver_at}")
+    return max(at_ms, created_ms)
+
+
 def build_entry(
     destination: str,
     message: object,
@@ -125,12 +152,16 @@ def build_entry(
     content_type: str | None = None,
     traceparent: str | None = None,
     tracestate: str | None = None,
+    deliver_at: datetime | None = None,
+    delay_s: float | None = None,
 ) -> Entry:
     """Validate and encode one message, giving it a new id and created_at.
 
     `message` is any JSON-serialisable value, or bytes (sent as `body_base64` with
     `content_type`, default application/octet-stream). `traceparent` and `tracestate`: its
     W3C trace context; by default the caller's current OpenTelemetry span's (see tracing.py).
+    `deliver_at` (an aware datetime) or `delay_s` (seconds from now): the bus pushes the
+    message to no subscriber before then; at most 30 days ahead; a time passed means now.
     Raises InvalidMessageError.
     """
     dest = _check_destination(destination)
@@ -142,8 +173,11 @@ def build_entry(
     trace_parent, trace_state = checked_trace_context(traceparent, tracestate)
 
     created = now_ms()
+    deliver_at_ms = _deliver_at_ms(deliver_at, delay_s, created)
     message_id, key = uuid7_with_key(created)
     doc: dict[str, Any] = {"message_id": message_id, "created_at": rfc3339_ms(created)}
+    if deliver_at_ms is not None:
+        doc["deliver_at"] = rfc3339_ms(deliver_at_ms)
     if biz_id is not None:
         doc["biz_id"] = biz_id
     if checked_headers:

@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
+from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import orjson
 from msgbus import telemetry
 from msgbus.cli.analytics_cmd import analytics
 from msgbus.cli.drainer_cmd import spool_drainer
-from msgbus.cli.ops_cmd import parked, replay
+from msgbus.cli.ops_cmd import parked, replay, scheduled
 from msgbus.cli.removal_cmd import destination, subscription
 from msgbus.cli.serving import ServerGroup, reuse_port_socket
 from msgbus.cli.spool_cmd import spool
@@ -87,6 +88,10 @@ def up(state_dir: Path, demo: bool, demo_port: int) -> None:
 @click.argument("destination")
 @click.argument("message")
 @click.option("--biz-id", help="Business key (e.g. an order id) for queries and ordering.")
+@click.option("--delay-s", type=click.FloatRange(0, 30 * 24 * 3600),
+              help="Push it to no subscriber sooner than this many seconds from now.")
+@click.option("--deliver-at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"]),
+              help="Push it to no subscriber before this time (ISO 8601; UTC without a zone).")
 @click.option("--receiver", "receiver_url", envvar="MSGBUS_RECEIVER_URL",
               help="Receiver URL (default: the one `msgbus up` wrote to the state dir).")
 @click.option("--api-key", envvar="MSGBUS_API_KEY",
@@ -94,7 +99,8 @@ def up(state_dir: Path, demo: bool, demo_port: int) -> None:
 @click.option("--timeout", "timeout_s", default=10.0, show_default=True,
               help="Seconds to wait for the receiver before leaving the message spooled.")
 def send(state_dir: Path, destination: str, message: str, biz_id: str | None,
-         receiver_url: str | None, api_key: str | None, timeout_s: float) -> None:
+         delay_s: float | None, deliver_at: datetime | None, receiver_url: str | None,
+         api_key: str | None, timeout_s: float) -> None:
     """Send MESSAGE (JSON) to DESTINATION through the durable client."""
     from msgbus_client import MsgbusClient
 
@@ -106,8 +112,13 @@ def send(state_dir: Path, destination: str, message: str, biz_id: str | None,
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="MESSAGE") from exc
     receiver_url = receiver_url or _from_state(state_dir / RECEIVER_URL_FILE, "--receiver")
     api_key = api_key or _from_state(state_dir / CLI_KEY_FILE, "--api-key")
+    if delay_s is not None and deliver_at is not None:
+        raise click.UsageError("give --delay-s or --deliver-at, not both")
+    if deliver_at is not None and deliver_at.tzinfo is None:
+        deliver_at = deliver_at.replace(tzinfo=UTC)
     client = MsgbusClient(receiver_url, api_key, spool_dir=state_dir / "cli-spool")
-    message_id = client.send(destination, body, biz_id=biz_id)
+    message_id = client.send(destination, body, biz_id=biz_id, delay_s=delay_s,
+                             deliver_at=deliver_at)
     left = client.close(timeout_s)
     if left:
         click.echo(f"{message_id} spooled; the receiver has not accepted it yet "
@@ -203,6 +214,7 @@ main.add_command(spool)
 main.add_command(spool_drainer)
 main.add_command(replay)
 main.add_command(parked)
+main.add_command(scheduled)
 main.add_command(subscription)
 main.add_command(destination)
 main.add_command(users)

@@ -1,4 +1,5 @@
-"""`msgbus replay ...` and `msgbus parked ...`: operator actions, through the admin API.
+"""`msgbus replay ...`, `msgbus parked ...` and `msgbus scheduled ...`: operator actions, through
+the admin API.
 
 The admin URL and token come from --admin / --token (MSGBUS_ADMIN_URL / MSGBUS_ADMIN_TOKEN) or
 from the state directory that `msgbus up` wrote. Errors print the API's message and exit 1.
@@ -114,7 +115,7 @@ RANGE_OPTIONS = [
     click.option("--biz-id", help="Only messages with this biz_id."),
     click.option("--status", "statuses", multiple=True,
                  type=click.Choice(["pending", "delivered", "failed", "parked", "retrying",
-                                    "skipped"]),
+                                    "skipped", "scheduled"]),
                  help="Only deliveries now in this state (repeatable)."),
     click.option("--rate", default=100.0, show_default=True, help="Pushes per second."),
 ]
@@ -251,3 +252,57 @@ def parked_redrive(client: AdminClient, destination: str, subscription: str,
         "POST", f"/v1/destinations/{destination}/subscriptions/{subscription}/parked/redrive",
         json={"message_ids": list(message_ids) or None, "requested_by": requested_by})
     click.echo(f"{answer['redriven']} re-driven")
+
+
+@click.group()
+def scheduled() -> None:
+    """Deliveries waiting for their time (deliver_at, delay_s): list, deliver now, cancel."""
+
+
+@scheduled.command("list")
+@admin_options
+@click.argument("destination")
+@click.option("--limit", default=100, show_default=True)
+def scheduled_list(client: AdminClient, destination: str, limit: int) -> None:
+    """The destination's scheduled deliveries, soonest first."""
+    found = client.call("GET", f"/v1/destinations/{destination}/scheduled",
+                        params={"limit": limit})
+    for d in found:
+        held = "  (held in its key's order)" if d.get("held_in_place") else ""
+        click.echo(f"{d.get('scheduled_for')}  {d['subscription']}  {d['message_id']}{held}")
+    click.echo(f"{len(found)} scheduled", err=True)
+
+
+@scheduled.command("deliver-now")
+@admin_options
+@click.argument("destination")
+@click.argument("subscription")
+@click.argument("message_ids", nargs=-1, required=True)
+@click.option("--by", "requested_by", default=lambda: os.environ.get("USER", "admin"),
+              help="Who asks, for the audit record (default: $USER).")
+def scheduled_deliver_now(client: AdminClient, destination: str, subscription: str,
+                          message_ids: tuple[str, ...], requested_by: str) -> None:
+    """Push these messages' scheduled deliveries now."""
+    answer = client.call(
+        "POST", f"/v1/destinations/{destination}/subscriptions/{subscription}"
+                "/scheduled/deliver-now",
+        json={"message_ids": list(message_ids), "requested_by": requested_by})
+    click.echo(f"{answer['delivered_now']} due now")
+
+
+@scheduled.command("cancel")
+@admin_options
+@click.argument("destination")
+@click.argument("subscription")
+@click.argument("message_ids", nargs=-1, required=True)
+@click.option("--reason", required=True, help="Why, for the audit record.")
+@click.option("--by", "requested_by", default=lambda: os.environ.get("USER", "admin"),
+              help="Who asks, for the audit record (default: $USER).")
+def scheduled_cancel(client: AdminClient, destination: str, subscription: str,
+                     message_ids: tuple[str, ...], reason: str, requested_by: str) -> None:
+    """Drop these messages' scheduled deliveries before their time (kept as discarded)."""
+    answer = client.call(
+        "POST", f"/v1/destinations/{destination}/subscriptions/{subscription}/scheduled/cancel",
+        json={"message_ids": list(message_ids), "reason": reason,
+              "requested_by": requested_by})
+    click.echo(f"{answer['cancelled']} cancelled")

@@ -18,7 +18,7 @@ from typing import Any
 
 from pymongo import ASCENDING, UpdateOne
 
-from msgbus.models import UNDELIVERED_STATUSES, DeliveryStatus, Envelope, utcnow
+from msgbus.models import OPEN_STATUSES, DeliveryStatus, Envelope, utcnow
 from msgbus.store import documents as docs
 from msgbus.store.duescan import DueScan
 from msgbus.store.idsets import find_by_ids, update_by_ids
@@ -26,7 +26,13 @@ from msgbus.store.mongo import MongoStore
 from msgbus.store.pending import SWEPT_ERROR
 
 _CLAIM_FIELDS = {"message_id": 1, "subscription": 1, "attempts": 1, "attempt_base": 1,
-                 "redriven_at": 1}
+                 "redriven_at": 1, "scheduled_for": 1}
+# what a claim takes: failed deliveries (retries) and scheduled ones (delayed, now due)
+_CLAIMABLE = {"$in": [DeliveryStatus.FAILED.value, DeliveryStatus.SCHEDULED.value]}
+# scheduled deliveries the compensator pushes when due (an ordered subscription's dispatcher
+# holds its own, without a next_attempt_at)
+_HELD_BY_CLAIMS = {"status": DeliveryStatus.SCHEDULED.value, "next_attempt_at": {"$ne": None}}
+SCHEDULED_COUNT_CAP = 100_000
 
 
 @dataclass(slots=True)
@@ -36,7 +42,9 @@ class ClaimedDelivery:
     subscription: str
     attempts: int  # attempts made so far, by anyone
     attempt_base: int  # attempts before its last re-drive: the policy counts from there
-    age_from: datetime | None  # its last re-drive: the policy's max age counts from there
+    # its last re-drive, or its due time if it was delayed: the policy's max age counts from
+    # there (None: from the message's creation)
+    age_from: datetime | None
     lease_until: datetime
 
     @property
@@ -51,6 +59,7 @@ class SubscriptionRetryStats:
     waiting: int  # failed deliveries, due or not (capped)
     oldest_failed_at: datetime | None  # creation time of the oldest failed delivery
     parked: int
+    scheduled: int  # waiting for their due time (capped at SCHEDULED_COUNT_CAP)
 
 
 class DeliveryClaims:
@@ -58,14 +67,25 @@ class DeliveryClaims:
         self._deliveries = store.deliveries
         self._messages = store.messages
         self._due = DueScan(store.deliveries)
+        self._due_scheduled = DueScan(store.deliveries, status=DeliveryStatus.SCHEDULED)
         self.owner = owner
+
+    async def _due_ids(self, subscription: str, now: datetime, limit: int) -> list[str]:
+        """Due failed and due scheduled deliveries, each oldest due first; when both fill the
+        claim, each gets at least half of it."""
+        failed = await self._due.due_ids(subscription, now, limit)
+        scheduled = await self._due_scheduled.due_ids(
+            subscription, now, limit - min(len(failed), limit // 2))
+        # failed ones left out are found again by the next claim (the scan's floor only
+        # moves over empty windows)
+        return failed[:limit - len(scheduled)] + scheduled
 
     async def claim_due(self, subscription: str, limit: int,
                         lease_s: float) -> list[ClaimedDelivery]:
-        """Up to `limit` failed deliveries of `subscription` whose next attempt is due, oldest
-        due first, leased to this owner for `lease_s`."""
+        """Up to `limit` failed or scheduled deliveries of `subscription` whose next attempt
+        is due, oldest due first, leased to this owner for `lease_s`."""
         now = utcnow()
-        ids = await self._due.due_ids(subscription, now, limit)
+        ids = await self._due_ids(subscription, now, limit)
         if not ids:
             return []
         token = f"{self.owner}:{secrets.token_hex(8)}"
@@ -75,7 +95,7 @@ class DeliveryClaims:
         # (docs/decisions.md)
         claimed = await update_by_ids(
             self._deliveries, ids,
-            {"status": DeliveryStatus.FAILED.value, "next_attempt_at": {"$lte": now}},
+            {"status": _CLAIMABLE, "next_attempt_at": {"$lte": now}},
             {"$set": {"next_attempt_at": lease_until, "lease": token}})
         # all modified: this claim won them all, and the ids' documents are what it needs
         # (when another claim won some, only the ones holding this token are ours)
@@ -84,15 +104,15 @@ class DeliveryClaims:
         return [ClaimedDelivery(
             delivery_id=d["_id"], message_id=d["message_id"], subscription=d["subscription"],
             attempts=d.get("attempts", 0), attempt_base=d.get("attempt_base", 0),
-            age_from=d.get("redriven_at"), lease_until=lease_until) for d in won]
+            age_from=d.get("redriven_at") or d.get("scheduled_for"), lease_until=lease_until)
+            for d in won]
 
     async def release(self, claimed: list[ClaimedDelivery], delay_s: float) -> None:
         """Give claimed deliveries back unattempted: due again after `delay_s`."""
         if not claimed:
             return
         await update_by_ids(
-            self._deliveries, [c.delivery_id for c in claimed],
-            {"status": DeliveryStatus.FAILED.value},
+            self._deliveries, [c.delivery_id for c in claimed], {"status": _CLAIMABLE},
             {"$set": {"next_attempt_at": utcnow() + timedelta(seconds=delay_s)}})
 
     async def envelopes(self, message_ids: list[str]) -> dict[str, Envelope]:
@@ -117,6 +137,31 @@ class DeliveryClaims:
                       "swept_at": now, "updated_at": now,
                       "last_error": SWEPT_ERROR}})
 
+    async def scheduled(self, subscription: str, limit: int) -> list[dict[str, Any]]:
+        """Scheduled deliveries of `subscription`, soonest due first (those an ordered
+        subscription's dispatcher holds in place come first: they have no due time here)."""
+        cursor = self._deliveries.find(
+            {"subscription": subscription, "status": DeliveryStatus.SCHEDULED.value})
+        return [d async for d in cursor.sort("next_attempt_at", ASCENDING).limit(limit)]
+
+    async def deliver_scheduled_now(self, subscription: str, message_ids: list[str]) -> int:
+        """These scheduled deliveries become due now. Only those the compensator holds: an
+        ordered subscription's dispatcher keeps its own in its key's lane. Returns how many."""
+        now = utcnow()
+        return await update_by_ids(
+            self._deliveries, [f"{m}|{subscription}" for m in message_ids], _HELD_BY_CLAIMS,
+            {"$set": {"next_attempt_at": now, "delivered_now_at": now, "updated_at": now}})
+
+    async def cancel_scheduled(self, subscription: str, message_ids: list[str],
+                               reason: str) -> int:
+        """These scheduled deliveries are dropped before their time: `discarded`, with the
+        operator's reason. Returns how many."""
+        now = utcnow()
+        return await update_by_ids(
+            self._deliveries, [f"{m}|{subscription}" for m in message_ids], _HELD_BY_CLAIMS,
+            {"$set": {"status": DeliveryStatus.DISCARDED.value, "next_attempt_at": None,
+                      "discarded_at": now, "discard_reason": reason, "updated_at": now}})
+
     async def stats(self, subscription: str, cap: int) -> SubscriptionRetryStats:
         failed = {"subscription": subscription, "status": DeliveryStatus.FAILED.value}
         due = await self._deliveries.count_documents(
@@ -126,8 +171,12 @@ class DeliveryClaims:
                                                  sort=[("created_at", ASCENDING)])
         parked = await self._deliveries.count_documents(
             {"subscription": subscription, "status": DeliveryStatus.PARKED.value}, limit=cap)
+        # an index range as long as what waits: counted only up to a smaller cap
+        scheduled = await self._deliveries.count_documents(
+            {"subscription": subscription, "status": DeliveryStatus.SCHEDULED.value},
+            limit=min(cap, SCHEDULED_COUNT_CAP))
         return SubscriptionRetryStats(
-            due=due, waiting=waiting, parked=parked,
+            due=due, waiting=waiting, parked=parked, scheduled=scheduled,
             oldest_failed_at=oldest["created_at"] if oldest else None)
 
     async def parked(self, subscription: str, limit: int) -> list[dict[str, Any]]:
@@ -161,13 +210,13 @@ class DeliveryClaims:
                 return total
 
     async def skip_open(self, subscription: str, reason: str) -> int:
-        """Every undelivered state of `subscription` (pending, failed, retrying) becomes
+        """Every open state of `subscription` (pending, failed, retrying, scheduled) becomes
         `skipped` with the operator's reason (an operator skipped its backlog). Returns how
         many."""
         now = utcnow()
         result = await self._deliveries.update_many(
             {"subscription": subscription,
-             "status": {"$in": [s.value for s in UNDELIVERED_STATUSES]}},
+             "status": {"$in": [s.value for s in OPEN_STATUSES]}},
             {"$set": {"status": DeliveryStatus.SKIPPED.value, "last_error": reason,
                       "next_attempt_at": None, "skipped_at": now, "updated_at": now}})
         return int(result.modified_count)

@@ -41,6 +41,7 @@ def message_doc(envelope: Envelope, subscriptions: list[str]) -> dict[str, Any]:
         "subscriptions": subscriptions,
         **_trace_context(envelope),
         "schema_version": envelope.schema_version,
+        **({} if envelope.deliver_at is None else {"deliver_at": envelope.deliver_at}),
     }
 
 
@@ -63,6 +64,7 @@ def envelope_from_doc(doc: dict[str, Any]) -> Envelope:
         traceparent=doc.get("traceparent"),
         tracestate=doc.get("tracestate"),
         schema_version=doc.get("schema_version"),
+        deliver_at=doc.get("deliver_at"),
     )
 
 

@@ -1,5 +1,7 @@
-"""`DueScan`: the failed deliveries of a subscription whose next attempt is due, oldest due
-first, read in time windows instead of one query over everything due.
+"""`DueScan`: the deliveries of a subscription in one status (failed: retries; scheduled:
+delayed deliveries) whose next attempt is due, oldest due first, read in time windows instead
+of one query over everything due. Each status is its own range of the (subscription, status,
+next_attempt_at) index, so what waits beyond now (a million delayed messages) is never read.
 
 Why: a claim must read what it takes, not the whole backlog of due retries, whether or not the
 server stops an index scan at a query's limit; a window `floor <= next_attempt_at < floor +
@@ -58,14 +60,16 @@ class _Floor:
 
 class DueScan:
     def __init__(self, deliveries: AsyncCollection[dict[str, Any]], *,
+                 status: DeliveryStatus = DeliveryStatus.FAILED,
                  margin_s: float = MARGIN_S, rescan_s: float = RESCAN_S) -> None:
         self._deliveries = deliveries
+        self._status = status.value
         self._margin = timedelta(seconds=margin_s)
         self._rescan_s = rescan_s
         self._floors: dict[str, _Floor] = {}
 
     async def due_ids(self, subscription: str, now: datetime, limit: int) -> list[str]:
-        """Up to `limit` ids of due failed deliveries of `subscription`, oldest due first."""
+        """Up to `limit` ids of due deliveries of `subscription`, oldest due first."""
         floor = await self._floor(subscription, now)
         if floor is None:
             return []
@@ -103,7 +107,7 @@ class DueScan:
     async def _window(self, subscription: str, lo: datetime, hi: datetime, *, last: bool,
                       limit: int) -> list[str]:
         upper = "$lte" if last else "$lt"  # windows are half-open; the last one ends at now
-        query = {"subscription": subscription, "status": DeliveryStatus.FAILED.value,
+        query = {"subscription": subscription, "status": self._status,
                  "next_attempt_at": {"$gte": lo, upper: hi}}
         cursor = self._deliveries.find(query, {"_id": 1}).sort("next_attempt_at", ASCENDING)
         return [d["_id"] async for d in cursor.limit(limit)]
@@ -115,7 +119,7 @@ class DueScan:
         if known is not None and time.monotonic() - known.scanned_at < self._rescan_s:
             return known
         oldest = await self._deliveries.find_one(
-            {"subscription": subscription, "status": DeliveryStatus.FAILED.value,
+            {"subscription": subscription, "status": self._status,
              "next_attempt_at": {"$lte": now}},
             {"next_attempt_at": 1}, sort=[("next_attempt_at", ASCENDING)])
         at = now - self._margin

@@ -341,7 +341,7 @@ class MongoStore:
         """
         if not outcomes:
             return
-        attempts = [docs.attempt_doc(o.result) for o in outcomes if not o.skipped]
+        attempts = [docs.attempt_doc(o.result) for o in outcomes if o.pushed]
         try:
             if attempts:
                 await self.attempts.insert_many(attempts, ordered=False)
@@ -351,7 +351,8 @@ class MongoStore:
         # a first attempt's delivery has no state yet, as a rule; a retry's has one
         first = [g for g in groups if g[0].result.attempt <= 1]
         updates = [g for g in groups if g[0].result.attempt > 1]
-        updates += await self._insert_new_states(first)
+        # a delivery scheduled again (a redelivery) keeps the state it has
+        updates += [g for g in await self._insert_new_states(first) if not _only_scheduled(g)]
         if not updates:
             return
         try:
@@ -408,8 +409,9 @@ class MongoStore:
         ids = [delivery_id(m, subscription) for m in message_ids]
         query = {"status": {"$nin": [DeliveryStatus.PENDING.value,
                                      DeliveryStatus.RETRYING.value]}}
-        found = await find_by_ids(self.deliveries, ids, query, {"message_id": 1})
-        return {str(doc["message_id"]) for doc in found}
+        found = await find_by_ids(self.deliveries, ids, query,
+                                  {"message_id": 1, "status": 1, "next_attempt_at": 1})
+        return {str(doc["message_id"]) for doc in found if not _held_in_place(doc)}
 
     async def with_state_among(self, subscription: str, message_ids: Sequence[str],
                                status: DeliveryStatus | None = None) -> set[str]:
@@ -500,17 +502,17 @@ def _state_fields(group: list[DeliveryOutcome]) -> tuple[dict[str, Any], bool]:
     final = delivered or group[-1]
     result = final.result
     now = utcnow()
-    fields: dict[str, Any] = {
-        "updated_at": now,
-        "last_status_code": result.status_code,
-        "last_error": result.error,
-        "last_latency_ms": result.latency_ms,
-        "last_attempt_at": result.started_at,
-    }
+    fields: dict[str, Any] = {"updated_at": now}
+    if final.pushed or final.skipped:
+        fields.update(last_status_code=result.status_code, last_error=result.error,
+                      last_latency_ms=result.latency_ms, last_attempt_at=result.started_at)
     if delivered is not None:
         fields.update(status=DeliveryStatus.DELIVERED.value, delivered_at=now, next_attempt_at=None)
     else:
         fields.update(status=_failed_status(final).value, next_attempt_at=final.next_attempt_at)
+    scheduled = next((o.scheduled_for for o in group if o.scheduled_for is not None), None)
+    if scheduled is not None:
+        fields["scheduled_for"] = scheduled
     return fields, delivered is not None
 
 
@@ -527,7 +529,18 @@ def _identity(group: list[DeliveryOutcome]) -> dict[str, Any]:
 
 
 def _attempts(group: list[DeliveryOutcome]) -> int:
-    return sum(1 for o in group if not o.skipped)
+    return sum(1 for o in group if o.pushed)
+
+
+def _only_scheduled(group: list[DeliveryOutcome]) -> bool:
+    return all(o.scheduled_for is not None for o in group)
+
+
+def _held_in_place(delivery: dict[str, Any]) -> bool:
+    """Scheduled, and held by an ordered subscription's dispatcher (no compensator takes it):
+    a redelivered copy must be admitted again, or it would never be pushed."""
+    return (delivery.get("status") == DeliveryStatus.SCHEDULED.value
+            and delivery.get("next_attempt_at") is None)
 
 
 def _new_state(group: list[DeliveryOutcome]) -> dict[str, Any]:
@@ -548,6 +561,8 @@ def _state_update(group: list[DeliveryOutcome]) -> UpdateOne:
 
 
 def _failed_status(outcome: DeliveryOutcome) -> DeliveryStatus:
+    if outcome.scheduled_for is not None:
+        return DeliveryStatus.SCHEDULED
     if outcome.skipped:
         return DeliveryStatus.SKIPPED
     if outcome.parked:

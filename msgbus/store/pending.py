@@ -25,7 +25,8 @@ from typing import Any
 from pymongo import ASCENDING
 from pymongo.errors import BulkWriteError
 
-from msgbus.models import DeliveryStatus, utcnow
+from msgbus.delivery.schedule import due_time
+from msgbus.models import OPEN_STATUSES, DeliveryStatus, utcnow
 from msgbus.store import documents as docs
 from msgbus.store.idsets import find_by_ids
 from msgbus.store.mongo import MongoStore, raise_unless_duplicates
@@ -33,11 +34,11 @@ from msgbus.store.mongo import MongoStore, raise_unless_duplicates
 log = logging.getLogger(__name__)
 
 SWEPT_ERROR = "swept: no outcome was recorded in time"
-_MESSAGE_FIELDS = {"destination": 1, "biz_id": 1, "created_at": 1}
+_MESSAGE_FIELDS = {"destination": 1, "biz_id": 1, "created_at": 1, "received_at": 1,
+                   "deliver_at": 1}
 
 
-_OPEN = [DeliveryStatus.PENDING.value, DeliveryStatus.FAILED.value,
-         DeliveryStatus.RETRYING.value]
+_OPEN = [s.value for s in OPEN_STATUSES]
 
 
 @dataclass(slots=True)
@@ -99,10 +100,11 @@ class PendingSweep:
 
     async def run(self, subscription: str, *, settle_before: datetime,
                   sweep_before: datetime | None, limit: int,
-                  order: KeyOrder | None = None) -> PendingPass:
+                  order: KeyOrder | None = None, delay_s: float = 0.0) -> PendingPass:
         """One page of up to `limit` batches of `subscription` recorded before `settle_before`,
         oldest first; those recorded before `sweep_before` (None: none) are swept (of an
-        ordered subscription, given its `order` for the whole sweep: the keys' heads)."""
+        ordered subscription, given its `order` for the whole sweep: the keys' heads). A swept
+        message not yet due (its deliver_at, the subscription's `delay_s`) is scheduled."""
         query = {"subscription": subscription, "recorded_at": {"$lt": settle_before}}
         cursor = self._batches.find(query).sort("recorded_at", ASCENDING).limit(limit)
         page = [b async for b in cursor]
@@ -115,7 +117,7 @@ class PendingSweep:
             done.settled += len(ids) - len(left)
             old = sweep_before is not None and batch["recorded_at"] < sweep_before
             if left and old:
-                swept, left = await self._sweep(subscription, left, order)
+                swept, left = await self._sweep(subscription, left, order, delay_s)
                 done.swept += swept
             if not left:
                 await self._batches.delete_one({"_id": batch["_id"]})
@@ -128,7 +130,7 @@ class PendingSweep:
         return done
 
     async def _sweep(self, subscription: str, message_ids: list[str],
-                     order: KeyOrder | None) -> tuple[int, list[str]]:
+                     order: KeyOrder | None, delay_s: float) -> tuple[int, list[str]]:
         """Sweeps these messages (of an ordered subscription, the keys' heads among them);
         returns how many it swept and the ids it held back."""
         found = await find_by_ids(self._messages, message_ids, projection=_MESSAGE_FIELDS)
@@ -141,15 +143,14 @@ class PendingSweep:
         held: list[str] = []
         if order is not None:
             messages, held = await order.heads(self._deliveries, subscription, messages)
-        return await self._fail_due_now(subscription, messages), held
+        return await self._fail_due_now(subscription, messages, delay_s), held
 
-    async def _fail_due_now(self, subscription: str, messages: list[dict[str, Any]]) -> int:
-        """Failed states, due now, for these messages; how many were new (a dispatcher's
-        outcome may have landed meanwhile: it wins)."""
+    async def _fail_due_now(self, subscription: str, messages: list[dict[str, Any]],
+                            delay_s: float) -> int:
+        """Failed states, due now, for these messages (scheduled ones for those not due
+        yet); how many were new (a dispatcher's outcome may have landed meanwhile: it wins)."""
         now = utcnow()
-        states = [docs.message_delivery_doc(m, subscription, now, DeliveryStatus.FAILED)
-                  | {"next_attempt_at": now, "swept_at": now, "last_error": SWEPT_ERROR}
-                  for m in messages]
+        states = [_swept_state(m, subscription, now, delay_s) for m in messages]
         if not states:
             return 0
         try:
@@ -159,3 +160,15 @@ class PendingSweep:
             return int(exc.details.get("nInserted", 0))
         return len(states)
 
+
+
+def _swept_state(message: dict[str, Any], subscription: str, now: datetime,
+                 delay_s: float) -> dict[str, Any]:
+    """A swept message's state: failed and due now, or scheduled for its due time."""
+    accepted_at = message.get("received_at") or message["created_at"]
+    due = due_time(message.get("deliver_at"), accepted_at, delay_s)
+    if due is not None and due > now:
+        return docs.message_delivery_doc(message, subscription, now, DeliveryStatus.SCHEDULED) | {
+            "next_attempt_at": due, "scheduled_for": due, "swept_at": now}
+    return docs.message_delivery_doc(message, subscription, now, DeliveryStatus.FAILED) | {
+        "next_attempt_at": now, "swept_at": now, "last_error": SWEPT_ERROR}

@@ -45,7 +45,8 @@ Lists = dict[str, dict[str, dict[str, str]]]
 RULES_BEYOND_THE_DOCUMENT: Lists = {
     "receiver": {"POST /v1/destinations/{code}/messages": {
         "415": "a raw message (a Content-Type but JSON) needs the ce-id header",
-        "422": "the ce-* headers go with a raw message only, not a JSON envelope"}},
+        "422": "the ce-* headers go with a raw message only, not a JSON envelope; "
+               "deliver_at and ce-deliverat / ce-delayseconds at most 30 days ahead"}},
     "admin": {
         "POST /v1/replays": {"422": "until must be after since"},
         "PATCH /v1/runtime": {"422": "an active cluster is one the admin's settings configure "
