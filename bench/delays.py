@@ -145,9 +145,8 @@ def due_scan_lines(figures: dict[str, dict[str, float]], due: int, waiting: int)
         f"claim of {due:,} due scheduled, {waiting:,} waiting (s): "
         f"{cell(figures['claim_s_waiting'], '.3f')}",
         f"claim time with {waiting:,} waiting ÷ without: {cell(figures['ratio'], '.2f')}",
-        f"idle scan, nothing waiting / {waiting:,} waiting (ms): "
-        f"{cell(figures['idle_scan_ms_empty'], '.2f')} / "
-        f"{cell(figures['idle_scan_ms_waiting'], '.2f')}",
+        f"idle scan (ms), nothing waiting: {cell(figures['idle_scan_ms_empty'], '.2f')}; "
+        f"{waiting:,} waiting: {cell(figures['idle_scan_ms_waiting'], '.2f')}",
     ]
 
 
