@@ -1,9 +1,11 @@
 """Compensator benchmark (issue 6): claims + deliveries per second on a backlog of due retries,
-and the time a sweep takes as the pending deliveries grow.
+the time a sweep takes as the pending deliveries grow, and (issue 29) the due scan's claim time
+beside many scheduled deliveries that wait far ahead.
 
     python -m bench.compensator [--runs 3] [--retries 100000] [--subscriptions 4]
                                 [--compensators 1] [--sizes 10000,100000,1000000]
-                                [--due 1000] [--quick]
+                                [--due 1000] [--scheduled-waiting 100000]
+                                [--scheduled-due 2000] [--only-scheduled] [--quick]
 
 Everything runs on 127.0.0.1: SecantusDB, one recording subscriber process and
 `--compensators` `msgbus compensator` processes, all stopped by PID at the end (also on Ctrl-C,
@@ -22,6 +24,14 @@ SIGTERM or an error).
    back to pending in between). The figure to watch: how the sweep time grows from the
    smallest to the largest size (it should stay flat: the work is the due deliveries and the
    first batch of the backlog, found through an index, not the collection).
+3. scheduled (`--runs` times, each in a new database of the same SecantusDB; skipped with
+   `--scheduled-waiting 0`, alone with `--only-scheduled`, which starts no compensator or
+   subscriber): bench.delays' due-scan measurement (`bench.delays.due_scan`, whose doc says
+   more). `--scheduled-due` scheduled deliveries due now are claimed, 256 at a time, as a
+   compensator's retry loop does, alone and then beside `--scheduled-waiting` scheduled
+   deliveries due 1 to 30 days ahead; an idle scan (nothing due) is timed beside each. The
+   figure to watch: claim time with them waiting ÷ without (it should stay near 1: a scan's
+   cost grows with what is due, not with what waits).
 
 Progress goes to stderr; per-run lines, a min/median/max table and, as the last line, one JSON
 object go to stdout. Problems (missing or duplicate deliveries) make the exit code 1.
@@ -38,6 +48,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -48,9 +59,10 @@ from msgbus_devtools import servers as services
 from pydantic import HttpUrl
 
 from bench import cli
+from bench.delays import due_scan_lines, due_scan_runs, due_scan_summary
 from bench.dispatch_stack import process_cpu_s, wait_for, with_store
 from bench.ingest_stack import stop_process
-from bench.report import cell, out, say, spread
+from bench.report import cell, out, out_lines, say, spread
 from compensator.sweeper import Sweeper
 from msgbus.ids import uuid7
 from msgbus.models import BrokerKind, Destination, Envelope, Subscription, utcnow
@@ -84,12 +96,16 @@ class CompensatorBench:
 
     # ---- the stack ------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start_mongo(self) -> None:
         mongo = services.start_secantus(services.free_port(), self.workdir / "mongo",
                                         self.workdir / "logs")
         self.exits.callback(mongo.stop)
         self.mongo_uri = mongo.url
         self.mongo_pid = mongo.pid
+
+    def start(self) -> None:
+        """SecantusDB, the subscriber and the compensators (the claims and sweep phases)."""
+        self.start_mongo()
         port = services.free_port()
         self.sub_url = f"http://{HOST}:{port}"
         self._spawn("subscriber", [sys.executable, "-c",
@@ -256,6 +272,19 @@ class CompensatorBench:
     def sweep(self) -> dict[int, list[float]]:
         return dict(self.run(self._sweep_timings))
 
+    # ---- phase 3: scheduled deliveries waiting --------------------------------------------
+
+    def scheduled(self) -> list[dict[str, float]]:
+        return due_scan_runs(self.mongo_uri, self.args.scheduled_due,
+                             self.args.scheduled_waiting, self.args.runs)
+
+
+@dataclass
+class Done:
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    sweeps: dict[int, list[float]] = field(default_factory=dict)
+    scheduled: list[dict[str, float]] = field(default_factory=list)
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = cli.parser("compensator", __doc__, runs=3)
@@ -266,54 +295,103 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="recent pending deliveries beside the due ones, comma-separated")
     parser.add_argument("--due", type=int, default=1000, help="deliveries each sweep finds")
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--scheduled-waiting", type=int, default=100_000,
+                        help="scheduled deliveries due 1-30 days ahead in the scheduled phase "
+                             "(0: no scheduled phase)")
+    parser.add_argument("--scheduled-due", type=int, default=2000,
+                        help="scheduled deliveries due now, claimed in the scheduled phase")
+    parser.add_argument("--only-scheduled", action="store_true",
+                        help="the scheduled phase alone (no claims or sweep phase)")
     args = cli.parse_quick(parser, argv,
-                           "smoke check: 1 run of 5,000 retries; sizes 1,000 and 10,000",
-                           runs=1, retries=5000, sizes="1000,10000")
+                           "smoke check: 1 run of 5,000 retries; sizes 1,000 and 10,000; "
+                           "10,000 scheduled waiting, 500 due",
+                           runs=1, retries=5000, sizes="1000,10000", scheduled_waiting=10_000,
+                           scheduled_due=500)
     args.sizes = sorted(int(s) for s in args.sizes.split(","))
     if min(args.runs, args.retries, args.subscriptions, args.compensators, args.due,
-           *args.sizes) < 1:
+           args.scheduled_due, *args.sizes) < 1 or args.scheduled_waiting < 0:
         parser.error("counts must be positive")
+    if args.only_scheduled and not args.scheduled_waiting:
+        parser.error("--only-scheduled needs --scheduled-waiting above 0")
     return args
+
+
+def _claims_report(runs: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+    claims = spread([r["claims_per_s"] for r in runs])
+    return ([f"claims + deliveries per second (min / median / max): {cell(claims, ',.0f')}"],
+            {"claims_per_s": claims["median"], "claims_spread": claims, "runs": runs})
+
+
+def _sweep_report(sweeps: dict[int, list[float]],
+                  sizes: list[int]) -> tuple[list[str], dict[str, Any]]:
+    sweep_s = {size: spread(t) for size, t in sweeps.items()}
+    smallest, largest = sizes[0], sizes[-1]
+    growth = sweep_s[largest]["median"] / sweep_s[smallest]["median"]
+    lines = [f"sweep with {size:>9,} pending: {cell(s, '.3f')} s" for size, s in sweep_s.items()]
+    lines.append(f"sweep time at {largest:,} ÷ at {smallest:,} pending: {growth:.2f}x "
+                 f"(collection {largest / smallest:,.0f}x larger, due work the same)")
+    return lines, {"sweep_s_by_size": {str(size): s["median"] for size, s in sweep_s.items()},
+                   "sweep_growth": growth, "sweep_spread": sweep_s}
+
+
+def _scheduled_report(runs: list[dict[str, float]],
+                      args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    summary = due_scan_summary(runs)
+    return (due_scan_lines(summary, args.scheduled_due, args.scheduled_waiting),
+            {"scheduled_claim_ratio": summary["ratio"]["median"],
+             "scheduled_idle_scan_ms": {"empty": summary["idle_scan_ms_empty"]["median"],
+                                        "waiting": summary["idle_scan_ms_waiting"]["median"]},
+             "scheduled_spread": summary, "scheduled_runs": runs})
+
+
+def _headline(args: argparse.Namespace) -> str:
+    scheduled = (f"{args.scheduled_due:,} due scheduled beside {args.scheduled_waiting:,} "
+                 "waiting" if args.scheduled_waiting else "no scheduled phase")
+    if args.only_scheduled:
+        return f"compensator benchmark: {args.runs} run(s) of the scheduled phase: {scheduled}"
+    sizes = ", ".join(f"{s:,}" for s in args.sizes)
+    return (f"compensator benchmark: {args.runs} run(s) of {args.retries:,} due retries over "
+            f"{args.subscriptions} subscriptions, {args.compensators} compensator(s); sweeps at "
+            f"{sizes} pending + {args.due:,} due; {scheduled}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    def work(exits: contextlib.ExitStack) -> tuple[list[dict[str, Any]], dict[int, list[float]]]:
+    def work(exits: contextlib.ExitStack) -> Done:
         bench = CompensatorBench(args, cli.scratch_dir(exits, "msgbus-compensator-bench-"), exits)
-        bench.start()
-        return [bench.claims(run) for run in range(1, args.runs + 1)], bench.sweep()
+        done = Done()
+        if args.only_scheduled:
+            bench.start_mongo()
+        else:
+            bench.start()
+            done.claims = [bench.claims(run) for run in range(1, args.runs + 1)]
+            done.sweeps = bench.sweep()
+        if args.scheduled_waiting:
+            done.scheduled = bench.scheduled()
+        return done
 
-    def report(done: tuple[list[dict[str, Any]], dict[int, list[float]]], began: float) -> int:
-        runs, sweeps = done
-        claims = spread([r["claims_per_s"] for r in runs])
-        sweep_s = {size: spread(t) for size, t in sweeps.items()}
-        smallest, largest = args.sizes[0], args.sizes[-1]
-        growth = sweep_s[largest]["median"] / sweep_s[smallest]["median"]
-        out()
-        out(f"claims + deliveries per second (min / median / max): {cell(claims, ',.0f')}")
-        for size, s in sweep_s.items():
-            out(f"sweep with {size:>9,} pending: {cell(s, '.3f')} s")
-        out(f"sweep time at {largest:,} ÷ at {smallest:,} pending: {growth:.2f}x "
-            f"(collection {largest / smallest:,.0f}x larger, due work the same)")
+    def report(done: Done, began: float) -> int:
+        lines: list[str] = []
+        figures: dict[str, Any] = {"bench": "compensator"}
+        for ran, make in ((done.claims, lambda: _claims_report(done.claims)),
+                          (done.sweeps, lambda: _sweep_report(done.sweeps, args.sizes)),
+                          (done.scheduled, lambda: _scheduled_report(done.scheduled, args))):
+            if ran:
+                more_lines, more_figures = make()
+                lines += more_lines
+                figures |= more_figures
+        out_lines(lines)
         out(f"wall time {time.monotonic() - began:.0f} s")
-        problems = [f"run {r['run']}: {p}" for r in runs for p in r["problems"]]
-        figures = {
-            "bench": "compensator", "claims_per_s": claims["median"],
-            "sweep_s_by_size": {str(size): s["median"] for size, s in sweep_s.items()},
-            "sweep_growth": growth, "claims_spread": claims, "sweep_spread": sweep_s,
-            "runs": runs, "problems": problems,
-            "config": {"runs": args.runs, "retries": args.retries,
-                       "subscriptions": args.subscriptions, "compensators": args.compensators,
-                       "due": args.due, "sizes": args.sizes},
-        }
-        out(json.dumps(figures, separators=(",", ":"), default=str))
+        problems = [f"run {r['run']}: {p}" for r in done.claims for p in r["problems"]]
+        out(json.dumps(figures | {"problems": problems, "config": {
+            "runs": args.runs, "retries": args.retries, "subscriptions": args.subscriptions,
+            "compensators": args.compensators, "due": args.due, "sizes": args.sizes,
+            "scheduled_waiting": args.scheduled_waiting, "scheduled_due": args.scheduled_due,
+            "only_scheduled": args.only_scheduled}}, separators=(",", ":"), default=str))
         return 1 if problems else 0
 
-    sizes = ", ".join(f"{s:,}" for s in args.sizes)
-    return cli.run(f"compensator benchmark: {args.runs} run(s) of {args.retries:,} due retries "
-                   f"over {args.subscriptions} subscriptions, {args.compensators} compensator(s); "
-                   f"sweeps at {sizes} pending + {args.due:,} due", work, report)
+    return cli.run(_headline(args), work, report)
 
 
 if __name__ == "__main__":
