@@ -126,8 +126,12 @@ def messages_per_period(messages_in: pd.DataFrame, granularity: str, *, start: d
                                  aggfunc="sum", fill_value=0)
         table = table[table.sum().sort_values(ascending=False).index[:MAX_SERIES]]
         axis = time_axis(start, end, period=period, period_starts=list(table.index))
-        # each bar over the middle of its period; never thinner than a 80th of the window
-        width_days = max(0.8 * period, (axis.end - axis.start) / 80) / timedelta(days=1)
+        # each bar over the middle of its period, no thinner than an 80th of the window (a
+        # lone hour in a week stays visible) unless that would overlap its neighbour
+        gaps = table.index.to_series().diff().dropna()
+        widest = 0.8 * gaps.min() if not gaps.empty else axis.end - axis.start
+        width = min(max(0.8 * period, (axis.end - axis.start) / 80), widest)
+        width_days = width / timedelta(days=1)
         middles = table.index + period / 2
         bottom = None
         for destination in table.columns:
