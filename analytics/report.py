@@ -1,5 +1,7 @@
-"""The statistics as one self-contained HTML page: figures first, charts (inline SVG), then the
-rankings and the per-subscription table. No script, no external file."""
+"""The statistics as one self-contained HTML page: figures first, charts (inline SVG, their time
+axes fitted to the report's range), then the rankings and the per-subscription table, each
+table scrolling sideways inside its card rather than running off the page. No script, no
+external file."""
 
 from __future__ import annotations
 
@@ -24,9 +26,14 @@ h1 { font-size: 22px; margin-bottom: 2px; } h2 { font-size: 17px; margin-top: 32
 .charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(480px, 1fr)); gap: 16px; }
 figure { margin: 0; border: 1px solid #d1d9e0; border-radius: 8px; padding: 8px; }
 figure svg { width: 100%; height: auto; } figcaption { font-weight: 600; margin: 4px 6px; }
+.table-card { overflow-x: auto; max-width: 100%; border: 1px solid #d1d9e0;
+              border-radius: 8px; }
 table { border-collapse: collapse; width: 100%; font-size: 13px; }
 th, td { border-bottom: 1px solid #e5e9ed; padding: 4px 8px; text-align: right; }
+td { white-space: nowrap; } th { vertical-align: bottom; }
 th:first-child, td:first-child, th:nth-child(2), td:nth-child(2) { text-align: left; }
+td:first-child, td:nth-child(2) { white-space: normal; overflow-wrap: anywhere;
+                                  min-width: 8em; }
 th { background: #f6f8fa; } .bad { color: #b42318; font-weight: 600; }
 """
 
@@ -35,15 +42,17 @@ def render_report(tables: StatsTables, start: datetime, end: datetime, source: s
     bus = _bus_totals(tables)
     figures = [
         ("Messages in per hour, by destination",
-         charts.messages_per_period(tables.messages_in, "hour")),
+         charts.messages_per_period(tables.messages_in, "hour", start=start, end=end)),
         ("Deliveries by outcome, per subscription",
          charts.outcomes_by_subscription(tables.deliveries, STATUSES)),
         ("Push latency p50 / p95 / p99, per subscription",
          charts.latency_by_subscription(tables.pushes)),
         ("Push latency p95 per hour", charts.hourly_series(
-            tables.pushes, "latency_ms_p95", "p95 ms", weight="attempts")),
+            tables.pushes, "latency_ms_p95", "p95 ms", weight="attempts", start=start,
+            end=end)),
         ("Delivery success rate per hour", charts.hourly_series(
-            tables.deliveries, "success_rate", "delivered / deliveries", weight="deliveries")),
+            tables.deliveries, "success_rate", "delivered / deliveries", weight="deliveries",
+            start=start, end=end)),
         ("Attempts until success", charts.attempts_histogram(tables.attempts_until_success)),
     ]
     chart_html = "\n".join(
@@ -99,7 +108,9 @@ def _subscription_summary(tables: StatsTables) -> pd.DataFrame:
                                    & (tables.deliveries["granularity"] == "total")]
     pushes = tables.pushes[(tables.pushes["level"] == "subscription")
                            & (tables.pushes["granularity"] == "total")]
-    columns = [*keys, "deliveries", *STATUSES, "success_rate", "delivery_ms_p95"]
+    # statuses no subscription had in the range would only widen the table
+    present = [status for status in STATUSES if deliveries[status].fillna(0).sum() > 0]
+    columns = [*keys, "deliveries", *present, "success_rate", "delivery_ms_p95"]
     merged = deliveries[columns].merge(
         pushes[[*keys, "attempts", "failed_attempts", "latency_ms_p50", "latency_ms_p95",
                 "latency_ms_p99"]], on=keys, how="outer")
@@ -113,7 +124,8 @@ def _table(frame: pd.DataFrame, name: str) -> str:
     body = "".join(
         "<tr>" + "".join(_cell(column, value) for column, value in row.items()) + "</tr>"
         for _, row in frame.iterrows())
-    return f'<table id="{name}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return (f'<div class="table-card"><table id="{name}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{body}</tbody></table></div>')
 
 
 def _cell(column: str, value: object) -> str:

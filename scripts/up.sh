@@ -4,7 +4,8 @@
 #   bash scripts/up.sh [msgbus up options]      then, elsewhere: .venv/bin/msgbus send demo '{"hello": 1}'
 #
 # No servers to install by hand: MongoDB is an embedded SecantusDB child process (data in .msgbus/),
-# and destinations use the direct path unless MSGBUS_KAFKA_BOOTSTRAP / MSGBUS_RABBITMQ_URL are set.
+# Kafka an embedded tansu child process (records in memory) unless MSGBUS_KAFKA_BOOTSTRAP is set,
+# and RabbitMQ the machine's own on 127.0.0.1:5672 if it answers (or MSGBUS_RABBITMQ_URL).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib.sh

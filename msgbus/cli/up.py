@@ -1,18 +1,19 @@
 """`msgbus up`: the whole bus in one process on embedded defaults.
 
-With no MongoDB configured it starts an embedded MongoDB-protocol server as a child process
-(data under the state directory); the server comes from the development tooling
-(`msgbus-devtools`, `pip install -e ./devtools`), found through its `msgbus.embedded` entry
-point. With no Kafka/RabbitMQ configured destinations use the direct path.
+With no MongoDB configured it starts an embedded MongoDB-protocol server, and with no Kafka
+configured an embedded Kafka-protocol broker, as child processes (data and logs under the state
+directory); both come from the development tooling (`msgbus-devtools`, `pip install -e
+./devtools`), found through its `msgbus.embedded` entry points (msgbus/cli/embedded.py). The
+machine's RabbitMQ is used when it answers. It prints which broker each destination uses, and
+Ctrl-C or SIGTERM stops the services, then every server it started.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 import click
 
@@ -20,6 +21,16 @@ from msgbus import telemetry
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.cli import secrets as stored
 from msgbus.cli.demo import DEMO_DESTINATION, PrintingSubscriber, register_demo
+from msgbus.cli.embedded import (
+    KAFKA,
+    LOCAL_RABBITMQ_URL,
+    MONGO,
+    EmbeddedServers,
+    kafka_configured,
+    rabbitmq_answers,
+    rabbitmq_configured,
+    without_password,
+)
 from msgbus.cli.serving import ServerGroup
 from msgbus.cli.stack import (
     ADMIN_URL_FILE,
@@ -32,29 +43,17 @@ from msgbus.cli.stack import (
     stop_on_signals,
 )
 from msgbus.cli.users_cmd import ensure_first_admin
+from msgbus.models import BrokerKind, RuntimeConfig
 from msgbus.settings import ConnectionSettings, TracingSettings
 from msgbus.store import MongoStore
 
 CLI_APP = "cli"
 
 
-class StartedServer(Protocol):
-    url: str
-
-    def stop(self, timeout_s: float = ...) -> None: ...
-
-
-def _embedded_mongo(state_dir: Path) -> StartedServer:
-    found = entry_points(group="msgbus.embedded", name="mongo")
-    if not found:
-        raise click.UsageError(
-            "MSGBUS_MONGO_URI is not set and no embedded MongoDB-protocol server is installed: "
-            "set MSGBUS_MONGO_URI, or install msgbus-devtools (pip install -e ./devtools)")
-    click.echo("msgbus: no MSGBUS_MONGO_URI set; starting an embedded MongoDB-protocol server "
-               "(SecantusDB) ...", err=True)
-    start = next(iter(found)).load()
-    server: StartedServer = start(state_dir)
-    return server
+# The embedded broker answers a fetch only when the fetch wait has passed (decisions.md, "What
+# tansu forced"): the product's 500 ms would be most of a demo message's way; one dispatcher's
+# consumers on an in-memory broker afford a shorter wait.
+EMBEDDED_KAFKA_FETCH_WAIT_MS = "50"
 
 
 async def _ensure_cli_key(store: MongoStore, state_dir: Path) -> None:
@@ -65,7 +64,8 @@ async def _ensure_cli_key(store: MongoStore, state_dir: Path) -> None:
     stored.write(key_path, key)
 
 
-async def _run(conn: ConnectionSettings, demo: bool, demo_port: int) -> None:
+async def _run(conn: ConnectionSettings, servers: EmbeddedServers, demo: bool,
+               demo_port: int) -> None:
     stop = stop_on_signals()
     apps = ServiceApps(conn)
     group = ServerGroup()
@@ -90,21 +90,51 @@ async def _run(conn: ConnectionSettings, demo: bool, demo_port: int) -> None:
             await group.start(server(app, settings.host, settings.port), name)
             urls[name] = f"http://{settings.host}:{settings.port}"
         stored.write(conn.state_dir / ADMIN_URL_FILE, urls["admin"])
-        _print_banner(conn, urls, demo, first_admin_password)
+        where = await _destination_brokers(store, conn, urls["dispatcher"])
+        _print_banner(conn, servers, urls, where, demo, first_admin_password)
         await serve_until_signal(group, stop)
     finally:
         await group.stop()
         await store.close()
 
 
-def _print_banner(conn: ConnectionSettings, urls: dict[str, str], demo: bool,
+async def _destination_brokers(store: MongoStore, conn: ConnectionSettings,
+                              dispatcher_url: str) -> list[tuple[str, str, str]]:
+    """(destination, broker, cluster and address) for each destination, as receivers publish
+    now."""
+    runtime = await store.get_runtime()
+    return [(d.code, d.broker.value, _where(d.broker, conn, runtime, dispatcher_url))
+            for d in sorted(await store.list_destinations(), key=lambda d: d.code)]
+
+
+def _where(kind: BrokerKind, conn: ConnectionSettings, runtime: RuntimeConfig,
+           dispatcher_url: str) -> str:
+    if kind is BrokerKind.DIRECT:
+        return f"HTTP to the dispatcher, {dispatcher_url}"
+    clusters = conn.clusters(kind)
+    if not clusters:
+        return f"{kind.value} not configured: the direct path"
+    active = runtime.active_cluster(kind, list(clusters)) or next(iter(clusters))
+    return f"cluster {active}, " + ", ".join(without_password(n) for n in clusters[active])
+
+
+def _print_banner(conn: ConnectionSettings, servers: EmbeddedServers, urls: dict[str, str],
+                  where: list[tuple[str, str, str]], demo: bool,
                   first_admin_password: str | None) -> None:
     click.echo(click.style("msgbus is up", fg="green", bold=True))
     for name in ("receiver", "dispatcher", "compensator", "admin"):
         click.echo(f"  {name:<12} {urls[name]}")
-    click.echo(f"  {'mongodb':<12} {conn.mongo_uri} (database {conn.mongo_db})")
-    click.echo(f"  {'kafka':<12} {conn.kafka_bootstrap or 'not configured'}")
-    click.echo(f"  {'rabbitmq':<12} {'configured' if conn.rabbitmq_url else 'not configured'}")
+    click.echo(f"  {'mongodb':<12} {conn.mongo_uri} (database {conn.mongo_db})"
+               f"{servers.note(MONGO)}")
+    for kind, note in ((BrokerKind.KAFKA, servers.note(KAFKA)), (BrokerKind.RABBITMQ, "")):
+        clusters = conn.clusters(kind)
+        nodes = ", ".join(without_password(n) for c in clusters.values() for n in c)
+        click.echo(f"  {kind.value:<12} {nodes + note if nodes else 'not configured'}")
+    if where:
+        width = max(len("destination"), *(len(code) for code, _, _ in where))
+        click.echo(f"  {'destination':<{width}}  {'broker':<8}  cluster, address")
+        for code, broker, address in where:
+            click.echo(f"  {code:<{width}}  {broker:<8}  {address}")
     click.echo(f"  admin token in {conn.state_dir / 'admin-token'}; "
                f"producer key of `msgbus send` in {conn.state_dir / CLI_KEY_FILE}")
     if first_admin_password is not None:
@@ -115,19 +145,36 @@ def _print_banner(conn: ConnectionSettings, urls: dict[str, str], demo: bool,
     click.echo("Ctrl-C stops everything.")
 
 
+def _brokers(state_dir: Path, servers: EmbeddedServers) -> dict[str, Any]:
+    """Connection settings for what the environment leaves unset: the embedded servers
+    (started here) and the machine's RabbitMQ if it answers."""
+    overrides: dict[str, Any] = {}
+    if "MSGBUS_MONGO_URI" not in os.environ:
+        mongo = servers.start(MONGO, state_dir, required=True)
+        if mongo is not None:
+            overrides["mongo_uri"] = mongo.url
+    if not kafka_configured():
+        kafka = servers.start(KAFKA, state_dir, required=False)
+        if kafka is not None:
+            overrides["kafka_bootstrap"] = kafka.url
+            os.environ.setdefault("MSGBUS_DISPATCHER_KAFKA_FETCH_WAIT_MS",
+                                  EMBEDDED_KAFKA_FETCH_WAIT_MS)
+    if not rabbitmq_configured():
+        if rabbitmq_answers(LOCAL_RABBITMQ_URL):
+            overrides["rabbitmq_url"] = LOCAL_RABBITMQ_URL
+        else:
+            click.echo("msgbus: no RabbitMQ answers on 127.0.0.1:5672 (guest/guest) and "
+                       "MSGBUS_RABBITMQ_URL is not set: going without RabbitMQ", err=True)
+    return overrides
+
+
 def run_up(state_dir: Path, demo: bool, demo_port: int) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
-    mongo: StartedServer | None = None
-    overrides = {}
-    if "MSGBUS_MONGO_URI" not in os.environ:
-        mongo = _embedded_mongo(state_dir)
-        overrides["mongo_uri"] = mongo.url
+    servers = EmbeddedServers()
     try:
-        conn = connection_settings(state_dir, **overrides)
+        conn = connection_settings(state_dir, **_brokers(state_dir, servers))
         telemetry.configure(TracingSettings(), "msgbus")
-        asyncio.run(_run(conn, demo, demo_port))
+        asyncio.run(_run(conn, servers, demo, demo_port))
     finally:
-        if mongo is not None:
-            click.echo("msgbus: stopping the embedded MongoDB-protocol server ...", err=True)
-            mongo.stop()
+        servers.stop_all()
         click.echo("msgbus: stopped.", err=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -179,6 +180,44 @@ def test_analytics_report_renders_in_chromium(stats_out: Path) -> None:
         finally:
             browser.close()
     assert (ARTIFACTS / "report.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(("name", "since", "until", "tick_labels"), [
+    ("hour", START, START + timedelta(hours=1), ["23:00", "23:30"]),
+    ("week", START + SPAN - timedelta(weeks=1), START + SPAN, ["24", "26", "28", "Mar"]),
+])
+def test_analytics_report_reads_well_over_an_hour_and_a_week(
+        spark: SparkSession, seeded: tuple[AnalyticsSettings, seed.Records], tmp_path: Path,
+        name: str, since: datetime, until: datetime, tick_labels: list[str]) -> None:
+    """The per-hour charts' axes span the report's range in minutes (an hour) or days (a
+    week), not years; no table runs off a narrow page."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    settings, _ = seeded
+    result = CliRunner().invoke(main, [
+        "analytics", "stats", "--from", since.isoformat(), "--to", until.isoformat(),
+        "--mongo-uri", settings.mongo_uri, "--mongo-db", settings.mongo_db, "--master",
+        "local[2]", "--out", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 900})
+            page.goto((tmp_path / REPORT_FILE).as_uri())
+            per_hour = [page.locator("figure").nth(i).text_content() or "" for i in (0, 3, 4)]
+            for chart in per_hour:
+                assert all(label in chart for label in tick_labels), chart
+                assert not re.search(r"\b20(2[0-57-9]|3\d)\b", chart), chart  # only 2026
+            assert page.evaluate("document.documentElement.scrollWidth") <= 900
+            for card in page.locator(".table-card").all():
+                box = card.bounding_box()
+                assert box is not None and box["x"] + box["width"] <= 900
+            page.screenshot(path=str(ARTIFACTS / f"report-{name}.png"), full_page=True)
+        finally:
+            browser.close()
 
 
 def test_analytics_source_pushdown_and_a_reused_dataframe(

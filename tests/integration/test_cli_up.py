@@ -1,5 +1,6 @@
 """`msgbus up --demo` on embedded defaults, and `msgbus send` from the command line: what a
-newcomer runs first."""
+newcomer runs first. The demo destination goes through the embedded Kafka-protocol broker, and
+Ctrl-C leaves none of the servers `msgbus up` started running."""
 
 from __future__ import annotations
 
@@ -12,10 +13,41 @@ import time
 from pathlib import Path
 
 import httpx
+from confluent_kafka import Consumer, TopicPartition
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.waiting import wait_until
 
+from msgbus import codec
+from msgbus.brokers.base import topic_name
+from msgbus.processes import pid_alive
+
 MSGBUS = [sys.executable, "-m", "msgbus.cli"]
+
+
+def child_pids(pid: int) -> dict[int, str]:
+    """The children of `pid` (every thread's) and their command lines."""
+    children: dict[int, str] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            children[int(child)] = cmdline.decode(errors="replace")
+    return children
+
+
+def message_ids_in_topic(bootstrap: str, topic: str) -> set[str]:
+    """The ids of every record in `topic`, read from the start of each partition."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-cli-up-reader",
+                         "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        ids: set[str] = set()
+        while (record := consumer.poll(2.0)) is not None:
+            if record.error() is None:
+                ids.add(codec.decode(record.value()).message_id)
+        return ids
+    finally:
+        consumer.close()
 
 
 def test_up_demo_then_send_arrives_at_the_demo_subscriber(tmp_path: Path) -> None:
@@ -29,14 +61,26 @@ def test_up_demo_then_send_arrives_at_the_demo_subscriber(tmp_path: Path) -> Non
     up = subprocess.Popen([*MSGBUS, "up", "--demo", "--state-dir", str(state),
                            "--demo-port", str(ports["DEMO"])],
                           stdout=log, stderr=subprocess.STDOUT, env=env)
+    children: dict[int, str] = {}
     try:
         wait_until(lambda: "msgbus is up" in Path(log.name).read_text(), 60, "msgbus up")
         banner = Path(log.name).read_text()
         assert f"http://127.0.0.1:{ports['RECEIVER']}" in banner
+        # the demo destination is on the embedded Kafka-protocol broker, as the banner says
+        kafka = re.search(r"^  demo +kafka +cluster default, (127\.0\.0\.1:\d+)$", banner, re.M)
+        assert kafka is not None, banner
+        admin = f"http://127.0.0.1:{ports['ADMIN']}"
+        token = (state / "admin-token").read_text().strip()
+        listed = httpx.get(f"{admin}/v1/destinations", timeout=10,
+                           headers={"Authorization": f"Bearer {token}"}).json()
+        assert {d["code"]: d["broker"] for d in listed}["demo"] == "kafka"
+        children = child_pids(up.pid)
+        assert any("tansu" in c for c in children.values()), children
+        assert any("secantusd" in c for c in children.values()), children
         # the first admin, shown once, logs in to the admin
         password = re.search(r"first admin user: admin / (\S+)", banner)
         assert password is not None, banner
-        login = httpx.post(f"http://127.0.0.1:{ports['ADMIN']}/v1/session", timeout=10,
+        login = httpx.post(f"{admin}/v1/session", timeout=10,
                            json={"username": "admin", "password": password.group(1)})
         assert login.status_code == 200 and login.json()["role"] == "admin"
 
@@ -46,9 +90,11 @@ def test_up_demo_then_send_arrives_at_the_demo_subscriber(tmp_path: Path) -> Non
         assert sent.returncode == 0, sent.stderr
         message_id = sent.stdout.strip()
         wait_until(lambda: f"demo subscriber got {message_id}" in Path(log.name).read_text(),
-                   10, "the demo subscriber to print the message")
+                   20, "the demo subscriber to print the message")
         print(f"send -> demo subscriber: {time.monotonic() - started:.2f}s (incl. CLI start)")
         assert '{"hello":1}' in Path(log.name).read_text()
+        # it went through Kafka, not the direct path
+        assert message_id in message_ids_in_topic(kafka.group(1), topic_name("demo"))
 
         bad = subprocess.run([*MSGBUS, "send", "demo", "{nope", "--state-dir", str(state)],
                              capture_output=True, text=True, env=env, timeout=60)
@@ -60,4 +106,9 @@ def test_up_demo_then_send_arrives_at_the_demo_subscriber(tmp_path: Path) -> Non
     output = (tmp_path / "up.log").read_text()
     assert code == 0, output
     assert "stopping the embedded MongoDB-protocol server" in output
+    assert "stopping the embedded Kafka-protocol broker" in output
     assert "msgbus: stopped." in output
+    # every server it started is gone (children of `msgbus up`, started in sessions of their
+    # own: a Ctrl-C in the terminal reaches only `msgbus up`)
+    left = {pid: command for pid, command in children.items() if pid_alive(pid)}
+    assert not left, left
