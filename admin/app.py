@@ -190,6 +190,17 @@ async def resume_subscription(code: DestinationCode, name: SubscriptionName, who
     return await _set_paused(store, users, code, name, who, paused=False)
 
 
+@router.post("/v1/destinations/{code}/subscriptions/{name}/secrets/reveal")
+async def reveal_secrets(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
+                         store: Store, users: Users) -> dict[str, Any]:
+    """The subscription's signing secrets, newest first (a second one while a rotation's
+    previous secret is still accepted). Admin only; every reveal is audited. A POST, not a
+    GET: it is an action the audit log records, and no cache or prefetch may repeat it."""
+    sub = await store.get_subscription(subscription_id(code, name))
+    await users.audit(who, "subscription.secret_reveal", sub.id)
+    return {"subscription": sub.id, "signing_secrets": sub.signing_secrets}
+
+
 @router.post("/v1/destinations/{code}/subscriptions/{name}/secrets/rotate")
 async def rotate_secret(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
                         store: Store, users: Users) -> dict[str, Any]:
@@ -199,7 +210,7 @@ async def rotate_secret(code: DestinationCode, name: SubscriptionName, who: AsAd
                                     "subscription.secret_rotate",
                                     lambda old: {"signing_secrets": [
                                         new_signing_secret(), old.signing_secrets[0]]})
-    return {"signing_secrets": sub.signing_secrets}
+    return {"subscription": sub.id, "signing_secrets": sub.signing_secrets}
 
 
 @router.delete("/v1/destinations/{code}/subscriptions/{name}/secrets/previous")
@@ -207,7 +218,7 @@ async def drop_previous_secret(code: DestinationCode, name: SubscriptionName, wh
                                store: Store, users: Users) -> dict[str, Any]:
     sub = await change_subscription(store, users, code, name, who, "subscription.secret_drop",
                                     lambda old: {"signing_secrets": old.signing_secrets[:1]})
-    return {"signing_secrets": sub.signing_secrets}
+    return {"subscription": sub.id, "signing_secrets": sub.signing_secrets}
 
 
 @router.post("/v1/apps", status_code=201)
