@@ -163,9 +163,10 @@ def subscription_put(client: AdminClient, code: str, name: str, from_file: Path 
     """Create subscription NAME of destination CODE, or change the settings given of an
     existing one. The answer carries the signing secret the subscriber verifies with."""
     current = _current_subscription(client, code, name)
-    if not current and not options.get("url") and "url" not in _file_body(from_file):
+    given = _file_body(from_file)
+    if not current and not options.get("url") and "url" not in given:
         raise click.UsageError(f"{code}/{name} does not exist yet: --url is required")
-    body = current | _file_body(from_file) | _changes(
+    body = current | given | _changes(
         retry_policy=_json_option(retry_policy, "--retry-policy"),
         circuit=_json_option(circuit, "--circuit"),
         filters=_json_option(filters, "--filters"), **options)
@@ -263,10 +264,11 @@ def secret() -> None:
 
 def _secrets_text(answer: dict[str, Any]) -> str:
     current, *previous = answer["signing_secrets"]
-    lines = [f"{answer['subscription']}", f"current:  {current}"]
-    lines += [f"previous: {p} (still signed with, until `msgbus subscription secret "
-              "drop-previous`)" for p in previous]
-    return "\n".join(lines)
+    until = answer.get("previous_secret_until")
+    also = (f"also signed with until {until}" if until
+            else "also signed with until `msgbus subscription secret drop-previous`")
+    return "\n".join([answer["subscription"], f"current:  {current}",
+                      *(f"previous: {p} ({also})" for p in previous)])
 
 
 @secret.command("reveal")
@@ -282,14 +284,25 @@ def secret_reveal(client: AdminClient, code: str, name: str) -> None:
 @admin_options
 @click.argument("code")
 @click.argument("name")
+@click.option("--overlap-s", type=click.FloatRange(0, 30 * 24 * 3600),
+              help="How long pushes are also signed with the current secret [default: the "
+                   "API's, 24 h].")
+@click.option("--until-dropped", is_flag=True,
+              help="Sign with the current secret too until `secret drop-previous`.")
 @YES_OPTION
-def secret_rotate(client: AdminClient, code: str, name: str, yes: bool) -> None:
-    """A new signing secret; pushes carry signatures with the new and the previous one until
-    the previous is dropped, so the subscriber can switch without a gap."""
+def secret_rotate(client: AdminClient, code: str, name: str, overlap_s: float | None,
+                  until_dropped: bool, yes: bool) -> None:
+    """A new signing secret; for the overlap, pushes carry signatures with the new and the
+    current one, so the subscriber can switch without a gap."""
+    if overlap_s is not None and until_dropped:
+        raise click.UsageError("give --overlap-s or --until-dropped, not both")
     if not yes:
         click.confirm(f"Rotate the signing secret of {code}/{name}? Pushes are then signed "
-                      "with the new and the current one; an older one is dropped.", abort=True)
-    client.show(client.call("POST", f"{_sub_path(code, name)}/secrets/rotate"), _secrets_text)
+                      "with the new and the current one for the overlap.", abort=True)
+    body = {"overlap_s": None} if until_dropped else (
+        {"overlap_s": overlap_s} if overlap_s is not None else {})
+    client.show(client.call("POST", f"{_sub_path(code, name)}/secrets/rotate", json=body),
+                _secrets_text)
 
 
 @secret.command("drop-previous")

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner, Result
+from msgbus_client.errors import WebhookVerificationError
+from msgbus_client.verify import verify_push
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
@@ -57,6 +59,21 @@ def _user_token(bus: RunningBus, role: str) -> tuple[str, str]:
     return name, made.json()["token"]
 
 
+def _verifies_with(subscriber: RecordingSubscriber, code: str, admin: list[str]) -> set[str]:
+    """Which of the subscription's secrets a test push it gets now verifies with."""
+    tested = _json(_run("subscription", "test", code, "s", *admin, "-o", "json"))
+    push = next(p for p in subscriber.pushes if p.message_id == tested["message_id"])
+    secrets = _json(_run("subscription", "secret", "reveal", code, "s", *admin, "-o", "json"))
+    passing = set()
+    for secret in secrets["signing_secrets"]:
+        try:
+            verify_push(secret, push.headers, push.body)
+        except WebhookVerificationError:
+            continue
+        passing.add(secret)
+    return passing
+
+
 def test_cli_configures_a_subscription_pauses_tests_and_manages_its_secret(
         bus: RunningBus, admin: list[str]) -> None:
     code = f"cli-cfg-{uuid.uuid4().hex[:6]}"
@@ -86,13 +103,19 @@ def test_cli_configures_a_subscription_pauses_tests_and_manages_its_secret(
     assert first_secret in _ok(_run("subscription", "secret", "reveal", code, "s", *admin))
     rotated = _json(_run("subscription", "secret", "rotate", code, "s", "--yes", *admin,
                          "-o", "json"))
-    assert rotated["signing_secrets"][1] == first_secret  # still signed with, for the overlap
+    second_secret = rotated["signing_secrets"][0]
+    assert rotated["signing_secrets"][1] == first_secret and rotated["previous_secret_until"]
     shown = _ok(_run("subscription", "secret", "reveal", code, "s", *admin))
-    assert f"current:  {rotated['signing_secrets'][0]}" in shown
-    assert f"previous: {first_secret}" in shown
+    assert f"current:  {second_secret}" in shown and f"previous: {first_secret}" in shown
+    # during the overlap a subscriber verifying with either secret takes the push
+    assert _verifies_with(subscriber, code, admin) == {first_secret, second_secret}
+    again = _json(_run("subscription", "secret", "rotate", code, "s", "--overlap-s", "0",
+                       "--yes", *admin, "-o", "json"))
+    assert again["signing_secrets"][1] == second_secret  # kept, but no longer signed with
+    assert _verifies_with(subscriber, code, admin) == {again["signing_secrets"][0]}
     dropped = _json(_run("subscription", "secret", "drop-previous", code, "s", "--yes",
                          *admin, "-o", "json"))
-    assert dropped["signing_secrets"] == rotated["signing_secrets"][:1]
+    assert dropped["signing_secrets"] == again["signing_secrets"][:1]
     actions = [e["action"] for e in _json(_run("audit", "--target", f"{code}/s", *admin,
                                                "-o", "json"))]
     assert {"subscription.secret_reveal", "subscription.secret_rotate",
