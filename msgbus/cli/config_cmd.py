@@ -17,7 +17,7 @@ import orjson
 from msgbus.cli.admin_client import BY_OPTION, YES_OPTION, AdminClient, admin_options
 from msgbus.cli.schema_cmd import schema
 
-SUBSCRIPTION_COLUMNS = ("id", "url", "paused", "max_concurrency", "max_rate_per_s",
+SUBSCRIPTION_COLUMNS = ("destination", "name", "url", "paused", "max_concurrency", "max_rate_per_s",
                         "timeout_ms", "ordered_by_biz_id", "batch_max_messages", "delay_s")
 DESTINATION_COLUMNS = ("code", "broker", "partitions", "record_rate_per_s", "owner",
                        "description")
@@ -172,7 +172,7 @@ def subscription_put(client: AdminClient, code: str, name: str, from_file: Path 
         filters=_json_option(filters, "--filters"), **options)
     answer = client.call("PUT", _sub_path(code, name), json=body)
     client.show(answer, lambda a: (
-        f"{'updated' if current else 'created'} {a['id']} -> {a['url']}\n"
+        f"{'updated' if current else 'created'} {a['destination']}/{a['name']} -> {a['url']}\n"
         f"signing secret: {a['signing_secrets'][0]}"))
 
 
@@ -182,7 +182,8 @@ def _pause_command(action: str) -> click.Command:
     @click.argument("name")
     def change(client: AdminClient, code: str, name: str) -> None:
         answer = client.call("POST", f"{_sub_path(code, name)}/{action}")
-        client.show(answer, lambda a: f"{a['id']} {'paused' if a['paused'] else 'resumed'}")
+        client.show(answer, lambda a: f"{a['destination']}/{a['name']} "
+                                      f"{'paused' if a['paused'] else 'resumed'}")
 
     change.__doc__ = ("Stop pushing to it within seconds (messages wait in the broker)."
                       if action == "pause" else "Push to it again.")

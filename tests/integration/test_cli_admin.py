@@ -92,8 +92,8 @@ def test_cli_configures_a_subscription_pauses_tests_and_manages_its_secret(
     [listed] = _json(_run("subscription", "list", code, *admin, "--output", "json"))
     assert (listed["paused"], listed["max_concurrency"], listed["url"]) == (True, 3, url)
     table = _ok(_run("subscription", "list", code, *admin)).splitlines()
-    assert table[0].split()[:3] == ["ID", "URL", "PAUSED"]
-    assert table[1].split()[:3] == [f"{code}/s", url, "yes"]
+    assert table[0].split()[:4] == ["DESTINATION", "NAME", "URL", "PAUSED"]
+    assert table[1].split()[:4] == [code, "s", url, "yes"]
     _ok(_run("subscription", "resume", code, "s", *admin))
 
     tested = _json(_run("subscription", "test", code, "s", *admin, "-o", "json"))
