@@ -46,8 +46,13 @@ def _timeline_text(answer: dict[str, Any]) -> str:
                      f"{f'  next attempt {upcoming}' if upcoming else ''}")
         for attempt in delivery.get("attempts_log", []):
             lines.append("  " + "  ".join(
-                f"{c}={attempt[c]}" for c in ATTEMPT_COLUMNS if attempt.get(c) is not None))
+                f"{c}={_short(attempt[c])}" for c in ATTEMPT_COLUMNS
+                if attempt.get(c) is not None))
     return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
 @messages.command("show")
