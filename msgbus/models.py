@@ -403,9 +403,10 @@ class Subscription(SubscriptionSettings):
 
     def secrets_signing_at(self, unix_s: float) -> list[str]:
         """The secrets a push at `unix_s` is signed with: the current one, and the previous
-        one while a rotation's overlap lasts."""
+        one while a rotation's overlap lasts. In whole seconds, as the signed timestamp is: an
+        overlap of 0 ends at once, not at the next second."""
         until = self.previous_secret_until
-        if until is not None and unix_s >= until.timestamp():
+        if until is not None and unix_s >= int(until.timestamp()):
             return self.signing_secrets[:1]
         return self.signing_secrets
 

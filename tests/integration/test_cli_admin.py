@@ -139,8 +139,12 @@ def test_cli_finds_a_message_and_shows_its_timeline(bus: RunningBus, admin: list
     httpx.post(f"{bus.receiver_url}/v1/destinations/{code}/messages",
                json={"message_id": message_id, "biz_id": "order-7", "body": {"n": 7}},
                headers={"authorization": f"Bearer {api_key}"}, timeout=10).raise_for_status()
-    wait_until(lambda: bus.admin.get(f"/v1/messages/{message_id}").json()["deliveries"][0]
-               .get("status") == "delivered", 30, "delivered")
+    def delivered() -> bool:
+        timeline = bus.admin.get(f"/v1/messages/{message_id}")  # 404 until it is recorded
+        return timeline.status_code == 200 and [
+            d.get("status") for d in timeline.json()["deliveries"]] == ["delivered"]
+
+    wait_until(delivered, 30, "delivered")
 
     [found] = _json(_run("messages", "search", "--biz-id", "order-7", "--destination", code,
                          *admin, "-o", "json"))
