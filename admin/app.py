@@ -9,6 +9,7 @@ producer apps; messages) and those of the other admin modules."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -37,7 +38,7 @@ from admin.params import (
     SubscriptionName,
 )
 from admin.removal import refuse_while_deleting
-from admin.schemas import AppIn, DestinationIn, RuntimeIn, SubscriptionIn
+from admin.schemas import AppIn, DestinationIn, RotateIn, RuntimeIn, SubscriptionIn
 from admin.security import AsAdmin, AsOperator, AsViewer
 from admin.service import AdminService
 from admin.ui import add_ui
@@ -157,14 +158,14 @@ async def put_subscription(code: DestinationCode, name: SubscriptionName,
 
 async def change_subscription(store: MongoStore, users: UserStore, code: str, name: str,
                               who: Principal, action: str,
-                              change: Callable[[Subscription], dict[str, Any]]
-                              ) -> Subscription:
+                              change: Callable[[Subscription], dict[str, Any]],
+                              details: dict[str, Any] | None = None) -> Subscription:
     """Reads the subscription, applies the fields `change` returns for it, saves it,
-    audits it as `action`."""
+    audits it as `action` (with `details`)."""
     sub = await store.get_subscription(f"{code}/{name}")
     sub = sub.model_copy(update={**change(sub), "updated_at": utcnow()})
     await store.save_subscription(sub)
-    await users.audit(who, action, sub.id)
+    await users.audit(who, action, sub.id, details)
     return sub
 
 
@@ -190,24 +191,51 @@ async def resume_subscription(code: DestinationCode, name: SubscriptionName, who
     return await _set_paused(store, users, code, name, who, paused=False)
 
 
+def secrets_view(sub: Subscription) -> dict[str, Any]:
+    """The answer of every secrets route: newest first; the previous one (a rotation's) is
+    signed with until `previous_secret_until` (null: until it is dropped)."""
+    return {"subscription": sub.id, "signing_secrets": sub.signing_secrets,
+            "previous_secret_until": (sub.previous_secret_until.isoformat()
+                                      if len(sub.signing_secrets) > 1
+                                      and sub.previous_secret_until else None)}
+
+
+@router.post("/v1/destinations/{code}/subscriptions/{name}/secrets/reveal")
+async def reveal_secrets(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
+                         store: Store, users: Users) -> dict[str, Any]:
+    """The subscription's signing secrets, newest first (a second one after a rotation).
+    Admin only; every reveal is audited. A POST, not a GET: it is an action the audit log
+    records, and no cache or prefetch may repeat it."""
+    sub = await store.get_subscription(subscription_id(code, name))
+    await users.audit(who, "subscription.secret_reveal", sub.id)
+    return secrets_view(sub)
+
+
 @router.post("/v1/destinations/{code}/subscriptions/{name}/secrets/rotate")
 async def rotate_secret(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
-                        store: Store, users: Users) -> dict[str, Any]:
-    """A new signing secret; pushes are signed with it and the previous one until
-    `.../secrets/previous` is deleted, so the subscriber can switch without a gap."""
-    sub = await change_subscription(store, users, code, name, who,
-                                    "subscription.secret_rotate",
-                                    lambda old: {"signing_secrets": [
-                                        new_signing_secret(), old.signing_secrets[0]]})
-    return {"signing_secrets": sub.signing_secrets}
+                        store: Store, users: Users,
+                        body: RotateIn | None = None) -> dict[str, Any]:
+    """A new signing secret; pushes are signed with it and the previous one for the overlap
+    (`overlap_s`, 24 h by default; null: until `.../secrets/previous` is deleted), so the
+    subscriber can switch without a gap."""
+    overlap_s = (body or RotateIn()).overlap_s
+    until = None if overlap_s is None else utcnow() + timedelta(seconds=overlap_s)
+    sub = await change_subscription(
+        store, users, code, name, who, "subscription.secret_rotate",
+        lambda old: {"signing_secrets": [new_signing_secret(), old.signing_secrets[0]],
+                     "previous_secret_until": until},
+        {"overlap_s": overlap_s})
+    return secrets_view(sub)
 
 
 @router.delete("/v1/destinations/{code}/subscriptions/{name}/secrets/previous")
 async def drop_previous_secret(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
                                store: Store, users: Users) -> dict[str, Any]:
+    """Pushes are signed with the current secret only, from now on."""
     sub = await change_subscription(store, users, code, name, who, "subscription.secret_drop",
-                                    lambda old: {"signing_secrets": old.signing_secrets[:1]})
-    return {"signing_secrets": sub.signing_secrets}
+                                    lambda old: {"signing_secrets": old.signing_secrets[:1],
+                                                 "previous_secret_until": None})
+    return secrets_view(sub)
 
 
 @router.post("/v1/apps", status_code=201)

@@ -56,6 +56,17 @@ class SubscriptionIn(SubscriptionSettings):
     """A subscription's settings; its destination and name are in the path."""
 
 
+# how long pushes are also signed with the previous secret after a rotation, by default
+DEFAULT_SECRET_OVERLAP_S = 24 * 3600
+
+
+class RotateIn(ConfigModel):
+    overlap_s: StrictFloat | None = Field(
+        default=DEFAULT_SECRET_OVERLAP_S, ge=0, le=30 * 24 * 3600,
+        description="how long pushes are also signed with the previous secret (seconds); "
+                    "null: until DELETE .../secrets/previous")
+
+
 class AppIn(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
     destinations: list[Annotated[str, Field(pattern=APP_DESTINATION_PATTERN)]] = Field(

@@ -383,6 +383,9 @@ class Subscription(SubscriptionSettings):
         default_factory=lambda: [new_signing_secret()], max_length=10)
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
+    # after a rotation, pushes are signed with the previous secret (signing_secrets[1:]) too,
+    # until this time; None: until an admin drops it
+    previous_secret_until: datetime | None = None
     # an operator skipped the backlog: what was received before this is recorded as skipped
     skip_before: datetime | None = None
     skip_reason: str = Field(default="", max_length=1000)
@@ -397,6 +400,15 @@ class Subscription(SubscriptionSettings):
     @property
     def id(self) -> str:
         return subscription_id(self.destination, self.name)
+
+    def secrets_signing_at(self, unix_s: float) -> list[str]:
+        """The secrets a push at `unix_s` is signed with: the current one, and the previous
+        one while a rotation's overlap lasts. In whole seconds, as the signed timestamp is: an
+        overlap of 0 ends at once, not at the next second."""
+        until = self.previous_secret_until
+        if until is not None and unix_s >= int(until.timestamp()):
+            return self.signing_secrets[:1]
+        return self.signing_secrets
 
     @property
     def in_flight_budget(self) -> int:

@@ -17,10 +17,12 @@ import click
 import orjson
 
 from msgbus import telemetry
+from msgbus.cli.access_cmd import USERS_API_COMMANDS, apps, audit, tokens, whoami
 from msgbus.cli.analytics_cmd import analytics
+from msgbus.cli.config_cmd import destination, subscription
 from msgbus.cli.drainer_cmd import spool_drainer
+from msgbus.cli.messages_cmd import invalid_docs, messages, runtime
 from msgbus.cli.ops_cmd import parked, replay, scheduled
-from msgbus.cli.removal_cmd import destination, subscription
 from msgbus.cli.serving import ServerGroup, reuse_port_socket
 from msgbus.cli.spool_cmd import spool
 from msgbus.cli.stack import (
@@ -218,4 +220,7 @@ main.add_command(scheduled)
 main.add_command(subscription)
 main.add_command(destination)
 main.add_command(users)
-main.add_command(analytics)
+for _command in USERS_API_COMMANDS:
+    users.add_command(_command)
+for _command in (whoami, tokens, apps, audit, messages, invalid_docs, runtime, analytics):
+    main.add_command(_command)

@@ -1,80 +1,26 @@
 """`msgbus replay ...`, `msgbus parked ...` and `msgbus scheduled ...`: operator actions, through
-the admin API.
-
-The admin URL and token come from --admin / --token (MSGBUS_ADMIN_URL / MSGBUS_ADMIN_TOKEN) or
-from the state directory that `msgbus up` wrote. Errors print the API's message and exit 1.
+the admin API (URL, token and --output: msgbus/cli/admin_client.py).
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-import httpx
 
-from msgbus.cli.stack import ADMIN_TOKEN_FILE, ADMIN_URL_FILE
+from msgbus.cli.admin_client import (
+    BY_OPTION,
+    AdminClient,
+    F,
+    admin_options,
+)
 
 POLL_S = 0.5
 FINAL_STATES = ("done", "cancelled")
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class AdminClient:
-    def __init__(self, url: str, token: str) -> None:
-        self._http = httpx.Client(base_url=url, timeout=30,
-                                  headers={"authorization": f"Bearer {token}"})
-
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise click.ClickException(f"admin API unreachable: {exc}") from exc
-        if response.status_code >= 400:
-            try:
-                body = response.json()
-                detail = body.get("message") or response.text
-                if body.get("field"):
-                    detail += f" (field: {body['field']})"
-                for change in body.get("incompatibilities") or []:
-                    detail += f"\n  {change['path']}: {change['message']} (breaks " \
-                              f"{' and '.join(change['breaks'])})"
-            except (ValueError, AttributeError):
-                detail = response.text
-            raise click.ClickException(f"{response.status_code}: {detail}")
-        return response.json()
-
-
-def _state_value(state_dir: Path, name: str, option: str) -> str:
-    path = state_dir / name
-    if not path.exists():
-        raise click.UsageError(f"{path} not found: run `msgbus up` first or pass {option}")
-    return path.read_text().strip()
-
-
-def admin_options(command: F) -> F:
-    """--state-dir, --admin and --token; the command gets a ready `client` argument."""
-
-    @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
-                  default=lambda: os.environ.get("MSGBUS_STATE_DIR", ".msgbus"),
-                  show_default=".msgbus", help="Where `msgbus up` keeps the admin URL/token.")
-    @click.option("--admin", "admin_url", envvar="MSGBUS_ADMIN_URL",
-                  help="Admin API URL (default: the one `msgbus up` wrote).")
-    @click.option("--token", envvar="MSGBUS_ADMIN_TOKEN", help="Admin token.")
-    @functools.wraps(command)
-    def wrapper(state_dir: Path, admin_url: str | None, token: str | None,
-                **kwargs: Any) -> Any:
-        url = admin_url or _state_value(state_dir, ADMIN_URL_FILE, "--admin")
-        secret = token or _state_value(state_dir, ADMIN_TOKEN_FILE, "--token")
-        return command(client=AdminClient(url, secret), **kwargs)
-
-    return wrapper  # type: ignore[return-value]
+REPLAY_COLUMNS = ("replay_id", "state", "done", "planned", "delivered", "failed",
+                  "spec.destination", "spec.since", "spec.until", "requested_by")
 
 
 def _spec(destination: str, since: str, until: str, subscriptions: tuple[str, ...],
@@ -138,14 +84,13 @@ def replay() -> None:
 def replay_plan(client: AdminClient, **spec: Any) -> None:
     """Count what a replay would push (nothing is created)."""
     answer = client.call("POST", "/v1/replays", json={**_spec(**spec), "dry_run": True})
-    click.echo(f"{answer['planned']} pushes to {', '.join(answer['subscriptions'])}")
+    client.show(answer, lambda a: f"{a['planned']} pushes to {', '.join(a['subscriptions'])}")
 
 
 @replay.command("run")
 @admin_options
 @range_options
-@click.option("--by", "requested_by", default=lambda: os.environ.get("USER", "admin"),
-              help="Who asks, for the audit record (default: $USER).")
+@BY_OPTION
 @click.option("--yes", is_flag=True, help="Start without asking.")
 @click.option("--detach", is_flag=True, help="Start it and return at once.")
 def replay_run(client: AdminClient, requested_by: str, yes: bool, detach: bool,
@@ -158,18 +103,21 @@ def replay_run(client: AdminClient, requested_by: str, yes: bool, detach: bool,
     if not yes and not click.confirm("start this replay?", err=True):
         raise click.Abort()
     job = client.call("POST", "/v1/replays", json=body)
-    client.call("POST", f"/v1/replays/{job['replay_id']}/start",
-                json={"requested_by": requested_by})
-    click.echo(job["replay_id"])
-    if detach:
-        return
-    try:
-        job = watch(client, job["replay_id"])
-    except KeyboardInterrupt:
-        click.echo(f"\nstill running; `msgbus replay pause {job['replay_id']}` pauses it",
-                   err=True)
-        sys.exit(130)
-    click.echo(_describe(job), err=True)
+    job = client.call("POST", f"/v1/replays/{job['replay_id']}/start",
+                      json={"requested_by": requested_by})
+    if not client.json:
+        click.echo(job["replay_id"])
+    if not detach:
+        try:
+            job = watch(client, job["replay_id"])
+        except KeyboardInterrupt:
+            click.echo(f"\nstill running; `msgbus replay pause {job['replay_id']}` pauses it",
+                       err=True)
+            sys.exit(130)
+        if not client.json:
+            click.echo(_describe(job), err=True)
+    if client.json:
+        client.show(job)
 
 
 @replay.command("list")
@@ -177,8 +125,8 @@ def replay_run(client: AdminClient, requested_by: str, yes: bool, detach: bool,
 @click.option("--limit", default=20, show_default=True)
 def replay_list(client: AdminClient, limit: int) -> None:
     """Recent replay jobs, newest first."""
-    for job in client.call("GET", "/v1/replays", params={"limit": limit}):
-        click.echo(_describe(job))
+    client.show_table(client.call("GET", "/v1/replays", params={"limit": limit}),
+                      REPLAY_COLUMNS, empty="no replay jobs")
 
 
 @replay.command("show")
@@ -187,9 +135,8 @@ def replay_list(client: AdminClient, limit: int) -> None:
 def replay_show(client: AdminClient, replay_id: str) -> None:
     """One job: state, progress and its audit trail."""
     job = client.call("GET", f"/v1/replays/{replay_id}")
-    click.echo(_describe(job))
-    for entry in job["audit"]:
-        click.echo(f"  {entry['at']}  {entry['by']}: {entry['action']}")
+    client.show(job, lambda j: "\n".join([_describe(j), *(
+        f"  {e['at']}  {e['by']}: {e['action']}" for e in j["audit"])]))
 
 
 @replay.command("watch")
@@ -197,18 +144,21 @@ def replay_show(client: AdminClient, replay_id: str) -> None:
 @click.argument("replay_id")
 def replay_watch(client: AdminClient, replay_id: str) -> None:
     """A progress bar until the job ends or is paused."""
-    click.echo(_describe(watch(client, replay_id)), err=True)
+    job = watch(client, replay_id)
+    if client.json:
+        client.show(job)
+    else:
+        click.echo(_describe(job), err=True)
 
 
 def _transition_command(action: str) -> click.Command:
     @admin_options
     @click.argument("replay_id")
-    @click.option("--by", "requested_by", default=lambda: os.environ.get("USER", "admin"),
-                  help="Who asks, for the audit record (default: $USER).")
+    @BY_OPTION
     def change(client: AdminClient, replay_id: str, requested_by: str) -> None:
         job = client.call("POST", f"/v1/replays/{replay_id}/{action}",
                           json={"requested_by": requested_by})
-        click.echo(_describe(job))
+        client.show(job, _describe)
 
     change.__doc__ = f"{action.capitalize()} a replay job."
     return click.command(action)(change)
@@ -220,7 +170,11 @@ for _action in ("start", "pause", "resume", "cancel"):
 
 @click.group()
 def parked() -> None:
-    """Deliveries the retry policy gave up on: list them, re-drive them."""
+    """Deliveries the retry policy gave up on: list them, re-drive or discard them."""
+
+
+def _parked_path(destination: str, subscription: str) -> str:
+    return f"/v1/destinations/{destination}/subscriptions/{subscription}/parked"
 
 
 @parked.command("list")
@@ -229,12 +183,11 @@ def parked() -> None:
 @click.argument("subscription")
 @click.option("--limit", default=100, show_default=True)
 def parked_list(client: AdminClient, destination: str, subscription: str, limit: int) -> None:
-    found = client.call("GET", f"/v1/destinations/{destination}/subscriptions/{subscription}"
-                               "/parked", params={"limit": limit})
-    for d in found:
-        click.echo(f"{d['message_id']}  attempts {d.get('attempts', 0)}  last "
-                   f"{d.get('last_status_code') or d.get('last_error')}")
-    click.echo(f"{len(found)} parked", err=True)
+    """The subscription's dead letters, oldest first."""
+    found = client.call("GET", _parked_path(destination, subscription),
+                        params={"limit": limit})
+    client.show_table(found, ("message_id", "attempts", "last_status_code", "last_error",
+                              "updated_at"), empty="nothing parked")
 
 
 @parked.command("redrive")
@@ -243,15 +196,33 @@ def parked_list(client: AdminClient, destination: str, subscription: str, limit:
 @click.argument("subscription")
 @click.option("--message", "message_ids", multiple=True,
               help="Only this message (repeatable; default: every parked delivery).")
-@click.option("--by", "requested_by", default=lambda: os.environ.get("USER", "admin"),
-              help="Who asks, for the audit record (default: $USER).")
+@BY_OPTION
 def parked_redrive(client: AdminClient, destination: str, subscription: str,
                    message_ids: tuple[str, ...], requested_by: str) -> None:
     """Retry parked deliveries again now, their policy starting afresh."""
-    answer = client.call(
-        "POST", f"/v1/destinations/{destination}/subscriptions/{subscription}/parked/redrive",
-        json={"message_ids": list(message_ids) or None, "requested_by": requested_by})
-    click.echo(f"{answer['redriven']} re-driven")
+    answer = client.call("POST", f"{_parked_path(destination, subscription)}/redrive",
+                         json={"message_ids": list(message_ids) or None,
+                               "requested_by": requested_by})
+    client.show(answer, lambda a: f"{a['redriven']} re-driven")
+
+
+@parked.command("discard")
+@admin_options
+@click.argument("destination")
+@click.argument("subscription")
+@click.option("--message", "message_ids", multiple=True,
+              help="Only this message (repeatable; default: every parked delivery).")
+@click.option("--reason", required=True, help="Why, for the audit record.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def parked_discard(client: AdminClient, destination: str, subscription: str,
+                   message_ids: tuple[str, ...], reason: str, yes: bool) -> None:
+    """Drop parked deliveries for good (they stay in the trace as discarded)."""
+    if not yes:
+        what = f"{len(message_ids)} parked deliveries" if message_ids else "every parked delivery"
+        click.confirm(f"Discard {what} of {destination}/{subscription}?", abort=True)
+    answer = client.call("POST", f"{_parked_path(destination, subscription)}/discard",
+                         json={"message_ids": list(message_ids) or None, "reason": reason})
+    client.show(answer, lambda a: f"{a['discarded']} discarded")
 
 
 @click.group()
@@ -267,10 +238,12 @@ def scheduled_list(client: AdminClient, destination: str, limit: int) -> None:
     """The destination's scheduled deliveries, soonest first."""
     found = client.call("GET", f"/v1/destinations/{destination}/scheduled",
                         params={"limit": limit})
-    for d in found:
-        held = "  (held in its key's order)" if d.get("held_in_place") else ""
-        click.echo(f"{d.get('scheduled_for')}  {d['subscription']}  {d['message_id']}{held}")
-    click.echo(f"{len(found)} scheduled", err=True)
+    client.show_table(found, ("scheduled_for", "subscription", "message_id", "held_in_place"),
+                      empty="nothing scheduled")
+
+
+def _scheduled_path(destination: str, subscription: str, action: str) -> str:
+    return f"/v1/destinations/{destination}/subscriptions/{subscription}/scheduled/{action}"
 
 
 @scheduled.command("deliver-now")
@@ -278,16 +251,13 @@ def scheduled_list(client: AdminClient, destination: str, limit: int) -> None:
 @click.argument("destination")
 @click.argument("subscription")
 @click.argument("message_ids", nargs=-1, required=True)
-@click.option("--by", "requested_by", default=lambda: os.environ.get("USER", "admin"),
-              help="Who asks, for the audit record (default: $USER).")
+@BY_OPTION
 def scheduled_deliver_now(client: AdminClient, destination: str, subscription: str,
                           message_ids: tuple[str, ...], requested_by: str) -> None:
     """Push these messages' scheduled deliveries now."""
-    answer = client.call(
-        "POST", f"/v1/destinations/{destination}/subscriptions/{subscription}"
-                "/scheduled/deliver-now",
-        json={"message_ids": list(message_ids), "requested_by": requested_by})
-    click.echo(f"{answer['delivered_now']} due now")
+    answer = client.call("POST", _scheduled_path(destination, subscription, "deliver-now"),
+                         json={"message_ids": list(message_ids), "requested_by": requested_by})
+    client.show(answer, lambda a: f"{a['delivered_now']} due now")
 
 
 @scheduled.command("cancel")
@@ -296,13 +266,11 @@ def scheduled_deliver_now(client: AdminClient, destination: str, subscription: s
 @click.argument("subscription")
 @click.argument("message_ids", nargs=-1, required=True)
 @click.option("--reason", required=True, help="Why, for the audit record.")
-@click.option("--by", "requested_by", default=lambda: os.environ.get("USER", "admin"),
-              help="Who asks, for the audit record (default: $USER).")
+@BY_OPTION
 def scheduled_cancel(client: AdminClient, destination: str, subscription: str,
                      message_ids: tuple[str, ...], reason: str, requested_by: str) -> None:
     """Drop these messages' scheduled deliveries before their time (kept as discarded)."""
-    answer = client.call(
-        "POST", f"/v1/destinations/{destination}/subscriptions/{subscription}/scheduled/cancel",
-        json={"message_ids": list(message_ids), "reason": reason,
-              "requested_by": requested_by})
-    click.echo(f"{answer['cancelled']} cancelled")
+    answer = client.call("POST", _scheduled_path(destination, subscription, "cancel"),
+                         json={"message_ids": list(message_ids), "reason": reason,
+                               "requested_by": requested_by})
+    client.show(answer, lambda a: f"{a['cancelled']} cancelled")

@@ -9,9 +9,9 @@ from typing import Any
 import click
 import orjson
 
-from msgbus.cli.ops_cmd import AdminClient, admin_options
+from msgbus.cli.admin_client import AdminClient, admin_options
 
-JSON_OUT = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+JSON_OUT = click.option("--json", "as_json", is_flag=True, help="Same as --output json.")
 MODES = ("none", "backward", "forward", "full")
 
 
@@ -41,6 +41,7 @@ def schema_put(client: AdminClient, code: str, schema_file: Path, compatibility:
                as_json: bool) -> None:
     """Register SCHEMA_FILE (JSON Schema draft 2020-12; '-' for stdin) as the next version.
     An incompatible one is refused with each change that breaks the mode."""
+    as_json = as_json or client.json
     with click.open_file(str(schema_file)) as file:
         raw = file.read()
     try:
@@ -64,6 +65,7 @@ def schema_put(client: AdminClient, code: str, schema_file: Path, compatibility:
 @JSON_OUT
 def schema_list(client: AdminClient, code: str, as_json: bool) -> None:
     """The versions of the destination's schema, oldest first."""
+    as_json = as_json or client.json
     versions = client.call("GET", _path(code))
     if as_json:
         _echo_json(versions)
@@ -85,6 +87,7 @@ def schema_list(client: AdminClient, code: str, as_json: bool) -> None:
 def schema_show(client: AdminClient, code: str, version: int | None, as_json: bool) -> None:
     """One version of the schema (default: the latest): the schema itself, or with --json
     the whole record."""
+    as_json = as_json or client.json
     if version is None:
         versions = client.call("GET", _path(code))
         if not versions:

@@ -157,6 +157,7 @@ def batch_headers(batch: BatchPush, subscription: Subscription, body: bytes) -> 
         "content-type": BATCH_CONTENT_TYPE,
         "webhook-id": batch.batch_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(subscription.signing_secrets, batch.batch_id, timestamp, body),
+        "webhook-signature": sign(subscription.secrets_signing_at(timestamp), batch.batch_id,
+                                  timestamp, body),
         "x-msgbus-batch-size": str(len(batch)),
     }

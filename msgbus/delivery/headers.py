@@ -37,7 +37,8 @@ def push_headers(envelope: Envelope, subscription: Subscription, attempt: int,
         "webhook-id": envelope.message_id,
         "webhook-timestamp": str(timestamp),
         "webhook-signature": sign(
-            subscription.signing_secrets, envelope.message_id, timestamp, envelope.body),
+            subscription.secrets_signing_at(timestamp), envelope.message_id, timestamp,
+            envelope.body),
     }
     if envelope.biz_id is not None:
         headers["ce-bizid"] = ce_string(envelope.biz_id)

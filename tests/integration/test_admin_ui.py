@@ -207,6 +207,17 @@ def test_admin_ui_creates_a_destination_and_subscription_and_sends_a_test_messag
         assert '"status_code": 200' in result and '"ok": true' in result
         assert len(subscriber.pushes) == 1
         assert subscriber.pushes[0].headers["ce-type"] == code
+
+        # the signing secret, later: an admin reveals it (audited)
+        page.locator("#reveal-secret").click()
+        page.wait_for_function(
+            "document.querySelector('#secret-result').innerText.includes('whsec_')")
+        audited = bus.admin.get("/v1/audit", params={"target": f"{code}/audit"}).json()
+        assert any(e["action"] == "subscription.secret_reveal" and e["via"] == "session"
+                   for e in audited)
+        revealed = bus.admin.post(
+            f"/v1/destinations/{code}/subscriptions/audit/secrets/reveal").json()
+        assert revealed["signing_secrets"][0] in page.locator("#secret-result").inner_text()
         page.screenshot(path=str(ARTIFACTS / "subscription.png"), full_page=True)
     finally:
         page.close()
