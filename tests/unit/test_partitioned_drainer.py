@@ -28,10 +28,10 @@ async def test_a_stuck_partition_does_not_hold_back_the_others(tmp_path: Path) -
     drainer.start()
     await queue.append([(("q", "stuck"), b"stuck:%d" % i) for i in range(12)])
     await queue.append([(("q", "free"), b"free:%d" % i) for i in range(30)])
-    await eventually(lambda: len(received["free"]) == 30, 10, "the free partition to drain",
-                     interval_s=0.01)
+    # drained: handed to the sink, then removed from the queue and no longer busy
+    await eventually(lambda: len(received["free"]) == 30 and drainer.busy_partitions() == [
+        "stuck"], 10, "the free partition to drain", interval_s=0.01)
     assert received["stuck"] == []
-    assert drainer.busy_partitions() == ["stuck"]
 
     released.set()
     await eventually(lambda: len(received["stuck"]) == 12 and queue.depth("q") == 0, 10,
