@@ -39,7 +39,7 @@ import orjson
 from msgbus_devtools import servers as services
 
 from bench import cli, subscriber
-from bench.pipeline import stop_process
+from bench.pipeline import figures_of, stop_process
 from bench.report import out, out_json, out_lines, say, spread
 
 HOST = "127.0.0.1"
@@ -149,16 +149,8 @@ def run_phase(ctx: Any, args: argparse.Namespace, sub_url: str, phase: str,
         child_conn, phase, f"{sub_url}/hook/{label}",
         {"concurrency": args.concurrency, "batch": args.batch, "warmup_s": args.warmup_s,
          "seconds": args.seconds}))
-    process.start()
-    child_conn.close()
-    try:
-        if not parent_conn.poll(args.warmup_s + args.seconds + PHASE_GRACE_S):
-            raise RuntimeError(f"phase {label} gave no figures in time")
-        figures: dict[str, Any] = parent_conn.recv()
-        process.join(10)
-    finally:
-        stop_process(process, f"phase {label}")
-        parent_conn.close()
+    figures = figures_of(process, parent_conn, child_conn,
+                         args.warmup_s + args.seconds + PHASE_GRACE_S, label)
     figures["run"] = run
     say(f"run {run} {phase:<6} {figures['messages_per_s']:9.0f} messages/s"
         + (f"  failed {figures['failed']}" if figures["failed"] else ""))

@@ -20,6 +20,7 @@ import multiprocessing
 import sys
 import time
 import uuid
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -44,6 +45,23 @@ def stop_process(process: BaseProcess, name: str) -> None:
     if process.is_alive():
         process.kill()
         process.join(5)
+
+
+def figures_of(process: BaseProcess, parent_conn: Connection, child_conn: Connection,
+               timeout_s: float, label: str) -> dict[str, Any]:
+    """Start a phase's child process, wait up to `timeout_s` for the figures it sends on the
+    pipe, then stop it (by its pid) and close the pipe."""
+    process.start()
+    child_conn.close()
+    try:
+        if not parent_conn.poll(timeout_s):
+            raise RuntimeError(f"phase {label} gave no figures in time")
+        figures: dict[str, Any] = parent_conn.recv()
+        process.join(10)
+    finally:
+        stop_process(process, f"phase {label}")
+        parent_conn.close()
+    return figures
 
 
 def delete_rabbitmq_topology(url: str, destinations: list[str]) -> None:

@@ -51,7 +51,7 @@ from msgbus_devtools import servers as services
 
 from bench import cli, subscriber
 from bench.load import own_cpu_s
-from bench.pipeline import stop_process
+from bench.pipeline import figures_of, stop_process
 from bench.report import cell, out, out_json, out_lines, percentile, say, spread
 
 HOST = "127.0.0.1"
@@ -179,17 +179,9 @@ def run_phase(ctx: Any, stack: contextlib.ExitStack, args: argparse.Namespace, s
     process = ctx.Process(target=phase_worker, name=f"bench-{label}", daemon=True,
                           args=(child_conn, target, f"{sub_url}/hook/{label}", args.concurrency,
                                 args.warmup_s, args.seconds, args.uvloop))
-    process.start()
-    child_conn.close()
     stack.callback(stop_process, process, f"phase {label}")
-    try:
-        if not parent_conn.poll(args.warmup_s + args.seconds + PHASE_GRACE_S):
-            raise RuntimeError(f"phase {label} gave no figures in time")
-        figures: dict[str, Any] = parent_conn.recv()
-        process.join(10)
-    finally:
-        stop_process(process, f"phase {label}")
-        parent_conn.close()
+    figures = figures_of(process, parent_conn, child_conn,
+                         args.warmup_s + args.seconds + PHASE_GRACE_S, label)
     figures["run"] = run
     figures["lost"] = max(0, figures["ok_total"] - _delivered(sub_url, label,
                                                                10**12))
