@@ -56,7 +56,7 @@ def _attempt(envelope: Envelope, status: str) -> AttemptResult:
         message_id=envelope.message_id, subscription=f"{envelope.destination}/s", attempt=1,
         started_at=envelope.created_at + timedelta(milliseconds=30),
         status_code=200 if ok else 500, latency_ms=5.0 + len(envelope.message_id) % 7,
-        instance="seed")
+        instance="seed", answer=None if ok else '{"error": "database down"}')
 
 
 async def seed(uri: str, db: str, messages: int, destinations: int) -> dict[str, Any]:
@@ -110,6 +110,11 @@ def pages(seeded: dict[str, Any]) -> dict[str, str]:
         "messages by destination": f"/ui/messages?destination={code}",
         "messages by biz_id": f"/ui/messages?biz_id={seeded['biz_id']}",
         "messages by subscription + failed": f"/ui/messages?subscription={code}/s&status=failed",
+        "messages failed, every subscription": "/ui/messages?status=failed",
+        "messages by biz_id + parked": f"/ui/messages?biz_id={seeded['biz_id']}&status=parked",
+        "messages, a deep page (3 days back)": "/ui/messages?before="
+                                               + quote((utcnow() - timedelta(days=3)).isoformat()),
+        "subscription page": f"/ui/subscriptions/{code}/s",
         "messages by destination, a day back": f"/ui/messages?destination={code}&before="
                                                + quote((utcnow() - timedelta(days=1)).isoformat()),
         "message detail": f"/ui/messages/{seeded['message_id']}",
