@@ -46,7 +46,7 @@ from admin.service import AdminService
 from admin.ui import add_ui
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.errors import InvalidStoredDocument, NotFound
-from msgbus.http import add_readiness, include_routes, service_app
+from msgbus.http import ServerTiming, add_readiness, include_routes, service_app
 from msgbus.models import (
     DeliveryStatus,
     Destination,
@@ -78,6 +78,7 @@ def create_app(service: AdminService) -> FastAPI:
         include_routes(app, routes)
     add_ui(app)
     include_routes(app, schema_ui.router)
+    app.add_middleware(ServerTiming)
     return app
 
 
