@@ -39,9 +39,11 @@ def test_due_is_the_later_of_deliver_at_and_acceptance_plus_the_subscription_del
     assert due_time(None, accepted, 0) is None
 
 
-def test_a_due_time_passed_or_imminent_means_push_now() -> None:
+def test_a_due_time_passed_means_push_now_and_one_ahead_waits_even_a_millisecond() -> None:
     assert wait_until(_envelope(T0 - timedelta(days=1)), _sub(), now=T0) is None
-    assert wait_until(_envelope(T0 + timedelta(milliseconds=10)), _sub(), now=T0) is None
+    assert wait_until(_envelope(T0), _sub(), now=T0) is None
+    soon = T0 + timedelta(milliseconds=10)
+    assert wait_until(_envelope(soon), _sub(), now=T0) == soon  # never early
     later = T0 + timedelta(seconds=3)
     assert wait_until(_envelope(later), _sub(), now=T0) == later
 
