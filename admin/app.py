@@ -28,14 +28,17 @@ from admin import (
 )
 from admin.deps import AdminParts, Deletions, Service, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
+from admin.message_list import Cursor, ListQuery, list_page
 from admin.params import (
     AppName,
     BizIdQuery,
+    CursorQuery,
     DestinationCode,
     DestinationQuery,
     Limit,
     StoredId,
     SubscriptionName,
+    SubscriptionQuery,
 )
 from admin.removal import refuse_while_deleting
 from admin.schemas import AppIn, DestinationIn, RotateIn, RuntimeIn, SubscriptionIn
@@ -44,8 +47,9 @@ from admin.service import AdminService
 from admin.ui import add_ui
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.errors import InvalidStoredDocument, NotFound
-from msgbus.http import add_readiness, include_routes, service_app
+from msgbus.http import ServerTiming, add_readiness, include_routes, service_app
 from msgbus.models import (
+    DeliveryStatus,
     Destination,
     Subscription,
     Timestamp,
@@ -75,6 +79,7 @@ def create_app(service: AdminService) -> FastAPI:
         include_routes(app, routes)
     add_ui(app)
     include_routes(app, schema_ui.router)
+    app.add_middleware(ServerTiming)
     return app
 
 
@@ -274,13 +279,25 @@ async def revoke_app_keys(name: AppName, who: AsAdmin, store: Store, users: User
 
 
 @router.get("/v1/messages")
-async def find_messages(_: AsViewer, service: Service, biz_id: BizIdQuery = None,
-                        destination: DestinationQuery = None,
+async def find_messages(_: AsViewer, service: Service, response: Response,
+                        biz_id: BizIdQuery = None, destination: DestinationQuery = None,
+                        subscription: SubscriptionQuery = None,
+                        status: DeliveryStatus | None = None,
                         since: Timestamp | None = None, until: Timestamp | None = None,
+                        before: CursorQuery = None, after: CursorQuery = None,
                         limit: Limit = 100) -> list[dict[str, Any]]:
-    found = await service.store.find_messages(biz_id=biz_id, destination=destination,
-                                              since=since, until=until, limit=limit)
-    return [service.message_summary(doc) for doc in found]
+    """Messages newest first, each with its delivery state per subscription (`deliveries`),
+    in keyset pages: the `x-next-cursor` header of an answer is the `before` of the next
+    (older) page, `x-previous-cursor` the `after` of the newer one (admin/message_list.py)."""
+    query = ListQuery(biz_id=biz_id, destination=destination, subscription=subscription,
+                      state=status, since=since, until=until)
+    cursor = (Cursor.decode(after, "after") if after
+              else Cursor.decode(before, "before") if before else None)
+    page = await list_page(service.store, query, cursor, older=after is None, limit=limit)
+    for header, at in (("x-next-cursor", page.older), ("x-previous-cursor", page.newer)):
+        if at is not None:
+            response.headers[header] = at.encode()
+    return [service.message_summary(doc) for doc in page.messages]
 
 
 @router.get("/v1/messages/{message_id}")

@@ -35,3 +35,9 @@ BizIdQuery = Annotated[str | None, Query(min_length=1, max_length=256,
 Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many")]
 TargetQuery = Annotated[str | None, Query(max_length=300, pattern=PRINTABLE_ID_PATTERN,
                                           description="only entries about this target")]
+SubscriptionQuery = Annotated[str | None, Query(
+    max_length=300, pattern=r"^[^\x00-\x1f\x7f/]{1,140}/[^\x00-\x1f\x7f/]{1,140}$",
+    description="only messages recorded for this subscription (destination/name)")]
+CursorQuery = Annotated[str | None, Query(
+    max_length=400, pattern=PRINTABLE_ID_PATTERN,
+    description="a cursor of the message list (the x-next-cursor or x-previous-cursor header)")]

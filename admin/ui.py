@@ -4,8 +4,8 @@ Pages read; actions (pause, resume, re-drive, replays) are buttons whose few lin
 (`static/ui.js`) call the JSON API with the session's CSRF token, so every rule and audit entry
 of the API applies to the UI too. Nothing is loaded from elsewhere at run time.
 
-Every list is one index-backed query with a limit; pages go back in time with a `before`
-cursor, never with counts or skips. A page asked for without a valid session goes to the
+Every list is index-backed queries with a limit; pages go back and forth with keyset
+cursors, never with counts or skips. A page asked for without a valid session goes to the
 login page (`UiUser`, admin/deps.py).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -34,22 +34,18 @@ from admin.deps import (
     parts_of,
     to_login,
 )
+from admin.message_list import SCAN_CAP, Cursor, ListQuery, Page, list_page
 from admin.operations import TRANSITIONS
 from admin.pushers import pushers_of
 from admin.security import SESSION_COOKIE
 from msgbus.errors import InvalidStoredDocument, MsgbusError, NotFound
 from msgbus.http import include_routes
-from msgbus.models import CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id, utcnow
-from msgbus.store import MongoStore
+from msgbus.models import CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id
 from msgbus.store.schemas import SchemaStore
 from msgbus.users import Principal, Role, check_password
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
-# A search looks back this far first, and further only while it has less than a page: the
-# newest page is then a short index range, however many messages are stored.
-SEARCH_WINDOWS: tuple[timedelta | None, ...] = (
-    timedelta(hours=1), timedelta(days=1), timedelta(days=7), timedelta(days=31), None)
 # which buttons a replay in each state shows
 REPLAY_ACTIONS: dict[str, list[str]] = {}
 for _action, (_, _sources) in TRANSITIONS.items():
@@ -142,65 +138,32 @@ async def destinations_page(request: Request, who: UiUser, store: Store) -> Resp
 async def messages_page(request: Request, who: UiUser, store: Store, message_id: str = "",
                         biz_id: str = "", destination: str = "", subscription: str = "",
                         status: str = "", since: str = "", until: str = "",
-                        before: str = "") -> Response:
+                        before: str = "", after: str = "") -> Response:
+    """The message list (admin/message_list.py): `before` pages back (older), `after` forward."""
     if message_id.strip():
         return RedirectResponse(f"/ui/messages/{message_id.strip()}", status_code=303)
-    query = {"biz_id": biz_id, "destination": destination, "subscription": subscription,
-             "status": status, "since": since, "until": until}
-    error, found = None, []
+    form = {"biz_id": biz_id, "destination": destination, "subscription": subscription,
+            "status": status, "since": since, "until": until}
+    error, found = None, Page([], None, None)
     try:
-        newest = min(filter(None, [_utc(until), _utc(before)]), default=None) or utcnow()
-        oldest = _utc(since)
-        for window in SEARCH_WINDOWS:
-            start = newest - window if window is not None else None
-            if oldest is not None and (start is None or start < oldest):
-                start = oldest
-            found = await _search(store, query, start, newest)
-            if len(found) == PAGE_SIZE or start == oldest:
-                break
+        query = ListQuery(biz_id=biz_id.strip() or None,
+                          destination=destination.strip() or None,
+                          subscription=subscription.strip() or None,
+                          state=DeliveryStatus(status) if status else None,
+                          since=_utc(since), until=_utc(until))
+        cursor = (Cursor.decode(after, "after") if after
+                  else Cursor.decode(before, "before") if before else None)
+        found = await list_page(store, query, cursor, older=not after, limit=PAGE_SIZE)
     except (ValueError, MsgbusError) as exc:
-        error = str(exc)
-    next_url = None
-    if len(found) == PAGE_SIZE:
-        cursor = found[-1]["created_at"].isoformat()
-        next_url = "/ui/messages?" + urlencode({**query, "before": cursor})
-    return page(request, "messages.html", who, page="Messages", q=query,
-                messages=found, next_url=next_url, error=error,
-                statuses=[s.value for s in DeliveryStatus])
-
-
-async def _search(store: MongoStore, query: dict[str, str], since: datetime | None,
-                  until: datetime) -> list[dict[str, Any]]:
-    """A page of the messages `query` (the search form's fields) finds in [since, until)."""
-    if query["subscription"]:
-        return await _by_delivery(store, query["subscription"], query["status"], since, until)
-    return await store.find_messages(
-        biz_id=query["biz_id"] or None, destination=query["destination"] or None,
-        since=since, until=until, limit=PAGE_SIZE)
-
-
-async def _by_delivery(store: MongoStore, sub_id: str, status: str, since: datetime | None,
-                       until: datetime | None) -> list[dict[str, Any]]:
-    """Messages of one subscription (optionally in one delivery state), newest first:
-    the (subscription, status, created_at) index of deliveries, then the messages by id."""
-    query: dict[str, Any] = {"subscription": sub_id}
-    if status:
-        query["status"] = DeliveryStatus(status).value
-    window = {k: v for k, v in (("$gte", since), ("$lt", until)) if v is not None}
-    if window:
-        query["created_at"] = window
-    cursor = store.deliveries.find(query, {"message_id": 1}).sort(
-        "created_at", -1).limit(PAGE_SIZE)
-    ids = [d["message_id"] async for d in cursor]
-    if status == DeliveryStatus.PENDING:  # those without a state yet, newest first
-        ids += await store.pending_message_ids(sub_id, PAGE_SIZE)
-    found = {m["_id"]: m async for m in store.messages.find({"_id": {"$in": ids}})}
-    messages = [found[i] for i in ids if i in found]
-    if status == DeliveryStatus.PENDING:
-        messages = [m for m in messages if (since is None or m["created_at"] >= since)
-                    and (until is None or m["created_at"] < until)]
-        messages.sort(key=lambda m: m["created_at"], reverse=True)
-    return messages[:PAGE_SIZE]
+        error = getattr(exc, "message", None) or str(exc)
+    query_string = {k: v for k, v in form.items() if v}
+    links = {name: "/ui/messages?" + urlencode({**query_string, param: c.encode()})
+             for name, param, c in (("newer", "after", found.newer),
+                                    ("older", "before", found.older)) if c is not None}
+    return page(request, "messages.html", who, page="Messages", q=form,
+                messages=found.messages, next_url=links.get("older"),
+                prev_url=links.get("newer"), scanned_out=found.scanned_out, error=error,
+                statuses=[s.value for s in DeliveryStatus], scan_cap=SCAN_CAP)
 
 
 @router.get("/ui/messages/{message_id}", response_model=None)
@@ -210,7 +173,7 @@ async def message_page(request: Request, message_id: str, who: UiUser,
         timeline = await service.message_timeline(message_id)
     except NotFound as exc:
         return page(request, "messages.html", who, page="Messages", q={},
-                    messages=[], next_url=None, error=exc.message,
+                    messages=[], next_url=None, prev_url=None, error=exc.message,
                     statuses=[s.value for s in DeliveryStatus])
     message = timeline["message"]
     body = message.get("body", "")

@@ -29,6 +29,7 @@ def encode_outcome(outcome: DeliveryOutcome) -> bytes:
         "b": outcome.biz_id, "na": outcome.next_attempt_at, "p": outcome.parked,
         "rp": outcome.retrying_in_place, "sk": outcome.skipped, "bi": r.batch_id,
         **({} if outcome.scheduled_for is None else {"sf": outcome.scheduled_for}),
+        **({} if r.answer is None else {"an": r.answer}),  # a failed push's kept answer
     })
 
 
@@ -39,7 +40,7 @@ def decode_outcome(data: bytes) -> DeliveryOutcome:
     result = AttemptResult(
         message_id=d["m"], subscription=d["s"], attempt=d["n"], started_at=started,
         latency_ms=d["l"], status_code=d["c"], error=d["e"], instance=d["i"],
-        retry_after_s=d["ra"], batch_id=d.get("bi"),
+        retry_after_s=d["ra"], batch_id=d.get("bi"), answer=d.get("an"),
     )
     return DeliveryOutcome(result=result, destination=d["d"], created_at=created,
                            biz_id=d["b"], next_attempt_at=_dt(d["na"]), parked=d["p"],

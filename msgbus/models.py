@@ -438,6 +438,8 @@ class AttemptResult:
     instance: str = ""
     retry_after_s: float | None = None
     batch_id: str | None = None  # the batch push that carried it (batch subscriptions)
+    # the first bytes of the subscriber's answer to a failed push (MSGBUS_PUSH_ANSWER_KEEP_BYTES)
+    answer: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -80,6 +80,15 @@ class ConnectionSettings(BaseSettings):
         return clusters
 
 
+class PushSettings(BaseSettings):
+    """What every push client (dispatcher, compensator, the admin's test push) shares."""
+
+    model_config = SettingsConfigDict(env_prefix="MSGBUS_PUSH_", extra="ignore")
+
+    # the first bytes of a subscriber's answer to a failed push, kept with the attempt (0: none)
+    answer_keep_bytes: int = Field(default=1024, ge=0, le=65536)
+
+
 class TracingSettings(BaseSettings):
     """OpenTelemetry spans of every service (msgbus/telemetry.py); off by default."""
 

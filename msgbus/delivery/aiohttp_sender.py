@@ -10,12 +10,15 @@ from msgbus.delivery.sender import BaseSender
 
 class AiohttpSender(BaseSender):
     """aiohttp's connection pool: `max_connections` in all, no per-host limit, no
-    decompression of answers (they are read and dropped)."""
+    decompression of answers (they are read and dropped, but for the first bytes of a failed
+    push's answer)."""
 
     transport_errors = (aiohttp.ClientError, OSError)
 
-    def __init__(self, *, instance: str, max_connections: int = 1000) -> None:
-        super().__init__(instance=instance, max_connections=max_connections)
+    def __init__(self, *, instance: str, max_connections: int = 1000,
+                 answer_keep_bytes: int = 1024) -> None:
+        super().__init__(instance=instance, max_connections=max_connections,
+                         answer_keep_bytes=answer_keep_bytes)
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -31,9 +34,25 @@ class AiohttpSender(BaseSender):
             await self._session.close()
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str],
-                    timeout_s: float) -> tuple[int, str | None]:
+                    timeout_s: float) -> tuple[int, str | None, bytes | None]:
         assert self._session is not None, "AiohttpSender.start() was not called"
         async with self._session.post(url, data=body, headers=headers,
                                       timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-            await response.read()
-            return response.status, response.headers.get("retry-after")
+            kept = None
+            if 200 <= response.status < 300 or not self.answer_keep_bytes:
+                await response.read()
+            else:
+                kept = await _first_bytes(response.content, self.answer_keep_bytes)
+            return response.status, response.headers.get("retry-after"), kept
+
+
+async def _first_bytes(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """Up to `limit` bytes of a body, and no more read: a longer body is left unread, and
+    aiohttp closes its connection instead of reusing it."""
+    kept = b""
+    while len(kept) < limit:
+        chunk = await content.read(limit - len(kept))
+        if not chunk:
+            break
+        kept += chunk
+    return kept

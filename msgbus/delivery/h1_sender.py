@@ -4,7 +4,8 @@ connections per origin and httptools' response parser (llhttp, the parser uvicor
 Why: at saturation aiohttp's client was two thirds of the dispatcher's event loop (py-spy), most
 of it in per-request objects this job never uses (cookies, redirects, tracing, multidicts). A
 push is one POST with a small body whose answer is read for its status and `Retry-After` only,
-so this client writes one buffer per request and parses the answer in C. Figures:
+so this client writes one buffer per request and parses the answer in C (keeping the first
+bytes of a failed push's body only). Figures:
 `python -m bench.senders` (pushes per CPU-second against raw aiohttp in the same run).
 
 Behaviour matches `AiohttpSender`: no proxy from the environment, no redirects followed, TLS
@@ -75,18 +76,25 @@ def encode_request(target: Target, body: bytes, headers: dict[str, str]) -> byte
     return "".join(lines).encode() + body
 
 
-class Connection(asyncio.Protocol):
-    """One kept-alive connection; one request at a time (no pipelining)."""
+Answer = tuple[int, str | None, bytes | None]  # status, Retry-After, the kept body
 
-    def __init__(self) -> None:
+
+class Connection(asyncio.Protocol):
+    """One kept-alive connection; one request at a time (no pipelining). Of a failed push's
+    answer, it keeps the first `answer_keep_bytes` of the body; a longer body is not read
+    further (the connection closes)."""
+
+    def __init__(self, answer_keep_bytes: int = 0) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
         self._parser = httptools.HttpResponseParser(self)
-        self._answer: asyncio.Future[tuple[int, str | None]] | None = None
+        self._answer: asyncio.Future[Answer] | None = None
         self._status: int | None = None
         self._retry_after: str | None = None
         self._body_framed = False  # content-length or chunked: else the body ends at EOF
+        self._keep_bytes = answer_keep_bytes
+        self._kept: bytes | None = None  # None: not keeping (a 2xx, or nothing to keep)
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -114,6 +122,7 @@ class Connection(asyncio.Protocol):
     # httptools callbacks
     def on_message_begin(self) -> None:
         self._status, self._retry_after, self._body_framed = None, None, False
+        self._kept = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
@@ -123,7 +132,18 @@ class Connection(asyncio.Protocol):
             self._body_framed = True
 
     def on_headers_complete(self) -> None:
-        self._status = self._parser.get_status_code()
+        self._status = status = self._parser.get_status_code()
+        if self._keep_bytes and status >= 300:
+            self._kept = b""
+
+    def on_body(self, body: bytes) -> None:
+        if self._kept is None:  # the hot path: a 2xx answer's body is dropped
+            return
+        room = self._keep_bytes - len(self._kept)
+        self._kept += body[:room]
+        if len(body) > room and self._status is not None:
+            self._finish(self._status)  # what is kept is all that is read of it
+            self.close()
 
     def on_message_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -135,7 +155,7 @@ class Connection(asyncio.Protocol):
         self._finish(status)
 
     # the client's side
-    async def request(self, data: bytes) -> tuple[int, str | None]:
+    async def request(self, data: bytes) -> Answer:
         assert self.transport is not None and self._answer is None
         self._answer = asyncio.get_running_loop().create_future()
         self.transport.write(data)
@@ -154,7 +174,7 @@ class Connection(asyncio.Protocol):
         if answer is None:
             self.close()  # an answer nobody asked for: the connection is out of step
         elif not answer.done():
-            answer.set_result((status, self._retry_after))
+            answer.set_result((status, self._retry_after, self._kept))
 
     def _fail(self, exc: BaseException) -> None:
         answer, self._answer = self._answer, None
@@ -165,8 +185,11 @@ class Connection(asyncio.Protocol):
 class H1Sender(BaseSender):
     transport_errors = (ProtocolError, ValueError, OSError)
 
-    def __init__(self, *, instance: str, max_connections: int = 1000) -> None:
-        super().__init__(instance=instance, max_connections=max_connections)
+    def __init__(self, *, instance: str, max_connections: int = 1000,
+                 answer_keep_bytes: int = 1024) -> None:
+        super().__init__(instance=instance, max_connections=max_connections,
+                         answer_keep_bytes=answer_keep_bytes)
+        self._protocol = functools.partial(Connection, answer_keep_bytes)
         self._idle: dict[Origin, list[Connection]] = {}  # most recently used last
         self._slots = asyncio.Semaphore(max_connections)
         self._ssl: ssl.SSLContext | None = None
@@ -184,7 +207,7 @@ class H1Sender(BaseSender):
         self._idle.clear()
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str],
-                    timeout_s: float) -> tuple[int, str | None]:
+                    timeout_s: float) -> Answer:
         target = parse_target(url)
         data = encode_request(target, body, headers)
         async with asyncio.timeout(timeout_s), self._slots:
@@ -227,7 +250,7 @@ class H1Sender(BaseSender):
         loop = asyncio.get_running_loop()
         tls = self._tls_context() if origin.scheme == "https" else None
         _, connection = await loop.create_connection(
-            Connection, origin.host, origin.port, ssl=tls,
+            self._protocol, origin.host, origin.port, ssl=tls,
             server_hostname=origin.host if tls is not None else None)
         return connection
 

@@ -68,6 +68,14 @@ def error_text(exc: BaseException, *, unexpected: bool = False) -> str:
     return (f"unexpected {text}" if unexpected else text)[:ERROR_TEXT_MAX]
 
 
+def answer_text(kept: bytes | None) -> str | None:
+    """The kept bytes of an answer as text (a character the cut split becomes U+FFFD); None
+    for none. Untrusted: whoever shows it escapes it."""
+    if not kept:
+        return None
+    return kept.decode("utf-8", "replace")
+
+
 class BaseSender(ABC):
     """The shared `push()`: implementations supply `_post()`, `start()`, `close()` and which of
     their exceptions are timeouts and which are transport (connection, protocol) errors."""
@@ -75,9 +83,12 @@ class BaseSender(ABC):
     timeout_errors: tuple[type[BaseException], ...] = (TimeoutError,)
     transport_errors: tuple[type[BaseException], ...] = (OSError,)
 
-    def __init__(self, *, instance: str, max_connections: int = 1000) -> None:
+    def __init__(self, *, instance: str, max_connections: int = 1000,
+                 answer_keep_bytes: int = 1024) -> None:
         self.instance = instance
         self.max_connections = max_connections
+        # how much of the answer to a failed push `_post` keeps (0: none)
+        self.answer_keep_bytes = answer_keep_bytes
 
     @abstractmethod
     async def start(self) -> None: ...
@@ -87,16 +98,18 @@ class BaseSender(ABC):
 
     @abstractmethod
     async def _post(self, url: str, body: bytes, headers: dict[str, str],
-                    timeout_s: float) -> tuple[int, str | None]:
-        """POST within `timeout_s` in total, read the whole answer; return its status and its
-        Retry-After header (or None). Raises on a timeout or a transport error."""
+                    timeout_s: float) -> tuple[int, str | None, bytes | None]:
+        """POST within `timeout_s` in total, read the whole answer; return its status, its
+        Retry-After header (or None) and, for a status other than 2xx, the first
+        `answer_keep_bytes` of its body (None when 0). Raises on a timeout or a transport
+        error."""
 
     async def push(self, envelope: Envelope, subscription: Subscription,
                    attempt: int) -> AttemptResult:
         started_at = utcnow()
         t0 = time.perf_counter()
         with telemetry.push_span(envelope, subscription, attempt) as trace:
-            status, error, retry_after = await self._answer_of(
+            status, error, retry_after, answer = await self._answer_of(
                 str(subscription.url), envelope.body,
                 lambda: push_headers(envelope, subscription, attempt, trace.traceparent),
                 subscription)
@@ -105,6 +118,7 @@ class BaseSender(ABC):
             message_id=envelope.message_id, subscription=subscription.id, attempt=attempt,
             started_at=started_at, latency_ms=(time.perf_counter() - t0) * 1000,
             status_code=status, error=error, instance=self.instance, retry_after_s=retry_after,
+            answer=answer,
         )
 
     async def push_batch(self, batch: BatchPush,
@@ -114,33 +128,35 @@ class BaseSender(ABC):
         t0 = time.perf_counter()
         body = batch.body
         with telemetry.batch_span("msgbus push", batch.envelopes):
-            status, error, retry_after = await self._answer_of(
+            status, error, retry_after, answer = await self._answer_of(
                 str(subscription.url), body, lambda: batch_headers(batch, subscription, body),
                 subscription)
         latency_ms = (time.perf_counter() - t0) * 1000
         return [AttemptResult(
             message_id=envelope.message_id, subscription=subscription.id, attempt=attempt,
             started_at=started_at, latency_ms=latency_ms, status_code=status, error=error,
-            instance=self.instance, retry_after_s=retry_after, batch_id=batch.batch_id)
+            instance=self.instance, retry_after_s=retry_after, batch_id=batch.batch_id,
+            answer=answer)
             for envelope, attempt in zip(batch.envelopes, batch.attempts, strict=True)]
 
     async def _answer_of(self, url: str, body: bytes, headers: Callable[[], dict[str, str]],
                          subscription: Subscription
-                         ) -> tuple[int | None, str | None, float | None]:
-        """One POST: (status, error text, Retry-After s). Headers are made inside, so that an
-        error making them (a bad secret) is a failed attempt too."""
+                         ) -> tuple[int | None, str | None, float | None, str | None]:
+        """One POST: (status, error text, Retry-After s, the kept answer). Headers are made
+        inside, so that an error making them (a bad secret) is a failed attempt too."""
         status: int | None = None
         try:
-            status, retry_after_header = await self._post(
+            status, retry_after_header, kept = await self._post(
                 url, body, headers(), subscription.timeout_ms / 1000)
             if not 200 <= status < 300:
-                return status, f"HTTP {status}", retry_after_s(retry_after_header)
-            return status, None, None
+                return (status, f"HTTP {status}", retry_after_s(retry_after_header),
+                        answer_text(kept))
+            return status, None, None, None
         except asyncio.CancelledError:
             raise
         except self.timeout_errors:  # before transport_errors: TimeoutError is an OSError
-            return status, timeout_text(subscription), None
+            return status, timeout_text(subscription), None, None
         except self.transport_errors as exc:
-            return status, error_text(exc), None
+            return status, error_text(exc), None, None
         except Exception as exc:  # an unexpected bug must still become a failed attempt
-            return status, error_text(exc, unexpected=True), None
+            return status, error_text(exc, unexpected=True), None, None

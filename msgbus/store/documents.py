@@ -125,6 +125,8 @@ def attempt_doc(result: AttemptResult) -> dict[str, Any]:
     }
     if result.batch_id is not None:
         doc["batch_id"] = result.batch_id
+    if result.answer is not None:
+        doc["answer"] = result.answer
     return doc
 
 

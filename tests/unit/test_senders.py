@@ -22,6 +22,7 @@ from msgbus.models import Envelope, Subscription
 
 HOST = "127.0.0.1"
 SLOW_ANSWER_S = 1.0
+LONG_ANSWER = "é".encode() + b"<b>upstream</b>" * 20_000  # 300 KB
 # What a refused connect raises, per sender: the error text starts with it.
 CONNECT_ERRORS = {"aiohttp": "ClientConnectorError", "h1": "ConnectionRefusedError"}
 
@@ -55,6 +56,10 @@ async def server() -> AsyncIterator[Server]:
         await record(request)
         return web.Response(status=503, headers={"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"})
 
+    async def long_answer(request: web.Request) -> web.Response:
+        await record(request)
+        return web.Response(status=502, body=LONG_ANSWER)
+
     async def slow(request: web.Request) -> web.Response:
         await record(request)
         await asyncio.sleep(SLOW_ANSWER_S)
@@ -62,7 +67,7 @@ async def server() -> AsyncIterator[Server]:
 
     app = web.Application()
     app.add_routes([web.post("/ok", ok), web.post("/fail", fail), web.post("/busy", busy),
-                    web.post("/slow", slow)])
+                    web.post("/slow", slow), web.post("/long", long_answer)])
     runner = web.AppRunner(app, shutdown_timeout=SLOW_ANSWER_S + 1)
     await runner.setup()
     site = web.TCPSite(runner, HOST, 0, backlog=1024)
@@ -177,3 +182,31 @@ async def test_a_failed_batch_fails_each_of_its_messages(server: Server, sender:
 def test_unknown_client_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown HTTP client"):
         make_sender("requests", instance="x")
+
+
+async def test_a_failed_push_keeps_the_first_bytes_of_the_answer_a_2xx_none(
+        server: Server, sender: Sender) -> None:
+    ok = await sender.push(envelope(), subscription(f"{server.url}/ok"), attempt=1)
+    assert ok.answer is None
+    failed = await sender.push(envelope(), subscription(f"{server.url}/fail"), attempt=1)
+    assert failed.answer == "boom" and failed.error == "HTTP 500"
+    long = await sender.push(envelope(), subscription(f"{server.url}/long"), attempt=1)
+    assert long.status_code == 502 and long.answer == LONG_ANSWER[:1024].decode()
+    # whatever was left unread of the long answer, the next push goes through
+    again = await sender.push(envelope(), subscription(f"{server.url}/ok"), attempt=1)
+    assert again.ok
+    batched = subscription(f"{server.url}/long").model_copy(update={"batch_max_messages": 10})
+    [batch] = batches_of([(envelope(), 1), (envelope(), 1)], batched)
+    results = await sender.push_batch(batch, batched)
+    assert [r.answer for r in results] == [LONG_ANSWER[:1024].decode()] * 2
+
+
+async def test_no_answer_is_kept_with_a_keep_of_zero(server: Server) -> None:
+    for kind_name in ("h1", "aiohttp"):
+        sender = make_sender(kind_name, instance="t", answer_keep_bytes=0)
+        await sender.start()
+        try:
+            failed = await sender.push(envelope(), subscription(f"{server.url}/long"), 1)
+            assert failed.status_code == 502 and failed.answer is None
+        finally:
+            await sender.close()

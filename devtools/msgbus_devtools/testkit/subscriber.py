@@ -67,6 +67,7 @@ class ScriptedSubscriber(RecordingSubscriber):
     (1 for the first); records the status it answered and when."""
 
     script: Any = None  # Callable[[int], int]
+    answer_body: bytes = b"ok"  # the body of every answer
     answered: list[tuple[str, int, float]] = field(default_factory=list)
     _seen: dict[str, int] = field(default_factory=dict)
 
@@ -81,7 +82,7 @@ class ScriptedSubscriber(RecordingSubscriber):
             status = self.script(nth) if self.script is not None else self.status
             self.pushes.append(Push(headers, body, status))
             self.answered.append((message_id, status, time.monotonic()))
-        await respond(send, status, b"ok")
+        await respond(send, status, self.answer_body)
 
 
 @dataclass
