@@ -49,6 +49,8 @@ RULES_BEYOND_THE_DOCUMENT: Lists = {
                "deliver_at and ce-deliverat / ce-delayseconds at most 30 days ahead"}},
     "admin": {
         "POST /v1/replays": {"422": "until must be after since"},
+        "GET /v1/messages": {"400": "before / after is a cursor the list handed out "
+                                    "(x-next-cursor, x-previous-cursor) or a time: opaque"},
         "PATCH /v1/runtime": {"422": "an active cluster is one the admin's settings configure "
                                      "(GET /v1/runtime lists them)"},
         "PUT /v1/destinations/{code}/subscriptions/{name}": {
