@@ -6,6 +6,7 @@ import multiprocessing
 from pathlib import Path
 
 import pytest
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.drain import Drainer
 from msgbus.errors import BufferFull
@@ -70,13 +71,12 @@ async def test_drainer_retries_a_failing_sink_without_losing_entries(tmp_path: P
     drainer = Drainer(queue, "q", flaky, batch_size=7, idle_wait_s=0.05, max_backoff_s=0.2)
     drainer.start()
     await queue.append([("q", b"%d" % i) for i in range(50)])
-    for _ in range(200):
-        if len(received) == 50:
-            break
-        await asyncio.sleep(0.02)
+    # drained: handed to the sink, then removed from the queue (a moment later)
+    await eventually(lambda: len(received) == 50 and queue.depth("q") == 0, 10,
+                     "the queue to drain", interval_s=0.01)
     await drainer.close()
     assert received == [b"%d" % i for i in range(50)]
-    assert queue.depth("q") == 0 and drainer.failures == 2
+    assert drainer.failures == 2
     queue.close()
 
 
