@@ -36,10 +36,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import orjson
-from msgbus_devtools import servers as services
 
-from bench import cli, subscriber
-from bench.pipeline import figures_of, stop_process
+from bench import cli
+from bench.pipeline import figures_of, start_subscriber
 from bench.report import out, out_json, out_lines, say, spread
 
 HOST = "127.0.0.1"
@@ -172,11 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def work(exits: contextlib.ExitStack) -> list[dict[str, Any]]:
         ctx = multiprocessing.get_context("spawn")
-        port = services.free_port()
-        sub = ctx.Process(target=subscriber.serve, args=(port,), name="bench-sub", daemon=True)
-        sub.start()
-        exits.callback(stop_process, sub, "subscriber")
-        services.wait_for_port(HOST, port, 30)
+        port = start_subscriber(ctx, exits)
         phases = []
         for run in range(1, args.runs + 1):
             order = PHASES if run % 2 else PHASES[::-1]

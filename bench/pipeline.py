@@ -47,6 +47,17 @@ def stop_process(process: BaseProcess, name: str) -> None:
         process.join(5)
 
 
+def start_subscriber(ctx: Any, exits: contextlib.ExitStack) -> int:
+    """The bench subscriber (bench/subscriber.py) in a child process, stopped by `exits`;
+    returns its port, once it listens."""
+    port = services.free_port()
+    process = ctx.Process(target=subscriber.serve, args=(port,), name="bench-sub", daemon=True)
+    process.start()
+    exits.callback(stop_process, process, "subscriber")
+    services.wait_for_port(HOST, port, 30)
+    return port
+
+
 def figures_of(process: BaseProcess, parent_conn: Connection, child_conn: Connection,
                timeout_s: float, label: str) -> dict[str, Any]:
     """Start a phase's child process, wait up to `timeout_s` for the figures it sends on the
@@ -111,18 +122,13 @@ class PipelineBench:
             self.stack.callback(delete_rabbitmq_topology, rabbit_url, rabbit_destinations)
 
         ctx = multiprocessing.get_context("spawn")
-        sub_port = services.free_port()
-        sub_process = ctx.Process(target=subscriber.serve, args=(sub_port,), name="bench-sub",
-                                  daemon=True)
-        sub_process.start()
-        self.stack.callback(stop_process, sub_process, "subscriber")
+        sub_port = start_subscriber(ctx, self.stack)
         self.conn, child_conn = ctx.Pipe()
         self.producer = ctx.Process(target=producer.worker, args=(child_conn,),
                                     name="bench-producer", daemon=True)
         self.producer.start()
         self.stack.callback(stop_process, self.producer, "producer")
         self.stack.callback(self._tell_producer_to_exit)
-        services.wait_for_port(HOST, sub_port, 30)
         self.sub_url = f"http://{HOST}:{sub_port}"
 
         from msgbus_devtools.testkit.bus import (

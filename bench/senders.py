@@ -47,11 +47,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import orjson
-from msgbus_devtools import servers as services
 
-from bench import cli, subscriber
+from bench import cli
 from bench.load import own_cpu_s
-from bench.pipeline import figures_of, stop_process
+from bench.pipeline import figures_of, start_subscriber, stop_process
 from bench.report import cell, out, out_json, out_lines, percentile, say, spread
 
 HOST = "127.0.0.1"
@@ -246,11 +245,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def work(exits: contextlib.ExitStack) -> list[dict[str, Any]]:
         ctx = multiprocessing.get_context("spawn")
-        port = services.free_port()
-        sub = ctx.Process(target=subscriber.serve, args=(port,), name="bench-sub", daemon=True)
-        sub.start()
-        exits.callback(stop_process, sub, "subscriber")
-        services.wait_for_port(HOST, port, 30)
+        port = start_subscriber(ctx, exits)
         sub_url = f"http://{HOST}:{port}"
         phases = []
         for run in range(1, args.runs + 1):
