@@ -38,6 +38,7 @@ from admin.message_list import SCAN_CAP, Cursor, ListQuery, Page, list_page
 from admin.operations import TRANSITIONS
 from admin.pushers import pushers_of
 from admin.security import SESSION_COOKIE
+from admin.subscription_health import RANGES, subscription_health
 from msgbus.errors import InvalidStoredDocument, MsgbusError, NotFound
 from msgbus.http import include_routes
 from msgbus.models import CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id
@@ -202,8 +203,9 @@ async def replays_page(request: Request, who: UiUser, replays: Replays) -> Respo
 
 @router.get("/ui/subscriptions/{code}/{name}", response_model=None)
 async def subscription_page(request: Request, code: str, name: str, who: UiUser,
-                            store: Store) -> Response:
-    """Edit (or, with name `new`, create) a subscription; test it; how to verify pushes."""
+                            store: Store, range: str = "hour") -> Response:
+    """How a subscription is doing (charts over `range`: hour, day or week; its newest
+    failures); edit (or, with name `new`, create) it; act on it; how to verify pushes."""
     await store.get_destination(code)
     sub, invalid = None, None
     if name != "new":
@@ -212,15 +214,13 @@ async def subscription_page(request: Request, code: str, name: str, who: UiUser,
         except InvalidStoredDocument as exc:  # the form replaces it
             invalid = exc.message
     pushers = await pushers_of(store, sub.id) if sub is not None else None
-    policy = sub.retry_policy if sub is not None else RetryPolicy()
-    circuit = sub.circuit if sub is not None else CircuitPolicy()
+    health = await subscription_health(store, sub.id, range) if sub is not None else None
     filters = [f.model_dump() for f in sub.filters] if sub is not None else []
     return page(request, "subscription.html", who, page="Destinations", code=code,
                 name=None if sub is None and invalid is None else name, sub=sub,
-                invalid=invalid, pushers=pushers,
-                retry_policy=json.dumps(policy.model_dump()),
-                circuit=json.dumps(circuit.model_dump()),
-                filters=json.dumps(filters))
+                invalid=invalid, pushers=pushers, health=health, ranges=list(RANGES),
+                policy=sub.retry_policy if sub is not None else RetryPolicy(),
+                circuit=sub.circuit if sub is not None else CircuitPolicy(), filters=filters)
 
 
 @router.get("/ui/audit", response_model=None)

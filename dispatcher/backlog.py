@@ -1,8 +1,9 @@
 """`BacklogMonitor`: per subscription this dispatcher serves, the backlog and the age of the oldest
 undelivered message from the bus's own records (one measure for Kafka, RabbitMQ and the direct
 path; the broker's own lag is `dispatcher/brokerhealth.py`'s), and the partitions its consumers
-paused, as gauges. See docs/decisions.md, "Backlog from the bus's own records, not broker
-watermarks"."""
+paused, as gauges; the backlog and age also as samples over time for the admin's subscription
+page (`msgbus/store/pushstats.py`). See docs/decisions.md, "Backlog from the bus's own records,
+not broker watermarks"."""
 
 from __future__ import annotations
 
@@ -43,3 +44,5 @@ class BacklogMonitor(PeriodicWork):
             BACKLOG.labels(sub_id).set(count)
             age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
             OLDEST_UNDELIVERED_AGE.labels(sub_id).set(age)
+            # and over time, for the admin's subscription page
+            await self._store.record_backlog_sample(sub_id, count, age)

@@ -16,6 +16,10 @@ ERROR_SCHEMA: dict[str, Any] = {
         "message": {"type": "string", "description": "what is wrong, for a human"},
         "field": {"type": ["string", "null"],
                   "description": "the field, parameter or header at fault, when there is one"},
+        "errors": {"type": "array", "description": "invalid_input: every field at fault "
+                                                   "(the first is `field` and `message`)",
+                   "items": {"type": "object", "properties": {
+                       "field": {"type": ["string", "null"]}, "message": {"type": "string"}}}},
         "pointer": {"type": "string", "description": "schema_violation: the JSON pointer "
                                                      "(RFC 6901) of the value at fault in the "
                                                      "body"},

@@ -35,10 +35,10 @@ def install_error_handlers(
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        field = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        body = {"error": "invalid_input", "message": str(first.get("msg", "invalid request")),
-                "field": field}
+        each = [{"field": _field_of(e), "message": str(e.get("msg", "invalid"))}
+                for e in exc.errors()[:MAX_FIELD_ERRORS]]
+        first = each[0] if each else {"field": None, "message": "invalid request"}
+        body = {"error": "invalid_input", **first, "errors": each}
         return JSONResponse(body, status_code=422)
 
     @app.exception_handler(PyMongoError)
@@ -52,6 +52,15 @@ def install_error_handlers(
             headers = {**(headers or {}), "allow": allowed_methods(request)}
         return JSONResponse({"error": "http_error", "message": str(exc.detail)},
                             status_code=exc.status_code, headers=headers)
+
+
+MAX_FIELD_ERRORS = 50
+
+
+def _field_of(error: Any) -> str | None:
+    """`a.b.0` for a body field, the name for a query parameter or header (`loc` begins with
+    where it was: body, query, header)."""
+    return ".".join(str(p) for p in error.get("loc", ())[1:]) or None
 
 
 def allowed_methods(request: Request) -> str:

@@ -40,6 +40,7 @@ from msgbus.models import (
     utcnow,
 )
 from msgbus.store import documents as docs
+from msgbus.store import pushstats
 from msgbus.store.checked import (
     InvalidDocument,
     InvalidDocumentLog,
@@ -87,6 +88,7 @@ INDEXES: dict[str, list[IndexModel]] = {
     "schemas": [IndexModel([("destination", ASCENDING), ("version", ASCENDING)])],
     "apps": [IndexModel([("key_hashes", ASCENDING)])],
     "instances": [IndexModel([("expires_at", ASCENDING)])],  # the live ones (cap shares)
+    "push_stats": pushstats.INDEXES,
 }
 # Indexes earlier versions created that no query uses any more: dropped by `ensure_indexes`,
 # since every index costs a write per document written to its collection (docs/decisions.md).
@@ -120,6 +122,7 @@ class MongoStore:
         self.subscriptions = self.db["subscriptions"]
         self.apps = self.db["apps"]
         self.runtime = self.db["runtime"]
+        self.push_stats = self.db["push_stats"]
         self._ping: asyncio.Task[Any] | None = None
         self.invalid_log = InvalidDocumentLog()  # stored documents that do not validate
 
@@ -331,6 +334,54 @@ class MongoStore:
     # --- outcomes (dispatcher, compensator) ----------------------------------------------
 
     async def record_outcomes(self, outcomes: Sequence[DeliveryOutcome]) -> None:
+        """Append the attempts, move each delivery's state forward, then add the pushes to
+        the subscription's figures over time (`pushstats`)."""
+        if not outcomes:
+            return
+        await self._record_attempts_and_states(outcomes)
+        await self._upsert_push_stats(
+            pushstats.fold_writes(o.result for o in outcomes if o.pushed))
+
+    async def record_backlog_sample(self, subscription: str, backlog: int,
+                                    oldest_age_s: float) -> None:
+        await self._upsert_push_stats(
+            pushstats.backlog_writes(subscription, utcnow(), backlog, oldest_age_s))
+
+    async def _upsert_push_stats(self, writes: list[UpdateOne]) -> None:
+        """Best effort: the figures are for people, the trace is the record. Two processes
+        upserting a new bucket at once: one loses with a duplicate key and writes again."""
+        for _ in range(2):
+            if not writes:
+                return
+            try:
+                await self.push_stats.bulk_write(writes, ordered=False)
+                return
+            except BulkWriteError as exc:
+                errors = exc.details.get("writeErrors", [])
+                if any(e.get("code") != _DUPLICATE_KEY for e in errors):
+                    log.warning("push figures not recorded: %s", errors[:1])
+                    return
+                writes = [writes[e["index"]] for e in errors]
+            except PyMongoError as exc:
+                log.warning("push figures not recorded: %s", exc)
+                return
+
+    async def push_stats_since(self, subscription: str, unit: str,
+                               since: datetime) -> list[dict[str, Any]]:
+        cursor = self.push_stats.find(
+            {"subscription": subscription, "unit": unit, "at": {"$gte": since}},
+            {"failures": 0}).sort("at", ASCENDING)
+        return [doc async for doc in cursor]
+
+    async def latest_push_failures(self, subscription: str, limit: int) -> list[dict[str, Any]]:
+        """The newest failed pushes of a subscription (at most FAILURES_KEPT per minute)."""
+        cursor = self.push_stats.find(
+            {"subscription": subscription, "unit": "minute", "last_failure_at": {"$exists": True}},
+            {"failures": 1}).sort("at", DESCENDING).limit(limit)
+        failures = [f async for doc in cursor for f in doc["failures"]]
+        return sorted(failures, key=lambda f: f["at"], reverse=True)[:limit]
+
+    async def _record_attempts_and_states(self, outcomes: Sequence[DeliveryOutcome]) -> None:
         """Append the attempts and move each delivery's state forward.
 
         A delivered state is final: a later failed attempt (a duplicate push) never turns it
@@ -339,8 +390,6 @@ class MongoStore:
         duplicates, sweeps) are updated, an update (find, then write) costing more than an
         insert.
         """
-        if not outcomes:
-            return
         attempts = [docs.attempt_doc(o.result) for o in outcomes if o.pushed]
         try:
             if attempts:

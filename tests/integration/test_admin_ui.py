@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from msgbus_devtools.testkit.bus import RunningBus, StartBus
-from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber, ScriptedSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.ids import uuid7
@@ -183,21 +183,33 @@ def test_admin_ui_creates_a_destination_and_subscription_and_sends_a_test_messag
         sub_form = page.locator("#subscription-form")
         sub_form.locator("input[name=name]").fill("audit")
         sub_form.locator("input[name=url]").fill(url)
-        sub_form.locator("textarea[name=retry_policy]").fill('{"max_attempts": 0}')
+        delays = sub_form.locator("input[name='retry_policy.delays_s']")
+        delays.fill("5, soon")  # not a number: the API says so next to the field
         sub_form.get_by_role("button", name="Create").click()
-        page.wait_for_function("document.querySelector('#notice').innerText.length > 0")
-        notice = page.locator("#notice").inner_text()
-        assert notice.startswith("422:") and "retry_policy.max_attempts" in notice
+        error = page.locator("#error-retry_policy-delays_s")
+        error.wait_for()
+        assert "valid number" in error.inner_text()
+        assert delays.get_attribute("aria-invalid") == "true"
+        assert page.locator("#notice").inner_text().startswith("422:")
 
-        sub_form.locator("textarea[name=retry_policy]").fill('{"delays_s": [5, 60]}')
+        delays.fill("5, 60")
+        sub_form.locator("input[name='retry_policy.permanent_status_codes']").fill("400, 410")
         sub_form.locator("input[name=max_rate_per_s]").fill("50")
-        sub_form.locator("textarea[name=circuit]").fill('{"open_after_failures": 5}')
+        sub_form.locator("input[name='circuit.open_after_failures']").fill("5")
+        sub_form.locator("input[name='filters.0.field']").fill("header:tag")
+        sub_form.locator("input[name='filters.0.values']").fill("blue, green")
+        sub_form.get_by_role("button", name="Add a filter").click()  # left empty: no filter
         sub_form.get_by_role("button", name="Create").click()
         page.wait_for_url(f"**/ui/subscriptions/{code}/audit")
         saved = bus.admin.get("/v1/subscriptions", params={"destination": code}).json()
-        assert [(s["name"], s["url"], s["retry_policy"]["delays_s"], s["max_rate_per_s"],
-                 s["circuit"]["open_after_failures"]) for s in saved] == [
-            ("audit", url, [5.0, 60.0], 50, 5)]
+        assert [(s["name"], s["url"], s["retry_policy"]["delays_s"],
+                 s["retry_policy"]["permanent_status_codes"], s["max_rate_per_s"],
+                 s["circuit"]["open_after_failures"], s["filters"]) for s in saved] == [
+            ("audit", url, [5.0, 60.0], [400, 410], 50, 5,
+             [{"field": "header:tag", "values": ["blue", "green"]}])]
+        # the saved values come back into the form
+        assert delays.input_value() == "5.0, 60.0"
+        assert sub_form.locator("input[name='filters.0.values']").input_value() == "blue, green"
         assert "it is closed" in page.locator("#pushers").inner_text()
 
         page.get_by_role("button", name="Send test message").click()
@@ -368,3 +380,71 @@ def test_admin_ui_shows_schema_versions_their_diff_and_tries_a_message(
         assert page.locator("#try-result").inner_text() == "valid against version 2"
     finally:
         page.close()
+
+
+def test_admin_ui_subscription_page_charts_its_pushes_shows_failures_and_acts(
+        bus: RunningBus, api_key: str, browser: object) -> None:
+    """A subscriber that fails each message's first push with a 503 and a body: the page's
+    outcome chart counts the deliveries and the failures, the latest failures show the status
+    and what the subscriber answered, and its buttons pause, resume and plan a replay."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    code = f"ui-health-{uuid.uuid4().hex[:6]}"
+    bus.create_destination(code, "direct")
+    subscriber = ScriptedSubscriber(script=lambda nth: 503 if nth == 1 else 200,
+                                    answer_body=b'{"error": "inventory db down"}')
+    bus.subscribe(code, "stock", bus.serve_subscriber(subscriber),
+                  retry_policy={"delays_s": [0.2]})
+    bus.wait_for_workers([f"{code}/stock"])
+    since = utcnow() - timedelta(seconds=1)
+    sent = [uuid7() for _ in range(5)]
+    for message_id in sent:
+        httpx.post(f"{bus.receiver_url}/v1/destinations/{code}/messages", timeout=10,
+                   headers={"authorization": f"Bearer {api_key}"},
+                   json={"message_id": message_id, "body": {"sku": "s-1"}}).raise_for_status()
+    wait_until(lambda: set(subscriber.successes()) == set(sent), 30, "every message delivered")
+    page: Any = _logged_in_page(bus, browser)
+    page.on("dialog", lambda dialog: dialog.accept())
+    try:
+        def pushes_shown() -> dict[str, int]:
+            page.goto(f"/ui/subscriptions/{code}/stock")
+            return _chart_counts(page, "Pushes by outcome")
+
+        wait_until(lambda: pushes_shown() == {"ok": 5, "failed": 5}, 20,
+                   "the pushes in the chart")
+        assert "10 pushes, 50.0 % delivered" in page.locator("#health-now").inner_text()
+        failures = page.locator("#failures tr").all_inner_texts()[1:]
+        assert len(failures) == 5 and all("503" in row for row in failures)
+        assert all("inventory db down" in row for row in failures)
+        assert {row.split("\t")[1].strip() for row in failures} == set(sent)
+        page.screenshot(path=str(ARTIFACTS / "subscription-health.png"), full_page=True)
+
+        page.get_by_role("link", name="last week").click()
+        page.wait_for_url("**range=week")
+        assert _chart_counts(page, "Pushes by outcome") == {"ok": 5, "failed": 5}
+
+        page.get_by_role("button", name="Pause pushes").click()
+        page.get_by_role("button", name="Resume pushes").wait_for()
+        assert bus.admin.get("/v1/subscriptions", params={"destination": code}
+                             ).json()[0]["paused"] is True
+        page.get_by_role("button", name="Resume pushes").click()
+        page.get_by_role("button", name="Pause pushes").wait_for()
+
+        form = page.locator("#replay-form")
+        form.locator("input[name=since]").fill(since.strftime("%Y-%m-%dT%H:%M:%S"))
+        form.locator("input[name=until]").fill(
+            (utcnow() + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%S"))
+        form.get_by_role("button", name="Dry run").click()
+        page.wait_for_function("document.querySelector('#dry-run').innerText.length > 0")
+        assert page.locator("#dry-run").inner_text() == f"5 pushes to {code}/stock"
+    finally:
+        page.close()
+
+
+def _chart_counts(page: Any, title: str) -> dict[str, int]:
+    """What a chart's bars say (their titles end "<count> <kind>"), summed per kind."""
+    figure = page.locator("figure.chart", has_text=title)
+    counts: dict[str, int] = {}
+    for label in figure.locator("rect title").all_text_contents():
+        count, kind = label.rsplit(" ", 2)[-2:]
+        counts[kind] = counts.get(kind, 0) + int(count)
+    return counts
