@@ -34,6 +34,7 @@ from admin.deps import (
     parts_of,
     to_login,
 )
+from admin.destination_view import broker_switches, destination_view, schema_summary
 from admin.message_list import SCAN_CAP, Cursor, ListQuery, Page, list_page
 from admin.operations import TRANSITIONS
 from admin.pushers import pushers_of
@@ -133,6 +134,18 @@ async def destinations_page(request: Request, who: UiUser, store: Store) -> Resp
     return page(request, "destinations.html", who, page="Destinations",
                 destinations=await store.list_destinations(), subscriptions=subs,
                 invalid=invalid, schema_versions=await SchemaStore(store).latest_versions())
+
+
+@router.get("/ui/destinations/{code}", response_model=None)
+async def destination_page(request: Request, code: str, who: UiUser, store: Store,
+                           users: Users, parts: Parts) -> Response:
+    """A destination: broker and switch history, its subscriptions' health, schema versions,
+    messages per hour."""
+    destination = await store.get_destination(code)
+    view = destination_view(destination, await broker_switches(users, code),
+                            await parts.dashboard.get(), await SchemaStore(store).versions(code))
+    return page(request, "destination.html", who, page="Destinations", view=view,
+                d=destination, schema_summary=schema_summary)
 
 
 @router.get("/ui/messages", response_model=None)

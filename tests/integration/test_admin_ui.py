@@ -448,3 +448,40 @@ def _chart_counts(page: Any, title: str) -> dict[str, int]:
         count, kind = label.rsplit(" ", 2)[-2:]
         counts[kind] = counts.get(kind, 0) + int(count)
     return counts
+
+
+def test_admin_ui_destination_page_shows_its_switches_subscriptions_and_schemas(
+        bus: RunningBus, browser: object) -> None:
+    """A destination created on the direct path, moved to Kafka, then to RabbitMQ: its page
+    lists both switches with who made them, Kafka as still drained, its subscription's health
+    and its schema's versions."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    code = f"ui-dest-{uuid.uuid4().hex[:6]}"
+    for broker in ("direct", "kafka", "rabbitmq"):
+        bus.create_destination(code, broker, owner="team-stock")
+    bus.subscribe(code, "audit", bus.serve_subscriber(RecordingSubscriber()), paused=True)
+    for properties in ({"sku": {"type": "string"}},
+                       {"sku": {"type": "string"}, "qty": {"type": "integer"}}):
+        bus.admin.put(f"/v1/destinations/{code}/schemas", json={"schema": {
+            "type": "object", "properties": properties, "required": ["sku"]}}
+                      ).raise_for_status()
+    page: Any = _logged_in_page(bus, browser)
+    try:
+        page.locator(f"#dest-{code}").get_by_role("link", name=code).click()
+        page.wait_for_url(f"**/ui/destinations/{code}")
+        switches = [row.split("\t") for row in page.locator("#switches tr").all_inner_texts()[1:]]
+        assert [(cells[1], cells[2]) for cells in switches] == [
+            ("kafka", "rabbitmq"), ("direct", "kafka"), ("(created)", "direct")]
+        assert "Still drained after a switch: kafka" in page.locator("#brokers").inner_text()
+
+        def subscriptions() -> str:
+            page.reload()
+            return str(page.locator("#subscriptions").inner_text())
+
+        wait_until(lambda: "audit\tpaused" in subscriptions(), 20, "its subscription listed")
+        versions = page.locator("#schemas tr.schema-version").all_inner_texts()
+        assert [v.split("\t")[:4] for v in versions] == [
+            ["2", "backward", "qty, sku", "sku"], ["1", "backward", "sku", "sku"]]
+        page.screenshot(path=str(ARTIFACTS / "destination.png"), full_page=True)
+    finally:
+        page.close()
