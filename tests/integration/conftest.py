@@ -6,6 +6,7 @@ server; tests isolate themselves with destinations and subscriptions of their ow
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager
@@ -102,3 +103,24 @@ def http(bus: RunningBus, api_key: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=bus.receiver_url, timeout=10,
                       headers={"authorization": f"Bearer {api_key}"}) as client:
         yield client
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Debian's chromium under Playwright (the admin UI's browser tests)."""
+    if not CHROMIUM.exists():
+        message = f"{CHROMIUM} is missing (apt-get install chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()

@@ -5,7 +5,6 @@ Named `admin` so that `pytest -k admin` selects them."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -21,11 +20,8 @@ from msgbus_devtools.testkit.waiting import wait_until
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "admin"
 PASSWORD = "ui test password"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 @pytest.fixture(scope="module")
@@ -39,21 +35,6 @@ def bus(start_bus: StartBus) -> Iterator[RunningBus]:
 @pytest.fixture(scope="module")
 def api_key(bus: RunningBus) -> str:
     return bus.create_app("ui-tests")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    if not CHROMIUM.exists():
-        message = f"{CHROMIUM} is missing (apt-get install chromium)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 def test_admin_ui_login_pause_find_timeline_and_replay(bus: RunningBus, api_key: str,
