@@ -2,10 +2,11 @@
 the last day, and per subscription its backlog, oldest undelivered age, dead letters and its
 last hour's push success rate and latency (p50/p99), the failing ones first. Each figure is an
 index-backed query with a cap; the result is cached for a few seconds so a dashboard left open
-does not load MongoDB."""
+does not load MongoDB, and rebuilt in the background when stale."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -14,6 +15,7 @@ from typing import Any
 from admin.percentiles import nearest_rank
 from msgbus.models import DeliveryStatus, utcnow
 from msgbus.store import MongoStore
+from msgbus.tasks import detached_task
 
 HOURS = 24
 COUNT_CAP = 100_000
@@ -82,13 +84,29 @@ class Dashboard:
 
 
 class DashboardData:
+    """The figures, built once at a time: a request waits only for the first build; later
+    ones get the last figures while a stale set is rebuilt in the background (a build reads a
+    count per subscription: seconds on a large store, too long to wait for on every view)."""
+
     def __init__(self, store: MongoStore) -> None:
         self._store = store
         self._cached: Dashboard | None = None
+        self._building: asyncio.Task[Dashboard] | None = None
 
     async def get(self) -> Dashboard:
-        if self._cached is None or time.monotonic() - self._cached.made_at > CACHE_S:
-            self._cached = await self._build()
+        if self._cached is None:
+            return await asyncio.shield(self._rebuild())
+        if time.monotonic() - self._cached.made_at > CACHE_S:
+            self._rebuild()
+        return self._cached
+
+    def _rebuild(self) -> asyncio.Task[Dashboard]:
+        if self._building is None or self._building.done():
+            self._building = detached_task(self._build_and_keep())
+        return self._building
+
+    async def _build_and_keep(self) -> Dashboard:
+        self._cached = await self._build()
         return self._cached
 
     async def _build(self) -> Dashboard:

@@ -7,8 +7,9 @@ messages, because every page's query is index-backed and bounded.
 Starts SecantusDB and `msgbus admin` (the production entry point) on 127.0.0.1, seeds
 `--messages` messages over `--destinations` destinations and the last 7 days (one subscription
 each, one delivery and one push attempt per message: 97% delivered, 2% failed, 1% parked; 1,000
-distinct biz ids per destination), then, `--runs` times, goes through every page: one first
-request (it fills caches), then `--repeats` timed ones. A request's server time is the admin's
+distinct biz ids per destination; the pushes' per-minute and per-hour figures), then, `--runs`
+times, goes through every page: one first request (it fills caches), then `--repeats` timed
+ones. A request's server time is the admin's
 `server-timing: app;dur=` header (arrival to the answer's headers); its client time adds the
 network and httpx. Per run and page it prints server p50 / p99 and client p50 over the repeats
 (nearest rank: with 20 repeats p99 is the slowest one), then min / median / max over the runs,
@@ -42,7 +43,7 @@ from bench.ingest_stack import stop_process
 from bench.report import cell, out, out_json, out_lines, percentile, say, spread
 from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, BrokerKind, Destination, Envelope, Subscription, utcnow
-from msgbus.store import MongoStore
+from msgbus.store import MongoStore, pushstats
 from msgbus.store import documents as docs
 
 CHUNK = 10_000
@@ -91,9 +92,10 @@ async def seed(uri: str, db: str, messages: int, destinations: int) -> dict[str,
                 docs.delivery_doc(e, f"{e.destination}/s", now)
                 | {"status": _status(n // destinations), "attempts": 1}
                 for n, e in enumerate(batch, start=lo)])
-            await store.attempts.insert_many([
-                docs.attempt_doc(_attempt(e, _status(n // destinations)))
-                for n, e in enumerate(batch, start=lo)])
+            attempts = [_attempt(e, _status(n // destinations))
+                        for n, e in enumerate(batch, start=lo)]
+            await store.attempts.insert_many([docs.attempt_doc(a) for a in attempts])
+            await store.push_stats.bulk_write(pushstats.fold_writes(attempts), ordered=False)
             last_id = batch[-1].message_id
             done = min(lo + CHUNK, messages)
             if done % 100_000 == 0 or done == messages:
@@ -118,7 +120,11 @@ def pages(seeded: dict[str, Any]) -> dict[str, str]:
         "messages by biz_id + parked": f"/ui/messages?biz_id={seeded['biz_id']}&status=parked",
         "messages, a deep page (3 days back)": "/ui/messages?before="
                                                + quote((utcnow() - timedelta(days=3)).isoformat()),
-        "subscription page": f"/ui/subscriptions/{code}/s",
+        "subscription page (last hour)": f"/ui/subscriptions/{code}/s",
+        "subscription page, last week": f"/ui/subscriptions/{code}/s?range=week",
+        "destination page": f"/ui/destinations/{code}",
+        "schemas of a destination": f"/ui/destinations/{code}/schemas",
+        "scheduled of a destination": f"/ui/destinations/{code}/scheduled",
         "messages by destination, a day back": f"/ui/messages?destination={code}&before="
                                                + quote((utcnow() - timedelta(days=1)).isoformat()),
         "message detail": f"/ui/messages/{seeded['message_id']}",
