@@ -265,7 +265,7 @@ async def _page_keys(store: MongoStore, query: ListQuery, cursor: Cursor | None,
     if query.state == DeliveryStatus.PENDING and query.biz_id is None:
         return await pending_keys(store, query, cursor, older, limit), None
     sources = await sources_of(store, query)
-    if query.state is not None:  # and a biz_id
+    if query.state is not None and query.biz_id is not None:  # the biz_id's messages, checked
         return await _scan_states(store, sources[0], query, cursor, older, limit)
     merged: set[Key] = set()
     for source in sources:
