@@ -45,7 +45,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "analytics"
 START = datetime(2026, 3, 1, 23, 0, tzinfo=UTC)  # three hours over midnight: two days
 SPAN = timedelta(hours=3)
-# one xdist worker runs them all (scripts/test.sh: --dist loadgroup): one Spark start, not two
+# one xdist worker runs them all (scripts/test.sh: --dist loadgroup): one Spark start, not two.
+# Its data sets and jobs are session fixtures: the worker runs other modules' tests between
+# these, and a module fixture would be seeded and computed again after each of them.
 pytestmark = pytest.mark.xdist_group("spark")
 
 
@@ -76,14 +78,14 @@ def _settings(uri: str, database: str, archive_dir: Path) -> AnalyticsSettings:
                              archive_dir=archive_dir, read_partitions=4)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def seeded(mongo_uri: str, tmp_path_factory: pytest.TempPathFactory
            ) -> tuple[AnalyticsSettings, seed.Records]:
     database, records = _seed(mongo_uri, seed.SeedPlan(START, SPAN, messages=1200))
     return _settings(mongo_uri, database, tmp_path_factory.mktemp("archive")), records
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stats_out(spark: SparkSession, seeded: tuple[AnalyticsSettings, seed.Records],
               tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`msgbus analytics stats` over the seeded range, through the CLI (in this process: it
@@ -256,7 +258,7 @@ def _count(frame: Any, condition: str | None) -> int:
     return int(frame.count() if condition is None else frame.where(condition).count())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def archived(spark: SparkSession, mongo_uri: str, tmp_path_factory: pytest.TempPathFactory
              ) -> tuple[AnalyticsSettings, seed.Records, ArchiveResult]:
     database, records = _seed(mongo_uri, seed.SeedPlan(START, SPAN, messages=600))
