@@ -24,6 +24,7 @@ from admin import (
     scheduled,
     schema_routes,
     schema_ui,
+    subscription_health,
     users_routes,
 )
 from admin.deps import AdminParts, Deletions, Service, Store, Users
@@ -75,7 +76,7 @@ def create_app(service: AdminService) -> FastAPI:
     for routes in (router, invalid_docs.router, pushers.router, removal.router,
                    operations.router, users_routes.router, replication.router,
                    replication.ui_router, schema_routes.router, scheduled.router,
-                   scheduled.ui_router):
+                   scheduled.ui_router, subscription_health.router):
         include_routes(app, routes)
     add_ui(app)
     include_routes(app, schema_ui.router)

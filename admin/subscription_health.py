@@ -7,8 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, Literal
 
-from msgbus.models import DeliveryStatus, utcnow
+from fastapi import APIRouter
+
+from admin.deps import Store
+from admin.params import DestinationCode, SubscriptionName
+from admin.security import AsViewer
+from msgbus.models import DeliveryStatus, subscription_id, utcnow
 from msgbus.store import MongoStore
 from msgbus.store.pushstats import UNITS, Bucket, bucket_start, series
 
@@ -132,3 +138,24 @@ def _points(values: list[float | None], peak: float) -> list[tuple[float, float]
     step = WIDTH / max(1, len(values))
     return [(round(index * step + step / 2, 1), round(HEIGHT - v / (peak or 1) * (HEIGHT - 4), 1))
             for index, v in enumerate(values) if v is not None]
+
+
+router = APIRouter()
+
+
+@router.get("/v1/destinations/{code}/subscriptions/{name}/health")
+async def get_health(code: DestinationCode, name: SubscriptionName, _: AsViewer, store: Store,
+                     range: Literal["hour", "day", "week"] = "hour") -> dict[str, Any]:
+    """Its pushes by outcome, p50/p99 and backlog per minute (range=hour) or per hour (day,
+    week), its newest failed pushes, and its backlog now."""
+    sub = await store.get_subscription(subscription_id(code, name))
+    health = await subscription_health(store, sub.id, range)
+    return {
+        "subscription": sub.id, "range": health.range, "unit": RANGES[health.range][0],
+        "backlog": health.backlog, "oldest_age_s": round(health.oldest_age_s, 1),
+        "parked": health.parked, "pushes": health.pushes, "success_rate": health.success_rate,
+        "buckets": [{"at": b.at, "ok": b.ok, "failed": b.failed, "error": b.error,
+                     "p50_ms": b.percentile_ms(0.5), "p99_ms": b.percentile_ms(0.99),
+                     "backlog": b.backlog, "oldest_age_s": b.oldest_age_s}
+                    for b in health.buckets],
+        "failures": health.failures}

@@ -225,6 +225,30 @@ def subscription_pushers(client: AdminClient, code: str, name: str) -> None:
                                           "heartbeat_at"), empty="no process pushes to it now")
 
 
+@subscription.command("health")
+@admin_options
+@click.argument("code")
+@click.argument("name")
+@click.option("--range", "range_name", type=click.Choice(["hour", "day", "week"]),
+              default="hour", show_default=True, help="per minute (hour) or per hour")
+def subscription_health(client: AdminClient, code: str, name: str, range_name: str) -> None:
+    """How it is doing: pushes by outcome, p50/p99 and backlog over time, its newest failures."""
+    answer = client.call("GET", f"{_sub_path(code, name)}/health", params={"range": range_name})
+    if client.json:
+        client.show(answer)
+        return
+    rate = answer["success_rate"]
+    click.echo(f"{answer['subscription']}: backlog {answer['backlog']}, oldest undelivered "
+               f"{answer['oldest_age_s']} s, parked {answer['parked']}, {answer['pushes']} "
+               f"pushes in the last {range_name}"
+               + (f", {rate:.1%} delivered" if rate is not None else ""))
+    client.show_table([b for b in answer["buckets"] if b["ok"] or b["failed"] or b["error"]],
+                      ("at", "ok", "failed", "error", "p50_ms", "p99_ms", "backlog"),
+                      empty="no pushes")
+    client.show_table(answer["failures"], ("at", "message_id", "status_code", "error"),
+                      empty="no failed push kept")
+
+
 @subscription.command("delete")
 @admin_options
 @click.argument("destination")

@@ -5,6 +5,7 @@ Named `admin` so that `pytest -k admin` selects them."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -13,15 +14,19 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from msgbus_devtools.testkit.bus import RunningBus, StartBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber, ScriptedSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 
+from msgbus.cli.main import main as cli
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
 
 ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "admin"
 PASSWORD = "ui test password"
+NO_CLI_CONFIG = {"MSGBUS_ADMIN_URL": None, "MSGBUS_ADMIN_TOKEN": None,
+                 "MSGBUS_CLI_CONFIG": "/nonexistent/cli.toml"}
 
 
 @pytest.fixture(scope="module")
@@ -398,6 +403,15 @@ def test_admin_ui_subscription_page_charts_its_pushes_shows_failures_and_acts(
         assert all("inventory db down" in row for row in failures)
         assert {row.split("\t")[1].strip() for row in failures} == set(sent)
         page.screenshot(path=str(ARTIFACTS / "subscription-health.png"), full_page=True)
+        # the same through the API and the command line
+        shown = CliRunner().invoke(cli, [
+            "subscription", "health", code, "stock", "--range", "day", "--admin-url",
+            bus.admin_url, "--token", bus.admin_token, "-o", "json"], env=NO_CLI_CONFIG)
+        assert shown.exit_code == 0, shown.output
+        health = json.loads(shown.output)
+        assert (health["unit"], health["pushes"], health["success_rate"]) == ("hour", 10, 0.5)
+        assert sum(b["failed"] for b in health["buckets"]) == 5
+        assert {f["answer"] for f in health["failures"]} == {'{"error": "inventory db down"}'}
 
         page.get_by_role("link", name="last week").click()
         page.wait_for_url("**range=week")

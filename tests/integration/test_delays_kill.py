@@ -35,9 +35,9 @@ def deployment(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]
     deployed.close()
 
 
-def _scheduled(deployment: Deployment) -> int:
-    return sum(deployment.run(deployment.store.count_deliveries(
-        f"{code}/{SUBSCRIPTION}", DeliveryStatus.SCHEDULED)) for code in DESTINATIONS)
+def _in(deployment: Deployment, *statuses: DeliveryStatus) -> int:
+    return sum(deployment.run(deployment.store.count_deliveries(f"{code}/{SUBSCRIPTION}", status))
+               for code in DESTINATIONS for status in statuses)
 
 
 def test_delays_survive_kill_9_of_the_dispatcher_and_the_compensator(
@@ -56,11 +56,16 @@ def test_delays_survive_kill_9_of_the_dispatcher_and_the_compensator(
     post_batches(deployment.receivers[0].url, deployment.api_key, messages)
 
     assert deployment.dispatcher is not None
-    wait_until(lambda: _scheduled(deployment) >= MESSAGES // 2, 30, "some scheduled")
+    wait_until(lambda: _in(deployment, DeliveryStatus.SCHEDULED) >= MESSAGES // 2, 30,
+               "some scheduled")
     deployment.dispatcher.kill9()  # some scheduled only in its trace buffer, some unacked
     deployment.compensator.kill9()
     deployment.dispatcher.start()
-    wait_until(lambda: _scheduled(deployment) == len(due), 60, "every delivery scheduled")
+    # the restarted dispatcher records the rest as scheduled; one the broker hands it again
+    # only when it is nearly due (a Kafka group waits for the dead member's session to end)
+    # it holds in memory and delivers itself, with no compensator running
+    wait_until(lambda: _in(deployment, DeliveryStatus.SCHEDULED, DeliveryStatus.DELIVERED)
+               == len(due), 60, "every delivery scheduled or delivered")
     replacement = deployment.add_compensator("compensator-2", scan_interval_s="0.5")
     replacement.start()
 
