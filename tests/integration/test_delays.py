@@ -19,7 +19,7 @@ from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus
 
 MESSAGES = 1000
-MAX_DELAY_S = 20.0
+MAX_DELAY_S = 12.0
 LATE_LIMIT_S = 2.0
 
 

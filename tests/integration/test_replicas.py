@@ -142,7 +142,7 @@ def test_dispatchers_compensators_and_a_replay_share_one_cap_and_one_rate(
 
 # ---- one circuit per subscription -------------------------------------------------------------
 
-FIRST_FAILS = 1500  # messages per destination
+FIRST_FAILS = 800  # messages per destination
 FIRST_FAILS_DESTINATIONS = {f"cb-k-{UNIQUE}": BrokerKind.KAFKA,
                             f"cb-r-{UNIQUE}": BrokerKind.RABBITMQ}
 
