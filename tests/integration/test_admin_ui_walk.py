@@ -21,11 +21,11 @@ from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
-from tests.integration.test_admin_ui import PASSWORD
 
 AXE = Path(__file__).parents[1] / "tools" / "node_modules" / "axe-core" / "axe.min.js"
 SHOTS = Path(__file__).parents[1] / "artifacts" / "admin" / "walk"
 BLOCKING = {"serious", "critical"}
+PASSWORD = "walk test password"
 
 
 @pytest.fixture(scope="module")
