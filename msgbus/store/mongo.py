@@ -123,6 +123,7 @@ class MongoStore:
         self.apps = self.db["apps"]
         self.runtime = self.db["runtime"]
         self.push_stats = self.db["push_stats"]
+        self.push_figures = pushstats.PushStatsBuffer(self._upsert_push_stats)
         self._ping: asyncio.Task[Any] | None = None
         self.invalid_log = InvalidDocumentLog()  # stored documents that do not validate
 
@@ -152,6 +153,7 @@ class MongoStore:
     async def close(self) -> None:
         if self._ping is not None:
             self._ping.cancel()
+        await self.push_figures.close()
         await self._client.close()
 
     # --- configuration -------------------------------------------------------------------
@@ -335,12 +337,11 @@ class MongoStore:
 
     async def record_outcomes(self, outcomes: Sequence[DeliveryOutcome]) -> None:
         """Append the attempts, move each delivery's state forward, then add the pushes to
-        the subscription's figures over time (`pushstats`)."""
+        the subscription's figures over time (`pushstats`, written within 2 s)."""
         if not outcomes:
             return
         await self._record_attempts_and_states(outcomes)
-        await self._upsert_push_stats(
-            pushstats.fold_writes(o.result for o in outcomes if o.pushed))
+        self.push_figures.add(o.result for o in outcomes if o.pushed)
 
     async def record_backlog_sample(self, subscription: str, backlog: int,
                                     oldest_age_s: float) -> None:

@@ -2,17 +2,19 @@
 hour, the pushes by outcome, a latency histogram, the newest failures, and the backlog and the
 oldest undelivered age as the compensator samples them.
 
-Written by whoever records outcomes (dispatchers, compensators, replays): each batch of outcomes
-is folded into one `$inc` upsert per subscription and bucket, in the same call that appends the
-attempts, so the figures are as fresh as the trace. Reading a week is 168 hour documents, not a
+Written by whoever records outcomes (dispatchers, compensators, replays): the pushes are folded
+in memory (`PushStatsBuffer`) and written every 2 s as one `$inc` upsert per subscription and
+bucket. Reading a week is 168 hour documents, not a
 scan of the attempts. A TTL index on `expires_at` removes old buckets (on MongoDB; SecantusDB
 never deletes by TTL, docs/decisions.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,6 +28,7 @@ LATENCY_BOUNDS_MS: tuple[float, ...] = (5, 10, 25, 50, 100, 250, 500, 1000, 2500
                                         30000)
 FAILURES_KEPT = 5  # the newest failed pushes kept per subscription and minute
 FAILURE_ANSWER_CHARS = 1024
+FLUSH_EVERY_S = 2.0  # how long pushes wait in memory before they are added to their buckets
 UNITS: dict[str, timedelta] = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1)}
 KEEP: dict[str, timedelta] = {"minute": timedelta(days=2), "hour": timedelta(days=35)}
 
@@ -52,7 +55,7 @@ def bucket_id(subscription: str, unit: str, at: datetime) -> str:
 
 @dataclass(slots=True)
 class _Fold:
-    """What one batch of outcomes adds to one bucket."""
+    """What pushes not yet written add to one bucket."""
 
     incs: dict[str, int] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
@@ -63,6 +66,11 @@ class _Fold:
             self.incs[key] = self.incs.get(key, 0) + 1
         if not result.ok:
             self.failures.append(_failure(result))
+            if len(self.failures) > 4 * FAILURES_KEPT:  # a burst of failures: keep the newest
+                self.failures = self.newest_failures()
+
+    def newest_failures(self) -> list[dict[str, Any]]:
+        return sorted(self.failures, key=lambda f: f["at"])[-FAILURES_KEPT:]
 
 
 def _failure(result: AttemptResult) -> dict[str, Any]:
@@ -72,23 +80,73 @@ def _failure(result: AttemptResult) -> dict[str, Any]:
             "latency_ms": round(result.latency_ms, 1)}
 
 
-def fold_writes(results: Iterable[AttemptResult]) -> list[UpdateOne]:
-    """One upsert per subscription and bucket (a minute and an hour) for a batch of pushes."""
-    folds: dict[tuple[str, str, datetime], _Fold] = {}
+Folds = dict[tuple[str, str, datetime], _Fold]  # (subscription, unit, bucket start) -> fold
+
+
+def fold(folds: Folds, results: Iterable[AttemptResult]) -> None:
     for result in results:
         for unit in UNITS:
             key = (result.subscription, unit, bucket_start(result.started_at, unit))
             folds.setdefault(key, _Fold()).add(result)
+
+
+def writes_of(folds: Folds) -> list[UpdateOne]:
+    """One upsert per subscription and bucket."""
     writes = []
-    for (subscription, unit, at), fold in folds.items():
-        update: dict[str, Any] = {"$inc": fold.incs,
+    for (subscription, unit, at), folded in folds.items():
+        update: dict[str, Any] = {"$inc": folded.incs,
                                   "$setOnInsert": _identity(subscription, unit, at)}
-        if unit == "minute" and fold.failures:
-            newest = sorted(fold.failures, key=lambda f: f["at"])[-FAILURES_KEPT:]
+        if unit == "minute" and folded.failures:
+            newest = folded.newest_failures()
             update["$push"] = {"failures": {"$each": newest, "$slice": -FAILURES_KEPT}}
             update["$max"] = {"last_failure_at": newest[-1]["at"]}
         writes.append(UpdateOne({"_id": bucket_id(subscription, unit, at)}, update, upsert=True))
     return writes
+
+
+def fold_writes(results: Iterable[AttemptResult]) -> list[UpdateOne]:
+    """The upserts that add a batch of pushes to their minutes and hours."""
+    folds: Folds = {}
+    fold(folds, results)
+    return writes_of(folds)
+
+
+class PushStatsBuffer:
+    """Pushes folded in memory and written every `every_s` by a task of its own: a few upserts
+    per subscription and interval however often outcomes are recorded (per trace flush, they
+    cost SecantusDB a round trip each and slowed every flush). A process killed loses at most
+    the last interval's figures, never a message or its trace."""
+
+    def __init__(self, write: Callable[[list[UpdateOne]], Awaitable[None]], *,
+                 every_s: float = FLUSH_EVERY_S) -> None:
+        self._write = write
+        self._every_s = every_s
+        self._folds: Folds = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, results: Iterable[AttemptResult]) -> None:
+        fold(self._folds, results)
+        if self._folds and (self._task is None or self._task.done()):
+            self._task = asyncio.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self._every_s)
+        await self.flush()
+
+    async def flush(self) -> None:
+        folds, self._folds = self._folds, {}
+        if folds:
+            await self._write(writes_of(folds))
+
+    async def close(self, timeout_s: float = 1.0) -> None:
+        """Writes what is folded, unless MongoDB does not answer within `timeout_s`: a stop
+        must not wait on figures."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.flush(), timeout_s)
 
 
 def backlog_writes(subscription: str, at: datetime, backlog: int,

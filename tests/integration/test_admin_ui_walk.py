@@ -119,6 +119,17 @@ def test_admin_ui_every_page_has_no_serious_accessibility_violation(
                 # subscriptions: the parked message
                 assert seeded["message_id"] in page.locator("#results").inner_text()
             page.screenshot(path=str(SHOTS / f"{name}.png"))  # what a screen shows first
+        _redrive_from_the_subscription_page(bus, page, seeded["code"])
     finally:
         page.close()
     assert {name: v for name, v in found.items() if v} == {}, json.dumps(found, indent=2)
+
+
+def _redrive_from_the_subscription_page(bus: RunningBus, page: Any, code: str) -> None:
+    """The parked message goes back to the retries (it is parked again: the subscriber still
+    answers 410), and the audit log says who did it."""
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(f"/ui/subscriptions/{code}/picky")
+    page.get_by_role("button", name="Redrive 1 parked").click()
+    wait_until(lambda: any(e["action"] == "parked.redrive" for e in bus.admin.get(
+        "/v1/audit", params={"target": f"{code}/picky"}).json()), 10, "the redrive audited")

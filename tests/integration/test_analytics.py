@@ -39,9 +39,6 @@ except ImportError as exc:  # the analytics extra: CI installs it, so there it m
         raise
     pytest.skip(f"analytics extra not installed: {exc}", allow_module_level=True)
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "analytics"
 START = datetime(2026, 3, 1, 23, 0, tzinfo=UTC)  # three hours over midnight: two days
 SPAN = timedelta(hours=3)
@@ -155,32 +152,23 @@ def test_analytics_stats_exact_counts_rates_and_percentiles(
     assert list(failing["subscription"]) == ["users/mailer", "orders/shipping"]
 
 
-def test_analytics_report_renders_in_chromium(stats_out: Path) -> None:
-    if not CHROMIUM.exists():
-        message = f"{CHROMIUM} is missing (apt-get install chromium)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    from playwright.sync_api import sync_playwright
-
+def test_analytics_report_renders_in_chromium(stats_out: Path, browser: Any) -> None:
     report = stats_out / REPORT_FILE
     html = report.read_text()
     assert "<script" not in html and " src=" not in html and "<link" not in html  # self-contained
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            page.goto(report.as_uri())
-            assert page.title() == "msgbus delivery statistics"
-            assert page.locator("figure svg").count() == 6
-            box = page.locator("figure svg").first.bounding_box()
-            assert box is not None and box["width"] > 300 and box["height"] > 100
-            assert "1,200" in page.locator(".cards").inner_text()
-            assert page.locator("#slowest tbody tr").first.inner_text().startswith("users")
-            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    try:
+        page.goto(report.as_uri())
+        assert page.title() == "msgbus delivery statistics"
+        assert page.locator("figure svg").count() == 6
+        box = page.locator("figure svg").first.bounding_box()
+        assert box is not None and box["width"] > 300 and box["height"] > 100
+        assert "1,200" in page.locator(".cards").inner_text()
+        assert page.locator("#slowest tbody tr").first.inner_text().startswith("users")
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+    finally:
+        page.close()
     assert (ARTIFACTS / "report.png").stat().st_size > 10_000
 
 
@@ -190,13 +178,10 @@ def test_analytics_report_renders_in_chromium(stats_out: Path) -> None:
 ])
 def test_analytics_report_reads_well_over_an_hour_and_a_week(
         spark: SparkSession, seeded: tuple[AnalyticsSettings, seed.Records], tmp_path: Path,
-        name: str, since: datetime, until: datetime, tick_labels: list[str]) -> None:
+        browser: Any, name: str, since: datetime, until: datetime,
+        tick_labels: list[str]) -> None:
     """The per-hour charts' axes span the report's range in minutes (an hour) or days (a
     week), not years; no table runs off a narrow page."""
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
     settings, _ = seeded
     result = CliRunner().invoke(main, [
         "analytics", "stats", "--from", since.isoformat(), "--to", until.isoformat(),
@@ -204,22 +189,20 @@ def test_analytics_report_reads_well_over_an_hour_and_a_week(
         "local[2]", "--out", str(tmp_path)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 900, "height": 900})
-            page.goto((tmp_path / REPORT_FILE).as_uri())
-            per_hour = [page.locator("figure").nth(i).text_content() or "" for i in (0, 3, 4)]
-            for chart in per_hour:
-                assert all(label in chart for label in tick_labels), chart
-                assert not re.search(r"\b20(2[0-57-9]|3\d)\b", chart), chart  # only 2026
-            assert page.evaluate("document.documentElement.scrollWidth") <= 900
-            for card in page.locator(".table-card").all():
-                box = card.bounding_box()
-                assert box is not None and box["x"] + box["width"] <= 900
-            page.screenshot(path=str(ARTIFACTS / f"report-{name}.png"), full_page=True)
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 900, "height": 900})
+    try:
+        page.goto((tmp_path / REPORT_FILE).as_uri())
+        per_hour = [page.locator("figure").nth(i).text_content() or "" for i in (0, 3, 4)]
+        for chart in per_hour:
+            assert all(label in chart for label in tick_labels), chart
+            assert not re.search(r"\b20(2[0-57-9]|3\d)\b", chart), chart  # only 2026
+        assert page.evaluate("document.documentElement.scrollWidth") <= 900
+        for card in page.locator(".table-card").all():
+            box = card.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= 900
+        page.screenshot(path=str(ARTIFACTS / f"report-{name}.png"), full_page=True)
+    finally:
+        page.close()
 
 
 def test_analytics_source_pushdown_and_a_reused_dataframe(

@@ -4,12 +4,16 @@ buckets, and what the subscription page reads back from them."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from msgbus_devtools.testkit.waiting import eventually
 
 from admin.subscription_health import charts
 from msgbus.models import AttemptResult
 from msgbus.store.pushstats import (
     FAILURES_KEPT,
     Bucket,
+    PushStatsBuffer,
     backlog_writes,
     bucket_id,
     fold_writes,
@@ -80,3 +84,20 @@ def test_a_series_has_every_bucket_of_the_range_empty_where_nothing_happened() -
     assert len(latency.lines["p50"]) == 1  # one point: the one minute with pushes
     assert [bar.label for bar in backlog.bars] == ["10:41 UTC: 7 messages"]
     assert age.bars == [] and age.peak == 0
+
+
+async def test_the_buffer_writes_what_it_folded_once_per_interval_and_on_close() -> None:
+    written: list[list[Any]] = []
+
+    async def write(writes: list[Any]) -> None:
+        written.append(writes)
+
+    buffer = PushStatsBuffer(write, every_s=0.05)
+    buffer.add([_push(1, 200), _push(2, 500)])
+    buffer.add([_push(3, 200)])
+    await eventually(lambda: len(written) == 1)
+    minute = next(w._doc for w in written[0] if "|minute|" in w._filter["_id"])
+    assert (minute["$inc"]["ok"], minute["$inc"]["failed"]) == (2, 1)  # one write for both
+    buffer.add([_push(4, 200)])
+    await buffer.close()  # before its interval: written at once
+    assert len(written) == 2
