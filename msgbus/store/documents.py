@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from bson import Binary
 
+from msgbus.errors import InvalidConfig
 from msgbus.models import (
     AttemptResult,
     DeliveryStatus,
@@ -166,8 +167,12 @@ def runtime_from_doc(doc: dict[str, Any]) -> RuntimeConfig:
 def schema_doc(schema: PayloadSchema) -> dict[str, Any]:
     """A payload schema version; the schema as JSON text, since its keys (`$ref`, `$defs`,
     names with dots) are not all field names MongoDB takes as they are."""
+    try:
+        text = orjson.dumps(schema.schema_).decode()
+    except TypeError as exc:  # an integer beyond 64 bits, a lone surrogate
+        raise InvalidConfig(f"the schema cannot be stored: {exc}", field="schema") from exc
     return {"_id": schema.id, "destination": schema.destination, "version": schema.version,
-            "schema_json": orjson.dumps(schema.schema_).decode(),
+            "schema_json": text,
             "compatibility": schema.compatibility.value, "created_at": schema.created_at,
             "created_by": schema.created_by}
 

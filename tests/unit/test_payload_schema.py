@@ -99,3 +99,12 @@ def test_the_version_travels_through_the_encoding_and_into_the_record() -> None:
     doc = docs.message_doc(envelope, [])
     assert doc["schema_version"] == 7
     assert docs.envelope_from_doc(doc).schema_version == 7
+
+
+def test_a_schema_that_cannot_be_stored_is_refused_with_its_reason() -> None:
+    """Found by the API fuzzing: an integer beyond 64 bits was a 500, not a 422."""
+    schema = PayloadSchema(destination="orders", version=1,
+                           schema={"type": "integer", "maximum": -65560484483161071616})
+    with pytest.raises(InvalidConfig, match="cannot be stored") as refused:
+        docs.schema_doc(schema)
+    assert refused.value.field == "schema"
