@@ -56,7 +56,7 @@ def assert_percentile(value: float, data: Any, p: float, what: object) -> None:
 
 
 # Spark on one core: the other xdist worker's timing tests keep the second (with local[2] they
-# slowed 4-5x, and pass 1 took 496 s against 453 s with local[1], one run each)
+# slowed 4-5x; pass 1 took 453 and 505 s with local[1], 496 s with local[2]: within noise)
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     session = build_spark(AnalyticsSettings(master="local[1]", driver_memory="1g"))
