@@ -1,16 +1,18 @@
 """How a subscription is doing, for its page: pushes by outcome, p50/p99 latency, backlog and the
 oldest undelivered age over the last hour, day or week (from `msgbus/store/pushstats.py`'s
 buckets), its newest failed pushes, and its backlog now. Charts are drawn on the server as SVG:
-each is a list of bars or polylines in a fixed view box, with its figures in a table beside it."""
+each is a list of bars or polylines in a fixed view box, each bar titled with its figure."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter
 
+from admin.dashboard import COUNT_CAP
 from admin.deps import Store
 from admin.params import DestinationCode, SubscriptionName
 from admin.security import AsViewer
@@ -23,7 +25,6 @@ RANGES: dict[str, tuple[str, int]] = {"hour": ("minute", 60), "day": ("hour", 24
                                       "week": ("hour", 168)}
 WIDTH, HEIGHT = 600.0, 80.0
 FAILURES_SHOWN = 20
-COUNT_CAP = 100_000
 
 
 @dataclass(slots=True)
@@ -47,6 +48,10 @@ class Chart:
     @property
     def summary(self) -> str:
         return f"{self.title}: peak {self.peak:g} {self.unit}"
+
+    @property
+    def view_box(self) -> str:
+        return f"0 0 {WIDTH:g} {HEIGHT:g}"
 
 
 @dataclass(slots=True)
@@ -97,7 +102,7 @@ def _when(at: datetime, unit: str) -> str:
 def outcome_chart(buckets: list[Bucket], unit: str) -> Chart:
     """Stacked bars: delivered at the bottom, then answered with an error, then no answer."""
     peak = max((b.pushes for b in buckets), default=0)
-    step = WIDTH / max(1, len(buckets))
+    step = _step(buckets)
     bars = []
     for index, bucket in enumerate(buckets):
         base = HEIGHT
@@ -105,7 +110,7 @@ def outcome_chart(buckets: list[Bucket], unit: str) -> Chart:
             count = getattr(bucket, kind)
             if not count:
                 continue
-            height = count / (peak or 1) * (HEIGHT - 2)
+            height = _height(count, peak)
             base -= height
             bars.append(Bar(index * step, base, max(step - 1, 0.5), height, kind,
                             f"{_when(bucket.at, unit)} UTC: {count} {kind}"))
@@ -126,16 +131,26 @@ def level_chart(buckets: list[Bucket], unit: str, title: str, field: str, unit_n
     """Bars of a sampled level (backlog, oldest age); a bucket without a sample has none."""
     values = [getattr(b, field) for b in buckets]
     peak = max((v for v in values if v is not None), default=0)
-    step = WIDTH / max(1, len(buckets))
-    bars = [Bar(index * step, HEIGHT - value / (peak or 1) * (HEIGHT - 2), max(step - 1, 0.5),
-                value / (peak or 1) * (HEIGHT - 2), field,
+    step = _step(buckets)
+    bars = [Bar(index * step, HEIGHT - _height(value, peak), max(step - 1, 0.5),
+                _height(value, peak), field,
                 f"{_when(buckets[index].at, unit)} UTC: {value:g} {unit_name}")
             for index, value in enumerate(values) if value]
     return Chart(title, bars, {}, peak, unit_name)
 
 
+def _step(items: Sequence[object]) -> float:
+    """The width each bucket takes in the view box."""
+    return WIDTH / max(1, len(items))
+
+
+def _height(value: float, peak: float) -> float:
+    """A bar's height: the peak fills the view box but for a 2-unit margin."""
+    return value / (peak or 1) * (HEIGHT - 2)
+
+
 def _points(values: list[float | None], peak: float) -> list[tuple[float, float]]:
-    step = WIDTH / max(1, len(values))
+    step = _step(values)
     return [(round(index * step + step / 2, 1), round(HEIGHT - v / (peak or 1) * (HEIGHT - 4), 1))
             for index, v in enumerate(values) if v is not None]
 

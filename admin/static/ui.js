@@ -5,6 +5,8 @@ function csrf() {
   return document.querySelector('meta[name="csrf-token"]').content;
 }
 
+// {ok, answer}: the answer's JSON either way (a successful one may itself have a "failed" field,
+// e.g. a replay's count)
 async function call(method, path, body) {
   const response = await fetch(path, {
     method,
@@ -16,10 +18,10 @@ async function call(method, path, body) {
     const where = answer.field ? ` (${answer.field})` : "";
     document.getElementById("notice").textContent =
       `${response.status}: ${answer.message || response.statusText}${where}`;
-    return {failed: answer};
+    return {ok: false, answer};
   }
   document.getElementById("notice").textContent = "";
-  return answer;
+  return {ok: true, answer};
 }
 
 // The input a field path of an error names: "retry_policy.delays_s.2" is the input named
@@ -81,8 +83,9 @@ document.addEventListener("click", async (event) => {
   event.preventDefault();
   if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
   const method = button.dataset.method || "POST";
-  const answer = await call(method, button.dataset.post, JSON.parse(button.dataset.body || "{}"));
-  if (answer.failed) return;
+  const {ok, answer} = await call(method, button.dataset.post,
+                                 JSON.parse(button.dataset.body || "{}"));
+  if (!ok) return;
   if (button.dataset.show) {
     document.querySelector(button.dataset.show).textContent = JSON.stringify(answer, null, 2);
   } else if (button.dataset.then) {
@@ -143,9 +146,9 @@ document.addEventListener("submit", async (event) => {
   }
   const dryRun = event.submitter && event.submitter.value === "dry_run";
   if (dryRun) body.dry_run = true;
-  const answer = await call(form.dataset.method || "POST", path, compact(body));
-  if (answer.failed) {
-    showFieldErrors(form, answer.failed);
+  const {ok, answer} = await call(form.dataset.method || "POST", path, compact(body));
+  if (!ok) {
+    showFieldErrors(form, answer);
     return;
   }
   showFieldErrors(form, {errors: []});

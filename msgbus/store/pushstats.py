@@ -1,12 +1,12 @@
 """Per-subscription push figures over time, for the admin's subscription page: per minute and per
 hour, the pushes by outcome, a latency histogram, the newest failures, and the backlog and the
-oldest undelivered age as the compensator samples them.
+oldest undelivered age as the dispatchers' backlog monitors sample them.
 
 Written by whoever records outcomes (dispatchers, compensators, replays): the pushes are folded
 in memory (`PushStatsBuffer`) and written every 2 s as one `$inc` upsert per subscription and
-bucket. Reading a week is 168 hour documents, not a
-scan of the attempts. A TTL index on `expires_at` removes old buckets (on MongoDB; SecantusDB
-never deletes by TTL, docs/decisions.md).
+bucket. Reading a week is 168 hour documents, not a scan of the attempts. A TTL index on
+`expires_at` removes old buckets (on MongoDB; SecantusDB never deletes by TTL,
+docs/decisions.md).
 """
 
 from __future__ import annotations
