@@ -48,6 +48,16 @@ SPAN = timedelta(hours=3)
 pytestmark = pytest.mark.xdist_group("spark")
 
 
+@pytest.fixture(autouse=True)
+def _one_worker_runs_every_spark_test(request: pytest.FixtureRequest) -> None:
+    """Under `--dist loadgroup`, xdist marks a grouped test by appending "@spark" to its id; a
+    pytest that breaks that (9.2 did, pyproject.toml) starts a Spark session per worker and
+    slows every timing test beside it, so it fails here instead of silently."""
+    if getattr(request.config.option, "loadgroup", False):
+        assert request.node.nodeid.endswith("@spark"), (
+            f"{request.node.nodeid}: --dist loadgroup did not group this test")
+
+
 def assert_percentile(value: float, data: Any, p: float, what: object) -> None:
     """The statistics' percentile is a value of the data near the rank of p (between numpy's
     lower and higher ones) kept to 3 significant digits: at most 0.5 % off."""
