@@ -58,6 +58,12 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.5, 5.0  # after a failed poll step
 # may disagree before records appended before an assignment look newer than it.
 CLOCK_MARGIN_S = 5.0
 _COMMITTED_TIMEOUT_S = 5.0
+# While the subscribed topic is unknown (a subscription that started before the receiver
+# created its destination's topic), ask for the topic's metadata this often: librdkafka looks
+# on its own only every topic.metadata.refresh.interval.ms, and its answer is what tells the
+# group the topic is there (measured on tansu: assigned ~3 s after the topic was created,
+# against 9-11 s without).
+_MISSING_TOPIC_LOOK_S = 1.0
 
 
 MAX_REVOKE_GRACE_S = 10.0
@@ -129,6 +135,8 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         self._reapply_flow = False  # the assignment changed: re-apply pause/resume
         self._last_commit = 0.0
         self._error_logged: dict[int, float] = {}
+        self._topic_missing = False  # set by librdkafka's error callback, poll thread only
+        self._looked_for_topic = 0.0
         self._assigned_at: dict[Partition, float] = {}  # poll thread only; wall clock
         self._never_committed: set[Partition] = set()  # poll thread only
         self.assignments = 0  # on_assign calls: one per rebalance this member took part in
@@ -193,6 +201,8 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
             self._commit(consumer)
             return
         self._flow_control(consumer, in_flight)
+        if self._topic_missing:
+            self._look_for_topic(consumer)
         room = self.max_buffered - in_flight
         batch = 1 if self._paused else max(1, min(_FETCH_BATCH, room))
         messages = self._fetch(consumer, batch)
@@ -215,6 +225,19 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         if messages and batch > 1:
             messages += consumer.consume(num_messages=batch - 1, timeout=0)
         return messages
+
+    def _look_for_topic(self, consumer: Consumer) -> None:
+        now = time.monotonic()
+        if now - self._looked_for_topic < _MISSING_TOPIC_LOOK_S:
+            return
+        self._looked_for_topic = now
+        try:
+            found = consumer.list_topics(self.topic, timeout=_MISSING_TOPIC_LOOK_S)
+        except KafkaException:
+            return
+        topic = found.topics.get(self.topic)
+        if topic is not None and topic.error is None:
+            self._topic_missing = False
 
     def _in_grace(self) -> bool:
         """Full, but not for long: wait for room before pausing.
@@ -258,7 +281,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         for message in messages:
             error = message.error()
             if error is not None:
-                self._log_error(error)
+                self._on_error(error)
                 continue
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             if topic is None or partition is None or offset is None:
@@ -338,6 +361,8 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
     # -- librdkafka callbacks (served on the poll thread) ------------------------------
 
     def _on_error(self, error: KafkaError) -> None:
+        if error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            self._topic_missing = True
         self._log_error(error)
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:

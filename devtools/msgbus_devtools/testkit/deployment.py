@@ -29,6 +29,7 @@ from pydantic import HttpUrl
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.cli.serving import ServerGroup, make_server
 from msgbus.models import BrokerKind, DeliveryStatus, Destination, Subscription
+from msgbus.processes import stop_children
 from msgbus.store import MongoStore
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.load import SteadyLoad
@@ -89,11 +90,10 @@ class Servers:
         self.kafka_gate.open()
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.kafka.kill9()  # nothing to keep, and a graceful stop takes ~5 s
+        """Every server killed: nothing is kept, and graceful stops take seconds each."""
         for server in self.all():
             with contextlib.suppress(Exception):
-                server.close()
+                server.kill9()
         self.kafka_gate.stop()
 
 
@@ -215,12 +215,15 @@ class Deployment:
     def start(self, receivers: int = 1) -> None:
         self.run(self._configure())
         self.dispatcher = self._process("dispatcher", "dispatcher", self.work_dir / "dispatcher")
+        # The receivers first: they create each destination's topic and queues as they load
+        # the registry. A Kafka consumer that subscribes before its topic exists finds it only
+        # at its next metadata refresh, up to 10 s later (msgbus/brokers/_kafka_consumer.py).
+        for index in range(receivers):
+            self.add_receiver(f"receiver-{index}").start()
         self.dispatcher.start()
         subscriptions = set(self.subscription_ids())
         wait_until(lambda: subscriptions <= set(self._dispatcher_workers()), 60,
                    f"dispatcher workers for {sorted(subscriptions)}", interval_s=0.2)
-        for index in range(receivers):
-            self.add_receiver(f"receiver-{index}").start()
         # the bus's safety net, as in production: a push that failed is retried (after the
         # subscription's first retry delay, 10 s by default)
         self.compensator = self.add_compensator("compensator", **self.compensator_settings)
@@ -420,9 +423,10 @@ class Deployment:
     # -- tear-down -------------------------------------------------------------------------
 
     def close(self) -> None:
-        for process in reversed(self.processes):
-            with contextlib.suppress(Exception):
-                process.stop()
+        # all at once: one grace period, not one per process
+        with contextlib.suppress(Exception):
+            stop_children([p.process for p in self.processes if p.process is not None],
+                          grace_s=20)
         with contextlib.suppress(Exception):
             self.run(self._subscriber_servers.stop())
         with contextlib.suppress(Exception):

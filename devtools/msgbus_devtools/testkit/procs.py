@@ -274,14 +274,31 @@ class RabbitNode:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             say(f"RabbitMQ node {self.node} ignored SIGTERM; killing its process group")
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+            self._kill_group(process)
+        return self._closed(began, "stopped")
+
+    def kill9(self) -> float:
+        """SIGKILL to the process group the start script leads (the Erlang VM included)."""
+        began = time.monotonic()
+        process, self.process = self.process, None
+        self.up = False
+        if process is None or process.poll() is not None:
+            return 0.0
+        self._kill_group(process)
+        return self._closed(began, "killed (-9)")
+
+    @staticmethod
+    def _kill_group(process: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+    def _closed(self, began: float, how: str) -> float:
         services.wait_until(f"port {self.port} to close",
                             lambda: not services.port_accepts(HOST, self.port), 30)
         took = time.monotonic() - began
-        say(f"RabbitMQ node {self.node} stopped in {took:.1f} s")
+        say(f"RabbitMQ node {self.node} {how} in {took:.1f} s")
         return took
 
     def close(self) -> None:
-        self.stop()
+        self.kill9()
