@@ -17,8 +17,8 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 # --quick's settings with shorter phases: the suite checks that the benchmark works, not its figures
-SMALLER = ["--runs", "1", "--rate", "1500", "--duration-s", "2", "--latency-s", "2",
-           "--isolation-messages", "400"]
+SMALLER = ["--runs", "1", "--rate", "600", "--duration-s", "2", "--latency-s", "2",
+           "--isolation-messages", "200"]
 
 
 @pytest.mark.timeout(600)

@@ -15,7 +15,7 @@ from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.models import CircuitPolicy, DeliveryStatus
 
-MESSAGES = 1000
+MESSAGES = 400
 BIZ_KEYS = 50
 
 

@@ -227,7 +227,7 @@ class RunningBus:
         over a minute on the shared 2-core machine: the wait is long, and a slow stop is said."""
         self.admin.close()
         began = time.monotonic()
-        self.loop.run(self._subscribers.stop(), timeout_s=SHUTDOWN_TIMEOUT_S)
+        self.loop.run(self._subscribers.stop(together=True), timeout_s=SHUTDOWN_TIMEOUT_S)
         self.loop.run(self._group.stop(), timeout_s=SHUTDOWN_TIMEOUT_S)
         self.loop.run(self.store.close())
         took_s = time.monotonic() - began

@@ -428,7 +428,7 @@ class Deployment:
             stop_children([p.process for p in self.processes if p.process is not None],
                           grace_s=20)
         with contextlib.suppress(Exception):
-            self.run(self._subscriber_servers.stop())
+            self.run(self._subscriber_servers.stop(together=True))
         with contextlib.suppress(Exception):
             self.run(self.store.close(), timeout_s=10)
         self.loop.close()
