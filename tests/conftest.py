@@ -73,16 +73,25 @@ def rabbitmq_url() -> Iterator[str]:
         services.stop_rabbitmq()
 
 
-@pytest.fixture(scope="module")
-def private_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
-    """Servers of this module's own, which its tests stop and restart: SecantusDB, tansu on
-    moto's S3 and a RabbitMQ node (devtools/msgbus_devtools/testkit/deployment.py)."""
+@pytest.fixture(scope="session")
+def _private_servers_of_the_session(tmp_path_factory: pytest.TempPathFactory
+                                    ) -> Iterator[Servers]:
     from msgbus_devtools.testkit.deployment import start_servers  # only the modules that need them
 
     started = _start_or_give_up(
         lambda: start_servers(tmp_path_factory.mktemp("private-servers")))
     yield started
     started.close()
+
+
+@pytest.fixture
+def private_servers(_private_servers_of_the_session: Servers) -> Servers:
+    """Servers the tests stop and restart, never the session's shared ones: SecantusDB, tansu
+    on moto's S3 and a RabbitMQ node (devtools/msgbus_devtools/testkit/deployment.py). Started
+    once (~7 s), for the serial pass's tests one after the other; what a test before left
+    stopped is started again. Every deployment has a database and destinations of its own."""
+    _private_servers_of_the_session.restart_stopped()
+    return _private_servers_of_the_session
 
 
 @pytest.fixture

@@ -61,9 +61,8 @@ _COMMITTED_TIMEOUT_S = 5.0
 # While the subscribed topic is unknown (a subscription that started before the receiver
 # created its destination's topic), ask for the topic's metadata this often: librdkafka looks
 # on its own only every topic.metadata.refresh.interval.ms, and its answer is what tells the
-# group the topic is there (measured on tansu: assigned ~3 s after the topic was created,
-# against 9-11 s without).
-_MISSING_TOPIC_LOOK_S = 1.0
+# group the topic is there (bench.topic_discovery; bench/RESULTS.md).
+MISSING_TOPIC_LOOK_S = 1.0
 
 
 MAX_REVOKE_GRACE_S = 10.0
@@ -99,9 +98,11 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         poll_timeout_s: float = 0.1,
         pause_after_s: float = 0.5,
         clock_margin_s: float = CLOCK_MARGIN_S,
+        missing_topic_look_s: float | None = MISSING_TOPIC_LOOK_S,  # None: librdkafka's own
         extra_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(subscription, max_buffered=max(1, max_buffered))
+        self._missing_topic_look_s = missing_topic_look_s
         self.group = consumer_name(subscription.destination, subscription.name)
         self.topic = topic_name(subscription.destination)
         self._commit_interval_s = commit_interval_s
@@ -201,8 +202,8 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
             self._commit(consumer)
             return
         self._flow_control(consumer, in_flight)
-        if self._topic_missing:
-            self._look_for_topic(consumer)
+        if self._topic_missing and self._missing_topic_look_s is not None:
+            self._look_for_topic(consumer, self._missing_topic_look_s)
         room = self.max_buffered - in_flight
         batch = 1 if self._paused else max(1, min(_FETCH_BATCH, room))
         messages = self._fetch(consumer, batch)
@@ -226,13 +227,13 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
             messages += consumer.consume(num_messages=batch - 1, timeout=0)
         return messages
 
-    def _look_for_topic(self, consumer: Consumer) -> None:
+    def _look_for_topic(self, consumer: Consumer, interval_s: float) -> None:
         now = time.monotonic()
-        if now - self._looked_for_topic < _MISSING_TOPIC_LOOK_S:
+        if now - self._looked_for_topic < interval_s:
             return
         self._looked_for_topic = now
         try:
-            found = consumer.list_topics(self.topic, timeout=_MISSING_TOPIC_LOOK_S)
+            found = consumer.list_topics(self.topic, timeout=interval_s)
         except KafkaException:
             return
         topic = found.topics.get(self.topic)

@@ -29,7 +29,6 @@ DELAY_S = (12.0, 18.0)
 
 @pytest.fixture
 def deployment(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
-    private_servers.restart_stopped()
     deployed = Deployment(private_servers, tmp_path, DESTINATIONS)
     yield deployed
     deployed.close()

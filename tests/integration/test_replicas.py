@@ -57,7 +57,6 @@ def _fails_first(message_id: str) -> bool:
 
 @pytest.fixture
 def deployment(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
-    private_servers.restart_stopped()
     deployed = Deployment(private_servers, tmp_path, {**CAPPED, RATED: BrokerKind.KAFKA})
     deployed.subscriber_factory = lambda: PeakSubscriber(delay_s=PUSH_S,
                                                          fails_first=_fails_first)
@@ -149,7 +148,6 @@ FIRST_FAILS_DESTINATIONS = {f"cb-k-{UNIQUE}": BrokerKind.KAFKA,
 
 @pytest.fixture
 def fails_first(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
-    private_servers.restart_stopped()
     deployed = Deployment(private_servers, tmp_path, FIRST_FAILS_DESTINATIONS)
     deployed.subscriber_factory = lambda: PeakSubscriber(delay_s=0, fails_first=lambda _: True)
     # the default retry policy and circuit: the first retry comes 10 s after the failure
@@ -249,7 +247,6 @@ def _ordered_deployment(servers: Servers, tmp_path: Path,
                         destinations: dict[str, BrokerKind]) -> Deployment:
     """Ordered subscriptions whose heads retry after 1 s, and a compensator that sweeps stale
     pending deliveries every second."""
-    servers.restart_stopped()
     deployed = Deployment(servers, tmp_path, destinations)
     deployed.subscriber_factory = KeyedSubscriber
     deployed.subscription_options = {"ordered_by_biz_id": True, "max_concurrency": 8,
@@ -384,7 +381,6 @@ PER_DESTINATION = 150
 
 @pytest.fixture
 def two_receivers(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
-    private_servers.restart_stopped()
     deployed = Deployment(private_servers, tmp_path, DEDUPE_DESTINATIONS)
     yield deployed
     deployed.close()
@@ -440,7 +436,6 @@ SWITCHED = f"abca-{UNIQUE}"
 
 @pytest.fixture
 def switching(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
-    private_servers.restart_stopped()
     deployed = Deployment(private_servers, tmp_path, {SWITCHED: BrokerKind.KAFKA},
                           subscription_names=(SUBSCRIPTION, "paused"))
     deployed.extra_env = {"MSGBUS_DISPATCHER_DRAIN_SETTLE_S": "2",

@@ -50,7 +50,6 @@ class NotIsolated(AssertionError):
 
 @pytest.fixture
 def servers(private_servers: Servers) -> Servers:
-    private_servers.restart_stopped()  # a failed test before may have left one down
     return private_servers
 
 
