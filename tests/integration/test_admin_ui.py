@@ -448,13 +448,15 @@ def _chart_counts(page: Any, title: str) -> dict[str, int]:
 def test_admin_ui_destination_page_shows_its_switches_subscriptions_and_schemas(
         bus: RunningBus, browser: object) -> None:
     """A destination created on the direct path, moved to Kafka, then to RabbitMQ: its page
-    lists both switches with who made them, Kafka as still drained, its subscription's health
-    and its schema's versions."""
+    lists both switches with who made them, Kafka as still drained (by its paused
+    subscription, which existed before the switch), its subscription's health and its
+    schema's versions."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     code = f"ui-dest-{uuid.uuid4().hex[:6]}"
-    for broker in ("direct", "kafka", "rabbitmq"):
-        bus.create_destination(code, broker, owner="team-stock")
+    bus.create_destination(code, "direct", owner="team-stock")
     bus.subscribe(code, "audit", bus.serve_subscriber(RecordingSubscriber()), paused=True)
+    for broker in ("kafka", "rabbitmq"):
+        bus.create_destination(code, broker, owner="team-stock")
     for properties in ({"sku": {"type": "string"}},
                        {"sku": {"type": "string"}, "qty": {"type": "integer"}}):
         bus.admin.put(f"/v1/destinations/{code}/schemas", json={"schema": {

@@ -242,10 +242,10 @@ def test_pause_resume_and_a_new_url_take_effect_without_a_restart(
 
 def test_a_subscriber_slower_than_the_session_timeout_causes_no_rebalance_nor_duplicates(
         bus: RunningBus, api_key: str, unique: str) -> None:
-    """21 s of pushes that each take 7 s (the Kafka session timeout is 6 s), two at a time,
+    """14 s of pushes that each take 7 s (the Kafka session timeout is 6 s), two at a time,
     with an in-flight budget of 4: the consumer pauses its partitions and keeps polling, so it
     never leaves its group and nothing is pushed twice."""
-    count, delay_s = 6, 7.0
+    count, delay_s = 4, 7.0
     destination = f"slow-{unique}"
     bus.create_destination(destination, "kafka", partitions=2)
     slow = SlowRecorder(delay_s)

@@ -1,11 +1,15 @@
-"""Listening sockets made for several processes sharing a port (SO_REUSEPORT)."""
+"""Listening sockets made for several processes sharing a port (SO_REUSEPORT), and a group of
+servers stopped in order or together."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
-from msgbus.cli.serving import reuse_port_socket
+import pytest
+
+from msgbus.cli.serving import ServerGroup, make_server, reuse_port_socket
 
 
 async def test_connections_accepted_on_a_reuse_port_socket_do_not_wait_for_nagle() -> None:
@@ -36,3 +40,29 @@ def test_two_sockets_can_share_a_port() -> None:
     assert first.getsockname() == second.getsockname()
     first.close()
     second.close()
+
+
+async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"hi"})
+
+
+async def _refused(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return True
+    writer.close()
+    return False
+
+
+@pytest.mark.parametrize("together", [False, True])
+async def test_a_stopped_group_serves_no_more(together: bool) -> None:
+    group = ServerGroup()
+    servers = [await group.start(make_server(_hello, "127.0.0.1", 0), f"s{i}") for i in range(3)]
+    ports = [server.port for server in servers]
+    await group.stop(together=together)
+    assert all(server.should_exit for server in servers)
+    assert [await _refused(port) for port in ports] == [True, True, True]
+    await group.stop(together=together)  # a second stop has nothing left to do
