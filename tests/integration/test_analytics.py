@@ -65,7 +65,7 @@ def assert_percentile(value: float, data: Any, p: float, what: object) -> None:
     assert low * 0.995 - 1e-6 <= value <= high * 1.005 + 1e-6, (what, p, value, low, high)
 
 
-# Spark on one core: the other xdist worker's timing tests keep the second (with local[2] they
+# Spark on one core: the other xdist workers' timing tests keep the second (with local[2] they
 # slowed 4-5x; pass 1 took 453 and 505 s with local[1], 496 s with local[2]: within noise)
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
