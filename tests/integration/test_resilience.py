@@ -49,14 +49,9 @@ class NotIsolated(AssertionError):
 
 
 @pytest.fixture
-def servers(private_servers: Servers) -> Servers:
-    return private_servers
-
-
-@pytest.fixture
-def deployment(servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
+def deployment(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
     unique = uuid.uuid4().hex[:6]
-    deployed = Deployment(servers, tmp_path, {f"k-{unique}": BrokerKind.KAFKA,
+    deployed = Deployment(private_servers, tmp_path, {f"k-{unique}": BrokerKind.KAFKA,
                                               f"r-{unique}": BrokerKind.RABBITMQ})
     yield deployed
     deployed.close()
@@ -155,17 +150,16 @@ class Outage:
 # ---- 1. MongoDB outage -------------------------------------------------------------------------
 
 
-def test_mongodb_outage_during_load_loses_nothing(deployment: Deployment,
-                                                  servers: Servers) -> None:
+def test_mongodb_outage_during_load_loses_nothing(deployment: Deployment) -> None:
     """While MongoDB is down the receiver keeps answering 202 from its local buffer and the
     dispatcher keeps pushing (its outcomes wait on local disk); both catch up afterwards. A
     dispatcher killed with -9 during the outage starts again from the configuration it saved
     and goes on pushing."""
-    phases = Phases()
+    phases, mongo = Phases(), deployment.servers.mongo
     with deployment.logs_on_failure():
         load = _start_under_load(deployment, phases)
         with phases.phase("stop MongoDB"):
-            servers.mongo.stop()
+            mongo.stop()
         outage = Outage("MongoDB was down", began=time.monotonic())
         with phases.phase(f"MongoDB down for {MONGO_OUTAGE_S} s under load, the dispatcher "
                           "killed (-9) and started again meanwhile"):
@@ -176,7 +170,7 @@ def test_mongodb_outage_during_load_loses_nothing(deployment: Deployment,
             _hold(load, outage.began + MONGO_OUTAGE_S - time.monotonic(), "MongoDB down")
         outage.end(deployment)
         with phases.phase("restart MongoDB"):
-            servers.mongo.start()
+            mongo.start()
         _end_load(load, phases, "MongoDB back")
         during = outage.answers(load)
         say(f"load: {load.summary()}; while MongoDB was down: {dict(load.statuses(during))}, "

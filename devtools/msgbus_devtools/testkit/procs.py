@@ -265,9 +265,8 @@ class RabbitNode:
         """SIGTERM to the start script (it stops the node cleanly); SIGKILL to the process
         group it leads after `timeout_s`."""
         began = time.monotonic()
-        process, self.process = self.process, None
-        self.up = False
-        if process is None or process.poll() is not None:
+        process = self._detach()
+        if process is None:
             return 0.0
         process.terminate()
         try:
@@ -280,12 +279,17 @@ class RabbitNode:
     def kill9(self) -> float:
         """SIGKILL to the process group the start script leads (the Erlang VM included)."""
         began = time.monotonic()
-        process, self.process = self.process, None
-        self.up = False
-        if process is None or process.poll() is not None:
+        process = self._detach()
+        if process is None:
             return 0.0
         self._kill_group(process)
         return self._closed(began, "killed (-9)")
+
+    def _detach(self) -> subprocess.Popen[bytes] | None:
+        """The node's process, if it still runs; the node counts as down from now on."""
+        process, self.process = self.process, None
+        self.up = False
+        return process if process is not None and process.poll() is None else None
 
     @staticmethod
     def _kill_group(process: subprocess.Popen[bytes]) -> None:
