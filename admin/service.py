@@ -28,7 +28,8 @@ class AdminService:
         if not settings.token.get_secret_value():
             raise ValueError("MSGBUS_ADMIN_TOKEN is not set")
         self.settings = settings
-        self.store = MongoStore(settings.connections.mongo_uri, settings.connections.mongo_db)
+        self.store = MongoStore(settings.connections.mongo_uri, settings.connections.mongo_db,
+                                component="admin")
         self.users = UserStore(self.store)
         secret = settings.session_secret.get_secret_value() or secrets.token_urlsafe(32)
         self.auth = Authenticator(self.users, Sessions(secret, settings.session_ttl_s),

@@ -20,6 +20,7 @@ from msgbus.delivery.filters import FILTERED_OUT, why_not_pushed
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.shares import CapShares
+from msgbus.errors import MongoUnavailable
 from msgbus.metrics import RETRIES
 from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
 from msgbus.settings import CompensatorSettings
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 MISSING_MESSAGE_DELAY_S = 30.0  # its record may still be on its way from a receiver
 LEASE_MARGIN_S = 1.0  # a push must be able to end (timeout) this long before the lease does
 ERROR_PAUSE_S = 1.0
+CLAIM_TIMEOUT_S = 10.0  # a claim and its messages' records: a few round trips
 
 
 class SubscriptionRetrier:
@@ -70,6 +72,9 @@ class SubscriptionRetrier:
                 pushed = await self.retry_due(sub) if sub is not None and not sub.paused else 0
             except asyncio.CancelledError:
                 raise
+            except MongoUnavailable as exc:  # the gate's probe looks for MongoDB meanwhile
+                log.warning("%s: retries wait for MongoDB (%s)", self.subscription_id, exc)
+                pushed = 0
             except Exception:
                 log.exception("%s: retrying failed deliveries failed; trying again",
                               self.subscription_id)
@@ -93,10 +98,11 @@ class SubscriptionRetrier:
         """One claim of due retries, pushed and recorded. Returns how many were claimed."""
         batch, rounds = claim_size(sub, self._settings.claim_batch)
         lease_s = self._settings.lease_s + rounds * sub.timeout_ms / 1000
-        claimed = await self._claims.claim_due(sub.id, batch, lease_s)
-        if not claimed:
-            return 0
-        envelopes = await self._claims.envelopes([c.message_id for c in claimed])
+        async with self._store.gate.guard("retry claims", CLAIM_TIMEOUT_S):
+            claimed = await self._claims.claim_due(sub.id, batch, lease_s)
+            if not claimed:
+                return 0
+            envelopes = await self._claims.envelopes([c.message_id for c in claimed])
         missing = [c for c in claimed if c.message_id not in envelopes]
         if missing:
             log.warning("%s: %d messages to retry have no record yet; trying again in %.0f s",

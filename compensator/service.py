@@ -30,12 +30,12 @@ class CompensatorService:
         conn = settings.connections
         self.settings = settings
         self.instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
-        self.store = MongoStore(conn.mongo_uri, conn.mongo_db)
+        self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="compensator")
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
         self.claims = DeliveryClaims(self.store, self.instance)
         self.sender = make_sender(settings.http_client, instance=self.instance)
         self.sweeper = Sweeper(self.claims, PendingSweep(self.store), self.registry.subscriptions,
-                               settings)
+                               settings, ready=self.store.gate.wait_available)
         self.shares = CapShares(ShareStore(self.store), instance=self.instance,
                                 component="compensator", heartbeat_s=conn.share_heartbeat_s,
                                 lease_s=conn.share_lease_s)

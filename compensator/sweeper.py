@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from msgbus.metrics import (
@@ -41,7 +41,10 @@ STATS_CAP = 1_000_000
 class Sweeper(PeriodicWork):
     def __init__(self, claims: DeliveryClaims, pending: PendingSweep,
                  subscriptions: Callable[[], list[Subscription]],
-                 settings: CompensatorSettings) -> None:
+                 settings: CompensatorSettings,
+                 ready: Callable[[], Awaitable[object]] | None = None) -> None:
+        """`ready`: the MongoDB gate's `wait_available` (no pass waits on a MongoDB that is
+        known to be unavailable)."""
         super().__init__()
         self._claims = claims
         self._pending = pending
@@ -49,10 +52,10 @@ class Sweeper(PeriodicWork):
         self._settings = settings
         self.last_sweep_s: float | None = None
         self.swept = 0
-        self.every(settings.sweep_interval_s, self.sweep, what="sweep")
-        self.every(settings.settle_interval_s, self.settle, what="settle")
+        self.every(settings.sweep_interval_s, self.sweep, what="sweep", ready=ready)
+        self.every(settings.settle_interval_s, self.settle, what="settle", ready=ready)
         self.every(settings.stats_interval_s, self.update_stats, what="retry stats",
-                   max_busy=GAUGE_MAX_BUSY)
+                   max_busy=GAUGE_MAX_BUSY, ready=ready)
 
     def sweepable(self) -> list[Subscription]:
         """Not paused, and not changed (e.g. resumed) within the sweep threshold: a resumed

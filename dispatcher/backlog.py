@@ -28,7 +28,8 @@ class BacklogMonitor(PeriodicWork):
         self._store = store
         self._paused_partitions = paused_partitions  # subscription id -> paused partitions
         self._shown: set[str] = set()
-        self.every(interval_s, self.update, what="backlog metrics", max_busy=GAUGE_MAX_BUSY)
+        self.every(interval_s, self.update, what="backlog metrics", max_busy=GAUGE_MAX_BUSY,
+                   ready=store.gate.wait_available)
 
     async def update(self) -> None:
         paused = self._paused_partitions()

@@ -90,7 +90,8 @@ class BrokerCleanup(PeriodicWork):
         self._shares = shares
         self._connections = connections
         self._grace_s = max(MIN_GRACE_S, GRACE_REFRESHES * connections.config_refresh_s)
-        self.every(interval_s, self.run_once, what="broker cleanup")
+        self.every(interval_s, self.run_once, what="broker cleanup",
+                   ready=shares.gate.wait_available)
 
     async def run_once(self) -> int:
         """One pass; returns how many deletions it completed."""

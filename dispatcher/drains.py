@@ -121,7 +121,8 @@ class DrainWatch(PeriodicWork):
         self._settle = timedelta(seconds=max(settle_s, 3 * connections.config_refresh_s))
         self._drained: set[tuple[Source, str]] = set()  # (source, subscription name)
         self._let_go: set[tuple[Source, str]] = set()  # RabbitMQ queues seen with none ready
-        self.every(interval_s, self.check, what="old broker drains")
+        self.every(interval_s, self.check, what="old broker drains",
+                   ready=store.gate.wait_available)
 
     # -- what to consume (the supervisor asks) --------------------------------------------
 

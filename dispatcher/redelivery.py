@@ -17,16 +17,15 @@ retries (a second first push beside its retry would be a duplicate):
   below the compensator's sweep threshold). A first hand-out, the bulk of the traffic also
   when a backlog builds, costs MongoDB nothing.
 
-At-least-once stays: when MongoDB does not answer in time, the messages are pushed, and for
-the next `pause_s` no lookup is tried, so that a MongoDB outage does not hold every batch of a
-backlog for the lookup timeout.
+At-least-once stays: when MongoDB does not answer in time, the messages are pushed. Lookups go
+through the store's gate (`msgbus.store.gate`): once one has timed out, none is tried until a
+probe finds MongoDB back, so an outage holds one batch for the lookup timeout, not every batch
+of a backlog.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -34,30 +33,21 @@ from datetime import datetime
 from msgbus.metrics import REDELIVERIES_SKIPPED
 from msgbus.models import Envelope, utcnow
 from msgbus.store import MongoStore
-from msgbus.tasks import detached_task
 
 log = logging.getLogger(__name__)
 
 LOOKUP_TIMEOUT_S = 2.0
-PAUSE_AFTER_FAILURE_S = 10.0
 REMEMBERED = 200_000  # (subscription, message id) pairs, ~100 bytes each
 
 
 class DeliveredCheck:
     def __init__(self, store: MongoStore, *, after_s: float,
-                 timeout_s: float = LOOKUP_TIMEOUT_S,
-                 pause_s: float = PAUSE_AFTER_FAILURE_S, remember: int = REMEMBERED) -> None:
+                 timeout_s: float = LOOKUP_TIMEOUT_S, remember: int = REMEMBERED) -> None:
         self._store = store
         self._after_s = after_s
         self._timeout_s = timeout_s
-        self._pause_s = pause_s
-        self._paused_until = 0.0  # monotonic; no lookups before, after a failed one
         self._capacity = remember
         self._delivered: OrderedDict[tuple[str, str], None] = OrderedDict()
-        # per subscription: a lookup that outlived its timeout runs on (cancelling a MongoDB
-        # call mid-flight costs its connection); none other of that subscription starts
-        # meanwhile, while other subscriptions' lookups (e.g. all redelivered at a restart) do
-        self._lookups: dict[str, asyncio.Task[set[str]]] = {}
 
     def remember(self, delivered: Iterable[tuple[str, str]]) -> None:
         """(subscription, message id) pairs this process delivered; the oldest are forgotten
@@ -81,18 +71,18 @@ class DeliveredCheck:
                      "pushed again", subscription, len(known))
         suspects = [e.message_id for e in envelopes if e.message_id not in known and (
             e.redelivered or (now - _first_seen(e)).total_seconds() >= self._after_s)]
-        running = self._lookups.get(subscription)
-        if (not suspects or time.monotonic() < self._paused_until
-                or (running is not None and not running.done())):
+        if not suspects:
             return known
-        lookup = self._lookups[subscription] = detached_task(
-            self._store.handled_among(subscription, suspects))
+        gate = self._store.gate
+        if not gate.available:
+            gate.refuse("redelivery check")  # counted; pushed without a look-up
+            return known
         try:
-            found = await asyncio.wait_for(asyncio.shield(lookup), self._timeout_s)
+            async with gate.guard("redelivery check", self._timeout_s):
+                found = await self._store.handled_among(subscription, suspects)
         except Exception as exc:  # MongoDB down or slow: push them (at least once)
-            self._paused_until = time.monotonic() + self._pause_s
             log.warning("%s: cannot tell which messages were delivered already (%r); pushing "
-                        "them, and not looking up for %.0f s", subscription, exc, self._pause_s)
+                        "them", subscription, exc)
             return known
         if found:
             REDELIVERIES_SKIPPED.labels(subscription).inc(len(found))

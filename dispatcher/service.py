@@ -44,7 +44,7 @@ class DispatcherService:
         conn.require_internal_token()
         self.settings = settings
         self.instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
-        self.store = MongoStore(conn.mongo_uri, conn.mongo_db)
+        self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="dispatcher")
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s,
                                  snapshot=conn.state_dir / "dispatcher-config.json")
         trace_dir = settings.trace_dir or conn.state_dir / "dispatcher-trace"

@@ -52,7 +52,8 @@ class TraceWriter:
     def __init__(self, buffer: LocalQueue, store: MongoStore, *, batch_size: int) -> None:
         self._buffer = buffer
         self._store = store
-        self._drainer = Drainer(buffer, QUEUE, self._write, batch_size=batch_size)
+        self._drainer = Drainer(buffer, QUEUE, self._write, batch_size=batch_size,
+                                ready=store.gate.wait_available)
 
     def start(self) -> None:
         self._drainer.start()

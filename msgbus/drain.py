@@ -1,7 +1,9 @@
 """`Drainer`: moves entries of a durable local queue into a sink (MongoDB, a broker), in batches.
 
 An entry is deleted only after the sink took it, so a crash anywhere re-delivers the batch to
-the sink; sinks are idempotent. A failing sink is retried with backoff: the loop never dies.
+the sink; sinks are idempotent. A failing sink is retried with backoff: the loop never dies. A
+sink that depends on MongoDB gives its gate's `wait_available` as `ready`: during an outage the
+entries wait in the queue without a try per backoff step, and move as soon as the gate opens.
 
 `PartitionedDrainer` drains each partition of a partitioned queue (e.g. one per destination) in
 a task of its own, so that a sink that is slow or failing for one partition (its broker is
@@ -16,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from msgbus.backoff import backoff_s
+from msgbus.errors import MongoUnavailable
 from msgbus.localqueue import LocalQueue
 from msgbus.tasks import cancel_and_wait
 
@@ -24,16 +27,18 @@ log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.1  # after a failed batch; then twice as long each time, up to max_backoff_s
 
 Sink = Callable[[list[bytes]], Awaitable[None]]
+Ready = Callable[[], Awaitable[None]]  # returns once the sink can be tried
 
 
 class Drainer:
     def __init__(
         self, queue: LocalQueue, name: str, sink: Sink, *, batch_size: int,
-        idle_wait_s: float = 0.5, max_backoff_s: float = 5.0,
+        idle_wait_s: float = 0.5, max_backoff_s: float = 5.0, ready: Ready | None = None,
     ) -> None:
         self._queue = queue
         self.name = name
         self._sink = sink
+        self._ready = ready
         self._batch_size = batch_size
         self._idle_wait_s = idle_wait_s
         self._max_backoff_s = max_backoff_s
@@ -64,12 +69,17 @@ class Drainer:
         failures = 0
         while True:
             try:
+                if self._ready is not None:
+                    await self._ready()
                 return await move()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                failures += 1
                 self.failures += 1
+                if self._ready is not None and isinstance(exc, MongoUnavailable):
+                    log.warning("draining %s waits for MongoDB (%s)", what, exc)
+                    continue  # `ready` waits until the gate opens
+                failures += 1
                 delay = backoff_s(failures=failures, first_s=RETRY_FIRST_S,
                                   max_s=self._max_backoff_s)
                 log.warning("draining %s failed (%s); retrying in %.1fs", what, exc, delay)
@@ -94,10 +104,10 @@ class PartitionedDrainer(Drainer):
 
     def __init__(
         self, queue: LocalQueue, name: str, sink: Sink, *, batch_size: int,
-        idle_wait_s: float = 0.5, max_backoff_s: float = 5.0,
+        idle_wait_s: float = 0.5, max_backoff_s: float = 5.0, ready: Ready | None = None,
     ) -> None:
         super().__init__(queue, name, sink, batch_size=batch_size, idle_wait_s=idle_wait_s,
-                         max_backoff_s=max_backoff_s)
+                         max_backoff_s=max_backoff_s, ready=ready)
         self._partition_tasks: dict[str, asyncio.Task[None]] = {}
 
     async def drain_once(self) -> int:

@@ -16,7 +16,9 @@
     ├── Unauthorized            missing or wrong credentials (401)
     ├── Forbidden               authenticated but not allowed (403)
     ├── Unavailable             a dependency is down or a local buffer is full (503)
-    │   └── BufferFull
+    │   ├── BufferFull
+    │   └── MongoUnavailable      this process's MongoDB gate is closed, or a call timed out
+    │                             (msgbus/store/gate.py): callers take their outage path
     └── BrokerError             a broker refused or failed an operation (503)
 
 A 503 tells the caller when to retry: `retry_after_s` becomes the HTTP Retry-After header.
@@ -108,6 +110,11 @@ class Unavailable(MsgbusError):
 class BufferFull(Unavailable):
     code = "buffer_full"
     retry_after_s = 5  # the buffer drains at MongoDB's pace: give it a few seconds
+
+
+class MongoUnavailable(Unavailable):
+    code = "mongo_unavailable"
+    retry_after_s = 2  # the gate's probes look for MongoDB's return every few seconds at most
 
 
 class BrokerError(MsgbusError):

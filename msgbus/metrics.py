@@ -31,6 +31,19 @@ MESSAGES_DUPLICATE = Counter(
 DEDUPE_UNCHECKED = Counter(
     "msgbus_dedupe_unchecked_total",
     "Messages published without the cross-receiver duplicate check (MongoDB did not answer)")
+MONGO_AVAILABLE = Gauge(
+    "msgbus_mongo_available",
+    "1 while the process's MongoDB gate is open (calls go through), 0 while it is closed "
+    "(callers take their outage path at once and one probe looks for MongoDB's return)",
+    ["component"], multiprocess_mode="livemin")
+MONGO_GATE_CLOSED = Counter(
+    "msgbus_mongo_gate_closed_total",
+    "Times the process's MongoDB gate closed after a timeout or a connection error",
+    ["component"])
+MONGO_CALLS_SKIPPED = Counter(
+    "msgbus_mongo_calls_skipped_total",
+    "MongoDB calls not made because the gate was closed, by caller (each took its outage path)",
+    ["component", "caller"])
 MESSAGES_REJECTED = Counter(
     "msgbus_messages_rejected_total",
     "Messages (or requests) the receiver refused, by destination ('' when unknown) and reason",

@@ -26,7 +26,7 @@ import orjson
 from pydantic import ValidationError
 from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 
-from msgbus.errors import InvalidStoredDocument, NotFound, Unavailable
+from msgbus.errors import InvalidStoredDocument, MongoUnavailable, NotFound, Unavailable
 from msgbus.models import Destination, PayloadSchema, RuntimeConfig, Subscription
 from msgbus.store import MongoStore
 from msgbus.store.schemas import SchemaStore
@@ -35,6 +35,8 @@ from msgbus.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 MISS_RETRY_S = 1.0
+READ_TIMEOUT_S = 5.0  # the whole configuration, read through the store's gate
+LOOKUP_TIMEOUT_S = 2.0  # one destination not known yet (a producer's request waits for it)
 MAX_REMEMBERED_MISSES = 10_000
 MISCONFIGURED_RETRY_AFTER_S = 30
 
@@ -76,7 +78,7 @@ class Registry:
                 # a quick answer instead of the driver's server selection timeout
                 raise ServerSelectionTimeoutError("MongoDB does not answer a ping")
             await self.reload()
-        except PyMongoError as exc:
+        except (PyMongoError, MongoUnavailable) as exc:
             log.warning("registry: MongoDB is unreachable (%s); retrying every %.1fs",
                         type(exc).__name__, self._refresh_s)
             await self._load_snapshot()
@@ -87,11 +89,12 @@ class Registry:
 
     async def reload(self) -> None:
         read_at = time.monotonic()
-        destinations = await self._store.list_destinations()
-        subscriptions = await self._store.list_subscriptions()
-        schemas_changed = await self._reload_schemas()
-        changed = self._apply(destinations, subscriptions, await self._store.get_runtime())
-        changed = changed or schemas_changed
+        async with self._store.gate.guard("configuration", READ_TIMEOUT_S):
+            destinations = await self._store.list_destinations()
+            subscriptions = await self._store.list_subscriptions()
+            schemas_changed = await self._reload_schemas()
+            runtime = await self._store.get_runtime()
+        changed = self._apply(destinations, subscriptions, runtime) or schemas_changed
         if changed or (self._snapshot is not None and not self._snapshot.exists()):
             self._save_snapshot()
         if changed:
@@ -185,8 +188,11 @@ class Registry:
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self._refresh_s)
+            await self._store.gate.wait_available()  # meanwhile: the last configuration
             try:
                 await self.reload()
+            except MongoUnavailable as exc:
+                log.warning("registry refresh: %s; keeping the last configuration", exc)
             except Exception:  # MongoDB down: keep serving the last known configuration
                 log.warning("registry refresh failed; keeping the last configuration",
                             exc_info=True)
@@ -204,14 +210,15 @@ class Registry:
             self._misses[code] = now + MISS_RETRY_S
             with contextlib.suppress(NotFound):
                 try:
-                    found = await self._store.get_destination(code)
+                    async with self._store.gate.guard("destination lookup", LOOKUP_TIMEOUT_S):
+                        looked_up = await self._store.get_destination(code)
                 except InvalidStoredDocument as exc:
                     # not the sender's fault, and fixed by an operator: the sender keeps the
                     # message and tries again
                     raise Unavailable(f"destination {code!r} is misconfigured ({exc.message})",
                                       retry_after_s=MISCONFIGURED_RETRY_AFTER_S) from exc
-                self._destinations[code] = found
-                return found
+                self._destinations[code] = looked_up
+                return looked_up
         raise NotFound(f"unknown destination {code!r}", field="destination")
 
     def known_destination(self, code: str) -> Destination | None:

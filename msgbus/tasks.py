@@ -51,15 +51,18 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None, every_s: float = 1
 
 
 async def periodically(job: Callable[[], Awaitable[object]], interval_s: float, *, what: str,
-                       max_busy: float = 1.0, max_pause_s: float | None = None) -> None:
+                       max_busy: float = 1.0, max_pause_s: float | None = None,
+                       ready: Callable[[], Awaitable[object]] | None = None) -> None:
     """Runs `job` every `interval_s` until cancelled; a failure (MongoDB down) is logged and the
     job runs again next time. With `max_busy` below 1 the pause after a pass grows with the
     pass, so the job takes at most that share of the time: a gauge whose queries read a large
     backlog, or wait behind a busy MongoDB server, then backs off instead of adding to it; but
     it pauses at most `max_pause_s` (default: 4 intervals), so a gauge never goes stale for
-    long."""
+    long. With `ready` (a MongoDB gate's `wait_available`), a pass starts only once it returns."""
     longest_s = 4 * interval_s if max_pause_s is None else max_pause_s
     while True:
+        if ready is not None:
+            await ready()
         began = time.monotonic()
         try:
             await job()
@@ -76,6 +79,7 @@ class _Job:
     interval_s: float
     what: str
     max_busy: float
+    ready: Callable[[], Awaitable[object]] | None
 
 
 class PeriodicWork:
@@ -87,12 +91,16 @@ class PeriodicWork:
         self._tasks: list[asyncio.Task[None]] = []
 
     def every(self, interval_s: float, job: Callable[[], Awaitable[object]], *, what: str,
-              max_busy: float = 1.0) -> None:
-        self._jobs.append(_Job(job, interval_s, what, max_busy))
+              max_busy: float = 1.0, ready: Callable[[], Awaitable[object]] | None = None
+              ) -> None:
+        """`ready`: see `periodically` (the jobs that read or write MongoDB wait for its
+        gate)."""
+        self._jobs.append(_Job(job, interval_s, what, max_busy, ready))
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(
-            periodically(job.run, job.interval_s, what=job.what, max_busy=job.max_busy),
+            periodically(job.run, job.interval_s, what=job.what, max_busy=job.max_busy,
+                         ready=job.ready),
             name=job.what.replace(" ", "-")) for job in self._jobs]
 
     async def close(self) -> None:

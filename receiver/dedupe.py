@@ -21,9 +21,15 @@ or one that adopts a dead receiver's buffer, finds its own claim and publishes; 
 that accept the same id in the same millisecond (receipt times are kept to the millisecond, and
 a batch shares one) still differ.
 
-When MongoDB does not answer within CLAIM_TIMEOUT_S, the batch is published unchecked (a
-duplicate is possible, a delay of deliveries is not); `msgbus_dedupe_unchecked_total` counts
-such messages.
+A publish never waits long for its claim (a duplicate is possible, a delay of deliveries is
+not): it waits WAIT_FACTOR times as long as recent claims took (at least WAIT_MIN_S), then
+publishes unchecked and leaves the claim running, so that a late claim still stops a later
+re-send elsewhere (a hedged request, as in "The Tail at Scale"). While a late claim runs, the
+next batches do not claim: they are published unchecked at once. The claim itself goes through
+the store's gate (`msgbus.store.gate`): after CLAIM_TIMEOUT_S it closes the gate, and no claim
+is tried until a probe finds MongoDB back. So a hung MongoDB costs the publish path one short
+wait, not one timeout per batch. `msgbus_dedupe_unchecked_total` counts what is published
+unchecked.
 """
 
 from __future__ import annotations
@@ -32,20 +38,26 @@ import asyncio
 import logging
 import os
 import secrets
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from pymongo.errors import BulkWriteError, PyMongoError
 
+from msgbus.errors import MongoUnavailable
 from msgbus.metrics import DEDUPE_UNCHECKED, MESSAGES_DUPLICATE
 from msgbus.models import Envelope, utcnow
 from msgbus.store import MongoStore
 from msgbus.store.idsets import find_by_ids
+from msgbus.tasks import detached_task
 
 log = logging.getLogger(__name__)
 
-CLAIM_TIMEOUT_S = 2.0
+CLAIM_TIMEOUT_S = 2.0  # then MongoDB is taken as unavailable: the gate closes
+WAIT_MIN_S = 0.25  # a publish waits for its claim at least this long,
+WAIT_FACTOR = 4.0  # or this many times the recent claims' time (the longer)
+SMOOTHING = 0.2  # weight of the newest claim in the recent claims' time
 _DUPLICATE_KEY = 11000
 PREFIX = "accepted_ids_"
 WINDOWS_KEPT = 2  # the current window's collection and this many before it
@@ -76,24 +88,35 @@ class AcceptedIds:
     def __init__(self, store: MongoStore, window_s: float, origin: str) -> None:
         """`origin`: the id of the buffer whose messages this claims (`buffer_origin`)."""
         self._db = store.db
+        self._gate = store.gate
         self._origin = origin
         self._window_s = window_s
         self._unchecked_logged = False
         self._dropped_before = 0  # windows before this one are gone
+        self._claim_s: float | None = None  # how long recent claims took (smoothed)
+        self._late: asyncio.Task[set[str]] | None = None  # a claim not waited for to its end
+
+    def wait_s(self) -> float:
+        """How long a publish waits for its claim: long while nothing is known."""
+        if self._claim_s is None:
+            return CLAIM_TIMEOUT_S
+        return min(CLAIM_TIMEOUT_S, max(WAIT_MIN_S, WAIT_FACTOR * self._claim_s))
 
     async def first_accepts(self, envelopes: list[Envelope]) -> list[Envelope]:
         """Of the envelopes about to be published, those no other receiver accepted first."""
         if not envelopes:
             return envelopes
+        if self._late is not None and not self._late.done():
+            return self._unchecked(envelopes, "an earlier claim is still unanswered")
+        wait_s = self.wait_s()
+        claim = detached_task(self._timed_claim(envelopes))
         try:
-            taken = await asyncio.wait_for(self._claim(envelopes), CLAIM_TIMEOUT_S)
-        except (PyMongoError, TimeoutError) as exc:
-            DEDUPE_UNCHECKED.inc(len(envelopes))
-            if not self._unchecked_logged:
-                self._unchecked_logged = True
-                log.warning("claiming message ids failed (%s); publishing without the "
-                            "cross-receiver duplicate check until MongoDB answers", exc)
-            return envelopes
+            taken = await asyncio.wait_for(asyncio.shield(claim), wait_s)
+        except TimeoutError:
+            self._late = claim
+            return self._unchecked(envelopes, f"MongoDB did not answer within {wait_s:.2f} s")
+        except (MongoUnavailable, PyMongoError) as exc:
+            return self._unchecked(envelopes, str(exc))
         self._unchecked_logged = False
         if not taken:
             return envelopes
@@ -103,6 +126,23 @@ class AcceptedIds:
         log.info("%d messages another receiver accepted first are not published again",
                  len(taken))
         return [e for e in envelopes if e.message_id not in taken]
+
+    def _unchecked(self, envelopes: list[Envelope], why: str) -> list[Envelope]:
+        DEDUPE_UNCHECKED.inc(len(envelopes))
+        if not self._unchecked_logged:
+            self._unchecked_logged = True
+            log.warning("claiming message ids: %s; publishing without the cross-receiver "
+                        "duplicate check until MongoDB answers", why)
+        return envelopes
+
+    async def _timed_claim(self, envelopes: list[Envelope]) -> set[str]:
+        began = time.monotonic()
+        async with self._gate.guard("claims", CLAIM_TIMEOUT_S):
+            taken = await self._claim(envelopes)
+        took_s = time.monotonic() - began
+        self._claim_s = took_s if self._claim_s is None else (
+            SMOOTHING * took_s + (1 - SMOOTHING) * self._claim_s)
+        return taken
 
     def _window_of(self, moment: datetime) -> int:
         return int(moment.timestamp() // self._window_s)

@@ -129,7 +129,7 @@ class DrainProcess:
 
 async def _drain(settings: ReceiverSettings, slot: ClaimedSlot, doorbell_fd: int) -> None:
     conn = settings.connections
-    store = MongoStore(conn.mongo_uri, conn.mongo_db)
+    store = MongoStore(conn.mongo_uri, conn.mongo_db, component="receiver-drain")
     registry = Registry(store, refresh_s=conn.config_refresh_s)
     buffer = open_buffer(settings, slot.path)
     service = DrainService(settings, store, registry, buffer, slot.root)

@@ -58,7 +58,8 @@ class IngestPipeline:
             PartitionedDrainer(buffer, PUBLISH_QUEUE, self._publish,
                                batch_size=publish_batch),
             RecordWriter(buffer, RECORD_QUEUE, self._record, batch_size=record_batch,
-                         global_rate=self.global_record_rate, rate_of=self.record_rate_of),
+                         global_rate=self.global_record_rate, rate_of=self.record_rate_of,
+                         ready=store.gate.wait_available),
         ]
 
     def start(self) -> None:

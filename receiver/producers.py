@@ -18,7 +18,7 @@ from typing import Protocol
 from pymongo.errors import PyMongoError
 
 from msgbus.auth import bearer_token, hash_api_key
-from msgbus.errors import Forbidden, Unauthorized, Unavailable
+from msgbus.errors import Forbidden, MongoUnavailable, Unauthorized, Unavailable
 from msgbus.models import ProducerApp
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class ProducerAuthenticator:
             raise self._unavailable()
         try:
             producer = await asyncio.shield(lookup)
-        except PyMongoError:
+        except (PyMongoError, MongoUnavailable):
             raise self._unavailable() from None
         if producer is None:
             raise Unauthorized("unknown or revoked API key")
@@ -102,7 +102,7 @@ class ProducerAuthenticator:
     async def _fetch(self, key_hash: str) -> Producer | None:
         try:
             app = await self._store.find_app_by_key_hash(key_hash)
-        except PyMongoError as exc:
+        except (PyMongoError, MongoUnavailable) as exc:
             if self._outage is None:
                 self._outage = f"{type(exc).__name__}: {exc}"
                 log.warning("MongoDB is unavailable for API key checks (%s); known keys keep "

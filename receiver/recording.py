@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from msgbus.drain import Drainer, Sink
+from msgbus.drain import Drainer, Ready, Sink
 from msgbus.localqueue import LocalQueue
 from msgbus.ratelimit import TokenBucket
 
@@ -21,8 +21,10 @@ class RecordWriter(Drainer):
     def __init__(
         self, queue: LocalQueue, name: str, sink: Sink, *, batch_size: int,
         global_rate: Callable[[], float], rate_of: RateOf, idle_wait_s: float = 0.5,
+        ready: Ready | None = None,
     ) -> None:
-        super().__init__(queue, name, sink, batch_size=batch_size, idle_wait_s=idle_wait_s)
+        super().__init__(queue, name, sink, batch_size=batch_size, idle_wait_s=idle_wait_s,
+                         ready=ready)
         self._global_rate = global_rate
         self._rate_of = rate_of
         self._global = TokenBucket()

@@ -30,7 +30,7 @@ class BufferRescuer:
         conn = settings.connections
         self.settings = settings
         self.min_idle_s = min_idle_s
-        self.store = MongoStore(conn.mongo_uri, conn.mongo_db)
+        self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="spool-drainer")
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
         self.publishers = PublisherSet(build_publishers(settings))
         self._started = False

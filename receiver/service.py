@@ -31,7 +31,7 @@ class ReceiverService:
         conn = settings.connections
         conn.require_internal_token()
         self.settings = settings
-        self.store = MongoStore(conn.mongo_uri, conn.mongo_db)
+        self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="receiver")
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s,
                                  payload_schemas=True)
         self.auth = ProducerAuthenticator(self.store)

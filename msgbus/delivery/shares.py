@@ -21,7 +21,8 @@ MongoDB, with compare-and-swap writes instead of a leader.
 The same heartbeat carries each process's evidence of every subscriber's health to the others
 (`msgbus.delivery.breaker`): one circuit per subscription, whoever pushes.
 
-When MongoDB cannot be reached, a process keeps its shares until its own lease would have
+Beats go through the store's gate (`msgbus.store.gate`): while it is closed no beat waits on
+MongoDB. When MongoDB cannot be reached, a process keeps its shares until its own lease would have
 ended, then falls back to the cap divided by the number of processes it last saw pushing to
 the subscription (each of them does the same), at least one.
 """
@@ -43,6 +44,7 @@ from pymongo.errors import PyMongoError
 from msgbus.delivery.breaker import CircuitBreaker, Evidence
 from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.slots import AdjustableSlots, RateSlots, Share
+from msgbus.errors import MongoUnavailable
 from msgbus.metrics import CAP_SHARE, CIRCUIT_OPEN, RATE_SHARE
 from msgbus.models import Subscription
 from msgbus.store.shares import ShareStore
@@ -214,9 +216,10 @@ class CapShares:
                 # with a share the others may have taken back: it ends there
                 now = time.monotonic()
                 ends = self._lease_until if self._lease_until > now else now + self._lease_s
-                await asyncio.wait_for(self.beat(), ends - now)
+                async with self._store.gate.guard("cap shares", ends - now):
+                    await self.beat()
                 self._mongo_back()
-            except (PyMongoError, TimeoutError) as exc:
+            except (PyMongoError, MongoUnavailable) as exc:
                 self._mongo_lost(exc)
             except Exception:  # a bug must not end the shares: the cap would freeze
                 log.exception("cap shares: a heartbeat failed")

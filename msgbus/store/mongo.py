@@ -25,7 +25,7 @@ from typing import Any
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
-from msgbus.errors import Conflict, NotFound, Unavailable
+from msgbus.errors import Conflict, MongoUnavailable, NotFound, Unavailable
 from msgbus.ids import uuid7
 from msgbus.models import (
     UNDELIVERED_STATUSES,
@@ -50,13 +50,18 @@ from msgbus.store.checked import (
     read_valid,
     storable,
 )
+from msgbus.store.gate import MongoGate
 from msgbus.store.idsets import find_by_ids
-from msgbus.tasks import detached_task
 
 log = logging.getLogger(__name__)
 
 _DUPLICATE_KEY = 11000
 MAX_INVALID_LISTED = 1000
+# a batch of records or outcomes: seconds on a busy server; a hang costs its drainer this once,
+# and the gate then keeps every other call from waiting
+BATCH_WRITE_TIMEOUT_S = 10.0
+PUSH_FIGURES_TIMEOUT_S = 5.0
+LOOKUP_TIMEOUT_S = 2.0  # a look-up a request waits for (an API key)
 _DOCS_CHUNK = 64  # records turned into documents between two yields to the event loop
 
 INDEXES: dict[str, list[IndexModel]] = {
@@ -104,7 +109,8 @@ def raise_unless_duplicates(exc: BulkWriteError) -> None:
 
 class MongoStore:
     def __init__(self, uri: str, db_name: str, *, timeout_ms: int = 5000,
-                 socket_timeout_ms: int = 30_000) -> None:
+                 socket_timeout_ms: int = 30_000, component: str = "msgbus") -> None:
+        """`component`: which service this process runs (its gate's metric label)."""
         # socket_timeout_ms: a server that stops answering (hung, or a half-open connection
         # after a restart) fails the call instead of holding its caller forever (pymongo's
         # default is no timeout); the drainers then back off and try again. Well above the
@@ -123,8 +129,9 @@ class MongoStore:
         self.apps = self.db["apps"]
         self.runtime = self.db["runtime"]
         self.push_stats = self.db["push_stats"]
-        self.push_figures = pushstats.PushStatsBuffer(self._upsert_push_stats)
-        self._ping: asyncio.Task[Any] | None = None
+        # every call on a message's way goes through it: an outage costs one timeout
+        self.gate = MongoGate(lambda: self._client.admin.command("ping"), component=component)
+        self.push_figures = pushstats.PushStatsBuffer(self._upsert_push_stats, self.gate)
         self.invalid_log = InvalidDocumentLog()  # stored documents that do not validate
 
     async def ensure_indexes(self) -> None:
@@ -138,21 +145,17 @@ class MongoStore:
             await self.db[collection].create_indexes(indexes)
 
     async def ping(self, timeout_s: float = 1.0) -> bool:
-        """Whether MongoDB answers within `timeout_s` (health checks must answer fast even
-        while it is down: server selection alone would wait for `timeout_ms`). A ping that
-        takes longer is not cancelled (that would cost its connection): the next calls wait
-        for the same one."""
-        if self._ping is None or self._ping.done():
-            self._ping = detached_task(self._client.admin.command("ping"))
+        """Whether MongoDB answers within `timeout_s`; False at once while the gate is closed
+        (health checks answer fast during an outage; the gate's probe looks for the return)."""
         try:
-            await asyncio.wait_for(asyncio.shield(self._ping), timeout_s)
+            async with self.gate.guard("ping", timeout_s):
+                await self._client.admin.command("ping")
             return True
-        except (PyMongoError, TimeoutError):
+        except (MongoUnavailable, PyMongoError):
             return False
 
     async def close(self) -> None:
-        if self._ping is not None:
-            self._ping.cancel()
+        await self.gate.close()
         await self.push_figures.close()
         await self._client.close()
 
@@ -298,7 +301,8 @@ class MongoStore:
     async def find_app_by_key_hash(self, key_hash: str) -> ProducerApp | None:
         """The app holding this key; None also when its document does not validate (its keys
         do not work until it is fixed: reported, never guessed at)."""
-        doc = await self.apps.find_one({"key_hashes": key_hash})
+        async with self.gate.guard("API key lookup", LOOKUP_TIMEOUT_S):
+            doc = await self.apps.find_one({"key_hashes": key_hash})
         if doc is None:
             return None
         return read_valid(doc, "apps", ProducerApp.model_validate, self.invalid_log)
@@ -311,6 +315,10 @@ class MongoStore:
         the sweep look its messages up twice."""
         if not records:
             return
+        async with self.gate.guard("records", BATCH_WRITE_TIMEOUT_S):
+            await self._record_messages(records)
+
+    async def _record_messages(self, records: Sequence[tuple[Envelope, list[str]]]) -> None:
         now = utcnow()
         messages: list[dict[str, Any]] = []
         by_subscription: dict[str, list[Envelope]] = {}
@@ -340,7 +348,8 @@ class MongoStore:
         the subscription's figures over time (`pushstats`, written within 2 s)."""
         if not outcomes:
             return
-        await self._record_attempts_and_states(outcomes)
+        async with self.gate.guard("outcomes", BATCH_WRITE_TIMEOUT_S):
+            await self._record_attempts_and_states(outcomes)
         self.push_figures.add(o.result for o in outcomes if o.pushed)
 
     async def record_backlog_sample(self, subscription: str, backlog: int,
@@ -355,7 +364,8 @@ class MongoStore:
             if not writes:
                 return
             try:
-                await self.push_stats.bulk_write(writes, ordered=False)
+                async with self.gate.guard("push figures", PUSH_FIGURES_TIMEOUT_S):
+                    await self.push_stats.bulk_write(writes, ordered=False)
                 return
             except BulkWriteError as exc:
                 errors = exc.details.get("writeErrors", [])
@@ -363,7 +373,7 @@ class MongoStore:
                     log.warning("push figures not recorded: %s", errors[:1])
                     return
                 writes = [writes[e["index"]] for e in errors]
-            except PyMongoError as exc:
+            except (MongoUnavailable, PyMongoError) as exc:
                 log.warning("push figures not recorded: %s", exc)
                 return
 

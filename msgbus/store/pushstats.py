@@ -22,6 +22,7 @@ from typing import Any
 from pymongo import ASCENDING, IndexModel, UpdateOne
 
 from msgbus.models import AttemptResult
+from msgbus.store.gate import MongoGate
 
 # Upper bounds (ms) of the latency histogram's buckets; the last one is open.
 LATENCY_BOUNDS_MS: tuple[float, ...] = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000,
@@ -115,11 +116,13 @@ class PushStatsBuffer:
     """Pushes folded in memory and written every `every_s` by a task of its own: a few upserts
     per subscription and interval however often outcomes are recorded (per trace flush, they
     cost SecantusDB a round trip each and slowed every flush). A process killed loses at most
-    the last interval's figures, never a message or its trace."""
+    the last interval's figures, never a message or its trace. While MongoDB's gate is closed
+    the figures go on folding, and are written once it opens."""
 
-    def __init__(self, write: Callable[[list[UpdateOne]], Awaitable[None]], *,
-                 every_s: float = FLUSH_EVERY_S) -> None:
+    def __init__(self, write: Callable[[list[UpdateOne]], Awaitable[None]], gate: MongoGate,
+                 *, every_s: float = FLUSH_EVERY_S) -> None:
         self._write = write
+        self._gate = gate
         self._every_s = every_s
         self._folds: Folds = {}
         self._task: asyncio.Task[None] | None = None
@@ -131,6 +134,7 @@ class PushStatsBuffer:
 
     async def _flush_later(self) -> None:
         await asyncio.sleep(self._every_s)
+        await self._gate.wait_available()
         await self.flush()
 
     async def flush(self) -> None:

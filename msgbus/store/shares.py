@@ -24,6 +24,7 @@ from msgbus.store.mongo import MongoStore
 
 class ShareStore:
     def __init__(self, store: MongoStore) -> None:
+        self.gate = store.gate
         self._instances = store.db["instances"]
         self._shares = store.db["cap_shares"]
 

@@ -3,6 +3,7 @@ while it drains them (dispatcher/drains.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from msgbus.models import (
     utcnow,
 )
 from msgbus.settings import ConnectionSettings
+from msgbus.store.gate import MongoGate
 
 KAFKA, RABBITMQ, DIRECT = BrokerKind.KAFKA, BrokerKind.RABBITMQ, BrokerKind.DIRECT
 
@@ -27,6 +29,7 @@ class _NoStore:
 
     db: dict[str, Any] = {"drains": None}
     destinations = None
+    gate = MongoGate(lambda: asyncio.sleep(0), component="test")
 
 
 class _Registry:

@@ -10,6 +10,7 @@ from msgbus_devtools.testkit.waiting import eventually
 
 from admin.subscription_health import charts
 from msgbus.models import AttemptResult
+from msgbus.store.gate import MongoGate
 from msgbus.store.pushstats import (
     FAILURES_KEPT,
     Bucket,
@@ -86,13 +87,17 @@ def test_a_series_has_every_bucket_of_the_range_empty_where_nothing_happened() -
     assert age.bars == [] and age.peak == 0
 
 
+async def _answers() -> None:
+    """A MongoDB ping that answers (the gate stays open)."""
+
+
 async def test_the_buffer_writes_what_it_folded_once_per_interval_and_on_close() -> None:
     written: list[list[Any]] = []
 
     async def write(writes: list[Any]) -> None:
         written.append(writes)
 
-    buffer = PushStatsBuffer(write, every_s=0.05)
+    buffer = PushStatsBuffer(write, MongoGate(_answers, component="test"), every_s=0.05)
     buffer.add([_push(1, 200), _push(2, 500)])
     buffer.add([_push(3, 200)])
     await eventually(lambda: len(written) == 1)
