@@ -86,7 +86,7 @@ def create_app(service: AdminService) -> FastAPI:
 
 @probes.get("/health")
 async def health(store: Store) -> dict[str, Any]:
-    return {"status": "ok", "mongo": await store.ping()}
+    return {"status": "ok", "mongo": await store.ping(), "mongo_gate": store.gate.state()}
 
 
 async def _readiness(store: MongoStore) -> dict[str, bool]:

@@ -16,6 +16,7 @@ def create_app(service: CompensatorService) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "mongo": await service.store.ping(),
+                "mongo_gate": service.store.gate.state(),
                 "instance": service.instance, "subscriptions": sorted(service.retriers),
                 "swept": service.sweeper.swept, "last_sweep_s": service.sweeper.last_sweep_s}
 

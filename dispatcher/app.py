@@ -72,7 +72,7 @@ def create_app(service: DispatcherService) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "instance": service.instance,
-                "mongo": await service.store.ping(),
+                "mongo": await service.store.ping(), "mongo_gate": service.store.gate.state(),
                 "subscriptions": service.supervisor.subscription_ids(),
                 "trace_backlog": service.trace.backlog()}
 

@@ -351,12 +351,14 @@ def drainer_state(service: ReceiverService) -> dict[str, Any]:
     process = service.drain_process
     if process is None:
         return {"mode": "inline"}
-    return {"mode": "process", "pid": process.pid, "restarts": process.restarts}
+    return {"mode": "process", "pid": process.pid, "restarts": process.restarts,
+            "mongo_gate": process.mongo_gate()}
 
 
 @probes.get("/health")
 async def health(service: Annotated[ReceiverService, Depends(_service)]) -> dict[str, Any]:
     return {"status": "ok", "mongo": await service.store.ping(),
+            "mongo_gate": service.store.gate.state(),
             "buffer": service.intake.depths(), "drainer": drainer_state(service)}
 
 

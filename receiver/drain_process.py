@@ -19,7 +19,9 @@ How the two processes share a buffer slot:
   as the slot of a receiver process that drained inline would be.
 
 The drain process's metrics reach the receiver's /metrics through prometheus_client's
-multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set by `msgbus receiver`).
+multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set by `msgbus receiver`). Its MongoDB gate (the
+claims and records are its calls) is written to GATE_STATE_FILE in the slot whenever it opens
+or closes, and the receiver's /health shows it.
 
     python -m receiver.drain_process --slot DIR --lock-fd N --doorbell-fd M  < pickled settings
 """
@@ -29,12 +31,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import pickle
 import signal
 import sys
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from msgbus import telemetry
 from msgbus.gcfreeze import freeze_startup_objects
@@ -50,6 +56,22 @@ from receiver.draining import DrainService, open_buffer
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0
+GATE_STATE_FILE = "drain-mongo-gate.json"
+
+
+def write_gate_state(path: Path, state: dict[str, Any]) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_bytes(orjson.dumps(state))
+    partial.replace(path)
+
+
+def read_gate_state(path: Path) -> dict[str, Any] | None:
+    """The drain process's MongoDB gate as it last wrote it; None before it did."""
+    try:
+        state: dict[str, Any] = orjson.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return state
 
 
 class DrainProcess:
@@ -64,6 +86,10 @@ class DrainProcess:
         self._bell_read, self._bell_write = os.pipe()  # both ends close-on-exec
         os.set_blocking(self._bell_write, False)
         self.restarts = 0
+
+    def mongo_gate(self) -> dict[str, Any] | None:
+        """The drain process's MongoDB gate, as it last wrote it."""
+        return read_gate_state(self._slot.path / GATE_STATE_FILE)
 
     @property
     def pid(self) -> int | None:
@@ -130,6 +156,8 @@ class DrainProcess:
 async def _drain(settings: ReceiverSettings, slot: ClaimedSlot, doorbell_fd: int) -> None:
     conn = settings.connections
     store = MongoStore(conn.mongo_uri, conn.mongo_db, component="receiver-drain")
+    store.gate.on_change = functools.partial(write_gate_state, slot.path / GATE_STATE_FILE)
+    write_gate_state(slot.path / GATE_STATE_FILE, store.gate.state())
     registry = Registry(store, refresh_s=conn.config_refresh_s)
     buffer = open_buffer(settings, slot.path)
     service = DrainService(settings, store, registry, buffer, slot.root)

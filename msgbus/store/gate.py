@@ -71,6 +71,8 @@ class MongoGate:
         self._probes = 0
         self._skipped = 0
         self._probe_task: asyncio.Task[None] | None = None
+        # called with `state()` whenever the gate opens or closes (e.g. to tell another process)
+        self.on_change: Callable[[dict[str, Any]], None] | None = None
         # imported here: the store is imported by the CLI, which must not import
         # prometheus_client before `msgbus receiver` sets up its multiprocess mode
         from msgbus import metrics
@@ -112,13 +114,15 @@ class MongoGate:
         self._closed_counter.inc()
         log.warning("%s: MongoDB did not answer %s (%s); not waiting for it until a probe "
                     "answers", self.component, caller, self._reason)
+        self._changed()
         if self._probe_task is None or self._probe_task.done():
             self._probe_task = asyncio.create_task(self._probe_until_open(),
                                                    name=f"mongo-probe-{self.component}")
 
     def state(self) -> dict[str, Any]:
         """For health endpoints: whether calls go through, since when, and why not."""
-        return {"available": self.available, "since": self._since.isoformat(),
+        return {"component": self.component, "available": self.available,
+                "since": self._since.isoformat(),
                 "closed_by": self._closed_by, "reason": self._reason, "probes": self._probes,
                 "skipped_calls": self._skipped}
 
@@ -147,6 +151,14 @@ class MongoGate:
         self._available_gauge.set(1)
         log.warning("%s: MongoDB answers again after %.1f s (closed by %s: %s)", self.component,
                     outage_s, self._closed_by, self._reason)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change(self.state())
+            except Exception:  # telling others must never break the gate
+                log.exception("%s: reporting the MongoDB gate's state failed", self.component)
 
 
 class Guarded:
