@@ -20,7 +20,9 @@ or an error. Per run:
    subscriber - the moment send() returned (one machine, one clock). Then the baseline: the
    same bodies POSTed straight to the subscriber at the same rate; latency = arrival - POST
    start. overhead p50 = bus p50 - direct p50. With `--mongo-stopped-phase`, the same load
-   again with the MongoDB server stopped (SIGSTOP): the overhead without its CPU.
+   again with the MongoDB server stopped (SIGSTOP): `mongo_stopped_overhead_ratio` = that
+   overhead p50 ÷ the overhead with MongoDB running, same run (goal ≤ 1: a hung MongoDB costs
+   each process one short wait, and its records wait in the local buffers).
 3. isolation (as bench.dispatch): a healthy subscriber A drains a backlog alone, then beside B
    (never answers: 1 s timeouts), C (500 at once) and D (300 ms per request) on one destination;
    ratio = A's rate with them ÷ alone. The compensator retries B's and C's failures meanwhile.
@@ -358,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             "e2e_msgs_per_s": medians.get("kafka_delivered_per_s"),
             "overhead_p50_ms": medians["overhead_p50_ms"],
             "isolation_ratio": medians["isolation_ratio"],
+            **({"mongo_stopped_overhead_ratio": medians["mongo_stopped_overhead_ratio"]}
+               if "mongo_stopped_overhead_ratio" in medians else {}),
             "bus_p50_ms": medians["bus_p50_ms"], "bus_p95_ms": medians["bus_p95_ms"],
             "bus_p99_ms": medians["bus_p99_ms"],
             "goals": goals(summary), "spread": summary, "cpu_cores": cpu,
