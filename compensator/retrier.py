@@ -72,8 +72,9 @@ class SubscriptionRetrier:
                 pushed = await self.retry_due(sub) if sub is not None and not sub.paused else 0
             except asyncio.CancelledError:
                 raise
-            except MongoUnavailable as exc:  # the gate's probe looks for MongoDB meanwhile
+            except MongoUnavailable as exc:
                 log.warning("%s: retries wait for MongoDB (%s)", self.subscription_id, exc)
+                await self._until_mongo_answers()
                 pushed = 0
             except Exception:
                 log.exception("%s: retrying failed deliveries failed; trying again",
@@ -82,6 +83,16 @@ class SubscriptionRetrier:
                 await self._pause(ERROR_PAUSE_S)
             if not pushed:
                 await self._pause(self._settings.scan_interval_s)
+
+    async def _until_mongo_answers(self) -> None:
+        """Until the store's gate opens (its probe looks for MongoDB) or the loop closes."""
+        waits = [asyncio.ensure_future(self._store.gate.wait_available()),
+                 asyncio.ensure_future(self._closing.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
