@@ -1,6 +1,7 @@
 """The management API. Every route but /health and the login needs a user (session cookie or
 API token) or the bootstrap token, with the role the route names (viewer, operator, admin); every
-change is written to the audit log (`GET /v1/audit`).
+change is written to the audit log (`GET /v1/audit`). While MongoDB does not answer, what needs
+it answers 503 within seconds (admin/outage.py).
 
 `create_app` builds the app, keeps the service's parts in its state (admin/deps.py) and
 includes the routers: this module's (configuration: destinations, subscriptions, runtime,
@@ -30,6 +31,7 @@ from admin import (
 from admin.deps import AdminParts, Deletions, Service, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.message_list import Cursor, ListQuery, list_page
+from admin.outage import MongoOutageGuard, install_outage_handlers
 from admin.params import (
     AppName,
     BizIdQuery,
@@ -80,6 +82,8 @@ def create_app(service: AdminService) -> FastAPI:
         include_routes(app, routes)
     add_ui(app)
     include_routes(app, schema_ui.router)
+    install_outage_handlers(app, service.store.gate)
+    app.add_middleware(MongoOutageGuard, store=service.store)
     app.add_middleware(ServerTiming)
     return app
 
@@ -91,6 +95,14 @@ async def health(store: Store) -> dict[str, Any]:
 
 async def _readiness(store: MongoStore) -> dict[str, bool]:
     return {"mongo": await store.ping()}
+
+
+@router.get("/v1/services")
+async def list_services(_: AsViewer, service: Service) -> dict[str, Any]:
+    """Every service process (receivers, dispatchers, compensators, admins) and whether it
+    sees MongoDB as available, each read from its /health now (admin/services.py). Answers
+    while MongoDB is down: the processes are those this admin last read from `instances`."""
+    return await service.services.status()
 
 
 @router.get("/v1/destinations", responses=LIST_RESPONSES)

@@ -2,17 +2,22 @@
 the last day, and per subscription its backlog, oldest undelivered age, dead letters and its
 last hour's push success rate and latency (p50/p99), the failing ones first. Each figure is an
 index-backed query with a cap; the result is cached for a few seconds so a dashboard left open
-does not load MongoDB, and rebuilt in the background when stale."""
+does not load MongoDB, and rebuilt in the background when stale. Through a MongoDB outage the
+dashboard shows the figures last built (`current`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from pymongo.errors import PyMongoError
+
+from admin.outage import wait_while_mongo_answers
 from admin.percentiles import nearest_rank
+from msgbus.errors import MongoUnavailable
 from msgbus.models import DeliveryStatus, utcnow
 from msgbus.store import MongoStore
 from msgbus.tasks import detached_task
@@ -21,6 +26,7 @@ HOURS = 24
 COUNT_CAP = 100_000
 PUSH_SAMPLE_CAP = 5_000  # the newest attempts of the last hour that the push figures are read from
 CACHE_S = 10.0
+FIRST_BUILD_CHECK_S = 1.0  # then MongoDB is pinged: a dashboard answers within 3 s of an outage
 
 
 @dataclass(slots=True)
@@ -68,6 +74,7 @@ class Dashboard:
     volume: dict[str, list[int]]  # destination -> messages per hour
     subscriptions: list[SubscriptionHealth]
     made_at: float
+    built_at: datetime = field(default_factory=utcnow)
 
     @property
     def top_destinations(self) -> list[tuple[str, int]]:
@@ -99,6 +106,23 @@ class DashboardData:
         if time.monotonic() - self._cached.made_at > CACHE_S:
             self._rebuild()
         return self._cached
+
+    async def current(self) -> Dashboard | None:
+        """As `get`, but never a wait for a MongoDB that does not answer: while the gate is
+        closed, or once a first build finds MongoDB gone, the figures last built (None before
+        the first)."""
+        if not self._store.gate.available:
+            return self._cached
+        if self._cached is not None:
+            return await self.get()
+        build = self._rebuild()
+        if not await wait_while_mongo_answers(build, self._store,
+                                              check_after_s=FIRST_BUILD_CHECK_S):
+            return None
+        try:
+            return build.result()
+        except (PyMongoError, MongoUnavailable):
+            return None
 
     def _rebuild(self) -> asyncio.Task[Dashboard]:
         if self._building is None or self._building.done():

@@ -12,6 +12,7 @@ A request is authenticated by, in this order:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import secrets
@@ -24,13 +25,17 @@ from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 
 from msgbus.auth import bearer_token, same_secret
-from msgbus.errors import Forbidden, Unauthorized
+from msgbus.errors import Forbidden, MongoUnavailable, Unauthorized
+from msgbus.store.gate import MongoGate
 from msgbus.store.users import UserStore
-from msgbus.users import Principal, Role
+from msgbus.users import Principal, Role, hash_api_token
 
 SESSION_COOKIE = "msgbus_session"
 CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+AUTH_TIMEOUT_S = 1.0
+KNOWN_FOR_S = 600.0  # how old a remembered principal may be while MongoDB is unavailable
+MAX_KNOWN = 10_000
 
 # The credentials as the OpenAPI document shows them (either one); Authenticator reads them.
 BEARER_AUTH = HTTPBearer(
@@ -80,17 +85,22 @@ class Sessions:
 
 
 class Authenticator:
-    def __init__(self, users: UserStore, sessions: Sessions, bootstrap_token: str) -> None:
+    def __init__(self, users: UserStore, sessions: Sessions, bootstrap_token: str,
+                 gate: MongoGate) -> None:
         self._users = users
         self.sessions = sessions
         self._bootstrap = bootstrap_token
+        self._gate = gate
+        # by "token:<hash>" or "user:<name>": (when MongoDB last confirmed it, the principal)
+        self._known: dict[str, tuple[float, Principal]] = {}
 
     async def principal(self, request: Request) -> Principal:
         token = bearer_token(request.headers.get("authorization"))
         if token is not None:
             if self._bootstrap and same_secret(token, self._bootstrap):
                 return Principal(name="admin-token", role=Role.ADMIN, via="bootstrap")
-            found = await self._users.principal_for_token(token)
+            found = await self._remembered(f"token:{hash_api_token(token)}",
+                                           lambda: self._users.principal_for_token(token))
             if found is None:
                 raise Unauthorized("unknown or revoked API token")
             return found
@@ -100,13 +110,38 @@ class Authenticator:
             raise Unauthorized("log in (POST /v1/session) or send an API token"
                                if not cookie else "session expired or invalid; log in again")
         name, session_id = session
-        user = await self._users.find_user(name)
-        if user is None or user.get("disabled"):
+        user = await self._remembered(f"user:{name}", lambda: self._session_user(name))
+        if user is None:
             raise Unauthorized("session of a user that no longer exists or is disabled")
         if request.method not in SAFE_METHODS:
             await self._check_csrf(request, session_id)
-        return Principal(name=name, role=Role(user["role"]), via="session",
-                         session_id=session_id)
+        return dataclasses.replace(user, session_id=session_id)
+
+    async def _session_user(self, name: str) -> Principal | None:
+        user = await self._users.find_user(name)
+        if user is None or user.get("disabled"):
+            return None
+        return Principal(name=name, role=Role(user["role"]), via="session")
+
+    async def _remembered(self, key: str,
+                          lookup: Callable[[], Awaitable[Principal | None]]) -> Principal | None:
+        """`lookup()` through the gate, within AUTH_TIMEOUT_S; while MongoDB is unavailable,
+        what it last returned (at most KNOWN_FOR_S ago), else MongoUnavailable."""
+        try:
+            async with self._gate.guard("authentication", AUTH_TIMEOUT_S):
+                found = await lookup()
+        except MongoUnavailable:
+            known = self._known.get(key)
+            if known is None or time.monotonic() - known[0] > KNOWN_FOR_S:
+                raise
+            return known[1]
+        if found is None:
+            self._known.pop(key, None)
+        else:
+            if len(self._known) >= MAX_KNOWN:
+                self._known.clear()  # random tokens must not grow memory without bound
+            self._known[key] = (time.monotonic(), found)
+        return found
 
     async def _check_csrf(self, request: Request, session_id: str) -> None:
         given = request.headers.get(CSRF_HEADER)

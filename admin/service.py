@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from admin.schemas import RuntimeIn, SubscriptionIn
 from admin.security import Authenticator, Sessions
+from admin.services import ServiceDirectory
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.delivery.shares import CapShares
 from msgbus.errors import InvalidConfig
@@ -33,20 +34,25 @@ class AdminService:
         self.users = UserStore(self.store)
         secret = settings.session_secret.get_secret_value() or secrets.token_urlsafe(32)
         self.auth = Authenticator(self.users, Sessions(secret, settings.session_ttl_s),
-                                  settings.token.get_secret_value())
+                                  settings.token.get_secret_value(), self.store.gate)
         conn = settings.connections
         # test pushes count against the subscription's cap like every other push
         self.shares = CapShares(ShareStore(self.store),
                                 instance=f"{socket.gethostname()}-{os.getpid()}",
                                 component="admin", heartbeat_s=conn.share_heartbeat_s,
-                                lease_s=conn.share_lease_s)
+                                lease_s=conn.share_lease_s,
+                                health_url=conn.health_url(settings.host, settings.port))
+        self.services = ServiceDirectory(self.store, own_instance=self.shares.instance,
+                                         own_health_url=self.shares.health_url)
 
     async def start(self) -> None:
         await self.store.ensure_indexes()
         await self.users.ensure_indexes()
         self.shares.start()
+        self.services.start()
 
     async def close(self) -> None:
+        await self.services.close()
         await self.shares.close()
         await self.store.close()
 

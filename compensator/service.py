@@ -38,7 +38,8 @@ class CompensatorService:
                                settings, ready=self.store.gate.wait_available)
         self.shares = CapShares(ShareStore(self.store), instance=self.instance,
                                 component="compensator", heartbeat_s=conn.share_heartbeat_s,
-                                lease_s=conn.share_lease_s)
+                                lease_s=conn.share_lease_s,
+                                health_url=conn.health_url(settings.host, settings.port))
         self.replays = ReplayRunner(self.store, self.registry, self.sender, settings,
                                     self.shares, owner=self.instance)
         self.retriers: dict[str, SubscriptionRetrier] = {}

@@ -56,7 +56,8 @@ class DispatcherService:
         self.delivered = DeliveredCheck(self.store, after_s=settings.check_delivered_after_s)
         self.shares = CapShares(ShareStore(self.store), instance=self.instance,
                                 component="dispatcher", heartbeat_s=conn.share_heartbeat_s,
-                                lease_s=conn.share_lease_s)
+                                lease_s=conn.share_lease_s,
+                                health_url=conn.health_url(settings.host, settings.port))
         self.drains = DrainWatch(self.store, self.registry, conn,
                                  on_change=lambda: self.supervisor.sync(),
                                  settle_s=settings.drain_settle_s,

@@ -7,6 +7,7 @@ are shared (`MSGBUS_MONGO_URI`, ...); a service's own knobs carry its prefix
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -17,6 +18,7 @@ from msgbus.models import DEFAULT_CLUSTER, BrokerKind
 
 # the push HTTP clients (msgbus/delivery/senders.py `make_sender`): h1, or aiohttp as a fallback
 HttpClient = Literal["h1", "aiohttp"]
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})  # listening on every address
 
 
 class ConnectionSettings(BaseSettings):
@@ -56,6 +58,20 @@ class ConnectionSettings(BaseSettings):
     # how long a process that stops renewing keeps its share before the others may take it.
     share_heartbeat_s: float = Field(default=1.0, gt=0)
     share_lease_s: float = Field(default=5.0, gt=0)
+    # The host other processes (the admin's Services panel) reach this service's /health at,
+    # advertised in its heartbeat (`instances`). Empty: the address it listens on, or the
+    # machine's hostname when it listens on every address (0.0.0.0, ::). On Kubernetes, the
+    # pod IP (deploy/k8s: the downward API).
+    advertised_host: str = ""
+
+    def health_url(self, bind_host: str, port: int) -> str | None:
+        """Where a service listening on bind_host:port answers /health for the others; None
+        for port 0 (the port is known only once the server has bound it)."""
+        if port == 0:
+            return None
+        host = self.advertised_host or (
+            socket.gethostname() if bind_host in WILDCARD_HOSTS else bind_host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/health"
 
     def require_internal_token(self) -> str:
         """The token receivers and dispatchers authenticate the direct path with; a service
@@ -127,6 +143,10 @@ class ReceiverSettings(BaseSettings):
     # "all", "1" or "0": what a Kafka publish waits for; min.insync.replicas holds only with
     # "all" (checked below), and the idempotent producer needs it too
     kafka_acks: str = "all"
+    # The longest a publish waits for the broker's acknowledgement (a hung broker): then its
+    # messages go the direct path. librdkafka's message.timeout.ms; RabbitMQ's confirms.
+    kafka_publish_timeout_ms: int = Field(default=30_000, ge=1000)
+    rabbitmq_confirm_timeout_s: float = Field(default=10.0, gt=0)
     # Where the buffer is drained into the brokers and MongoDB: "process" (a drain process
     # beside each receiver process, so that drain work never delays an answer to a producer)
     # or "inline" (on the receiver's own event loop: one process, e.g. `msgbus up`).

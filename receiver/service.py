@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 from pymongo.errors import PyMongoError
 
@@ -17,6 +18,7 @@ from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
 from msgbus.store import MongoStore
 from msgbus.tasks import CloseStep, close_in_order
+from receiver.beacon import Beacon
 from receiver.bufferslots import claim_slot
 from receiver.drain_process import DrainProcess
 from receiver.draining import DrainService, open_buffer
@@ -49,6 +51,8 @@ class ReceiverService:
             self.drains = DrainService(settings, self.store, self.registry, self.buffer,
                                        buffer_root)
         self.intake = Intake(self.buffer)
+        self.beacon = Beacon(self.store, instance=f"{socket.gethostname()}-{os.getpid()}",
+                             health_url=conn.health_url(settings.host, settings.port))
 
     async def start(self) -> None:
         """Starts even while MongoDB or a broker is down: what is buffered drains when they
@@ -66,10 +70,11 @@ class ReceiverService:
             await self.drain_process.start()
         if self.drains is not None:
             await self.drains.start()
+        self.beacon.start()
         log.info("receiver ready (drainer: %s)", self.settings.drainer)
 
     async def close(self) -> None:
-        steps: list[CloseStep] = [("app keys", self.auth.close)]
+        steps: list[CloseStep] = [("beacon", self.beacon.close), ("app keys", self.auth.close)]
         if self.drain_process is not None:
             steps.append(("drain process", self.drain_process.close))
         if self.drains is not None:

@@ -32,6 +32,7 @@ from msgbus.cli.stack import (
     server,
     stop_on_signals,
 )
+from msgbus.cli.status_cmd import status
 from msgbus.cli.users_cmd import users
 from msgbus.processes import pid_alive
 from msgbus.settings import TracingSettings
@@ -222,5 +223,6 @@ main.add_command(destination)
 main.add_command(users)
 for _command in USERS_API_COMMANDS:
     users.add_command(_command)
-for _command in (whoami, tokens, apps, audit, messages, invalid_docs, runtime, analytics):
+for _command in (whoami, tokens, apps, audit, messages, invalid_docs, runtime, analytics,
+                 status):
     main.add_command(_command)

@@ -118,9 +118,12 @@ def demand_changed(recorded: int, now: int) -> bool:
 
 class CapShares:
     def __init__(self, store: ShareStore, *, instance: str, component: str,
-                 heartbeat_s: float, lease_s: float) -> None:
+                 heartbeat_s: float, lease_s: float, health_url: str | None = None) -> None:
         self._store = store
         self.instance = f"{component}:{instance}"
+        # advertised with every beat: where the admin's Services panel reads this process's
+        # /health (msgbus/settings.py `health_url`)
+        self.health_url = health_url
         self._component = component
         self._heartbeat_s = heartbeat_s
         self._lease_s = lease_s
@@ -239,7 +242,8 @@ class CapShares:
         started = time.monotonic()
         now = await self._store.beat(self.instance, self._component, self._lease_s,
                                      {"subscriptions": sorted(self.subscription_ids()),
-                                      "circuits": self._circuit_reports()})
+                                      "circuits": self._circuit_reports(),
+                                      "health_url": self.health_url})
         self._lease_until = started + self._lease_s
         renew_s = time.monotonic() - started
         if renew_s > self._lease_s / 4:

@@ -2,8 +2,10 @@
 holds, in MongoDB.
 
 Collections:
-- `instances`: one document per running dispatcher or compensator (`_id` = its instance name),
-  with `expires_at`, pushed forward by its heartbeat; one past it is dead.
+- `instances`: one document per running dispatcher, compensator, admin (their cap shares'
+  heartbeat) and receiver (a beacon, receiver/beacon.py: no shares, no circuits) (`_id` = its
+  instance name), with `expires_at`, pushed forward by its heartbeat (one past it is dead) and
+  `health_url`, where the admin's Services panel reads its /health.
 - `cap_shares`: one document per subscription: `cap`, a `version` for compare-and-swap, and
   `entries`, one per instance pushing to it: `instance`, `component`, `held` (the slots it may
   have in use) and `demand` (the slots it would use). Each instance writes only its own entry
@@ -42,6 +44,16 @@ class ShareStore:
 
     async def live_instances(self, now: datetime) -> dict[str, dict[str, Any]]:
         cursor = self._instances.find({"expires_at": {"$gt": now}})
+        return {doc["_id"]: doc async for doc in cursor}
+
+    async def recent_instances(self, now: datetime,
+                               within_s: float) -> dict[str, dict[str, Any]]:
+        """The live instances and those whose lease ended less than `within_s` ago (a process
+        cut off from MongoDB cannot renew it, yet it still runs)."""
+        since = now - timedelta(seconds=within_s)
+        cursor = self._instances.find({"expires_at": {"$gt": since}},
+                                      {"component": 1, "heartbeat_at": 1, "expires_at": 1,
+                                       "started_at": 1, "health_url": 1})
         return {doc["_id"]: doc async for doc in cursor}
 
     async def leave(self, instance: str) -> None:

@@ -187,6 +187,26 @@ def test_cli_manages_apps_users_and_tokens(bus: RunningBus, admin: list[str]) ->
     assert _json(_run("invalid-docs", "list", *admin, "-o", "json"))["count"] >= 0
 
 
+def test_cli_status_lists_each_service_and_how_it_sees_mongodb(bus: RunningBus,
+                                                               admin: list[str]) -> None:
+    """The bus's services advertise their /health (a receiver's beacon beats every 5 s)."""
+    urls = {bus.receiver_url, bus.dispatcher_url, bus.compensator_url}
+
+    def polled() -> dict[str, Any]:
+        answer: dict[str, Any] = _json(_run("status", *admin, "-o", "json"))
+        return {row["health_url"].removesuffix("/health"): row for row in answer["services"]
+                if row["health_url"] and row["reachable"]}
+
+    wait_until(lambda: urls <= set(polled()), 20, "the bus's services in msgbus status")
+    rows = polled()
+    assert {rows[url]["component"] for url in urls} == {"receiver", "dispatcher", "compensator"}
+    assert all(rows[url]["mongo"]["available"] for url in urls)
+    assert rows[bus.receiver_url]["drainer"]["mode"] == "inline"
+    table = _ok(_run("status", *admin))
+    assert table.splitlines()[0].split() == ["COMPONENT", "INSTANCE", "REACHABLE", "MONGO",
+                                             "DRAIN_PROCESS"]
+    assert "available" in table and "(this admin)" not in table
+
 def test_cli_takes_the_admin_url_and_token_from_flag_env_config_then_state_dir(
         bus: RunningBus, tmp_path: Path) -> None:
     user, user_token = _user_token(bus, "viewer")

@@ -115,16 +115,20 @@ class RunningBus:
             "dispatcher",
         )
         self.dispatcher_url = f"http://{HOST}:{dispatcher.port}"
+        # port 0: the services learn where their /health is (the admin's /v1/services) here
+        self.dispatcher_service.shares.health_url = f"{self.dispatcher_url}/health"
         self.receiver_service = ReceiverService(
             ReceiverSettings(port=0, dispatcher_url=self.dispatcher_url, connections=conn,
                              drainer="inline"))  # in-process, so tests read its metrics
         receiver = await self._group.start(
             make_server(receiver_app(self.receiver_service), HOST, 0), "receiver")
         self.receiver_url = f"http://{HOST}:{receiver.port}"
+        self.receiver_service.beacon.health_url = f"{self.receiver_url}/health"
         self.compensator_service = self.new_compensator()
         compensator = await self._group.start(
             make_server(compensator_app(self.compensator_service), HOST, 0), "compensator")
         self.compensator_url = f"http://{HOST}:{compensator.port}"
+        self.compensator_service.shares.health_url = f"{self.compensator_url}/health"
         admin = await self._group.start(
             make_server(
                 admin_app(
