@@ -32,13 +32,15 @@ def build_publishers(settings: ReceiverSettings) -> list[Publisher]:
 
         publishers.append(KafkaPublisher(
             ",".join(nodes), cluster=cluster, acks=settings.kafka_acks,
+            publish_timeout_ms=settings.kafka_publish_timeout_ms,
             replication_factor=conn.kafka_replication_factor,
             min_insync_replicas=conn.kafka_min_insync_replicas))
     for cluster, nodes in conn.clusters(BrokerKind.RABBITMQ).items():
         from msgbus.brokers.rabbitmq import RabbitPublisher
 
-        publishers.append(RabbitPublisher(nodes, cluster=cluster,
-                                          queue_type=conn.rabbitmq_queue_type))
+        publishers.append(RabbitPublisher(
+            nodes, cluster=cluster, confirm_timeout_s=settings.rabbitmq_confirm_timeout_s,
+            queue_type=conn.rabbitmq_queue_type))
     return publishers
 
 

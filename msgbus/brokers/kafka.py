@@ -3,8 +3,10 @@
 Publisher: one idempotent producer (acks=all by default); records are keyed by `biz_id` (else
 `message_id`) so all messages of one business key stay in one partition, in order. A poll
 thread serves delivery reports and resolves each publish batch's asyncio future through
-`call_soon_threadsafe`. New topics get the configured replication factor and
-min.insync.replicas.
+`call_soon_threadsafe`. A publish waits at most `publish_timeout_ms` for the broker (a hung
+broker: its messages then go the direct path). A producer the broker fenced, or that librdkafka
+declared fatally failed, is replaced by a new one (a new producer id) at the next publish.
+New topics get the configured replication factor and min.insync.replicas.
 
 Consumer: `KafkaSubscriptionConsumer` (in `_kafka_consumer`, re-exported here).
 """
@@ -15,7 +17,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -35,14 +37,83 @@ log = logging.getLogger(__name__)
 _PRODUCE_CHUNK = 500  # yield to the event loop after this many produce() calls
 _PROBE_TIMEOUT_S = 2.0
 _PROBE_EVERY_S = 3.0
+_CLOSE_FLUSH_S = 10.0
+_DISCARD_FLUSH_S = 1.0  # serving the failure reports of a replaced producer's purged messages
+REPLACE_MIN_INTERVAL_S = 5.0  # a producer is replaced at most this often
+# the broker refuses this producer id for good: only a new producer (a new id) publishes again
+_FENCED = frozenset({KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+                     KafkaError._FENCED})
 
 
 def _message_key(envelope: Envelope) -> bytes:
     return (envelope.biz_id if envelope.biz_id is not None else envelope.message_id).encode()
 
 
-def _delivery_callback(batch: PublishBatch, index: int) -> Any:
+def unusable_reason(err: KafkaError) -> str | None:
+    """Why a producer that got `err` can publish no more; None if it still can.
+
+    Found with tansu 0.6 (tests/integration/test_broker_hangs.py): once messages time out (a
+    hung broker), librdkafka bumps the idempotent producer's epoch on its own, which Kafka
+    accepts and tansu answers with PRODUCER_FENCED, to that produce request and every later
+    one. Nothing in librdkafka recovers from that (the error is neither fatal nor retriable)."""
+    if err.fatal():
+        return f"fatal error: {err.str()}"
+    if err.code() in _FENCED:
+        return f"fenced: {err.str()}"
+    return None
+
+
+class _PolledProducer:
+    """One confluent Producer and the thread that serves its delivery reports."""
+
+    def __init__(self, config: dict[str, Any], on_error: Callable[[KafkaError], None]) -> None:
+        self.unusable: str | None = None  # why it can publish no more (set by any thread)
+        self._on_error = on_error
+        self.producer = Producer({**config, "error_cb": self._error})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll_loop, name="kafka-producer-poll",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def mark(self, err: KafkaError) -> None:
+        """Note `err` (from a delivery report, the error callback or produce())."""
+        if self.unusable is None:
+            self.unusable = unusable_reason(err)
+
+    def _error(self, err: KafkaError) -> None:
+        self.mark(err)
+        self._on_error(err)
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.producer.poll(0.1)
+            except Exception:  # a callback bug must not kill delivery reports
+                log.exception("kafka producer poll failed")
+                self._stop.wait(0.5)
+
+    def close(self, flush_s: float) -> int:
+        """Deliver what it holds (within `flush_s`) and stop; blocks. Returns how many
+        messages were left undelivered."""
+        remaining = int(self.producer.flush(flush_s))
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        return remaining
+
+    def discard(self) -> None:
+        """Fail every message it still holds at once (their batches go the direct path) and
+        stop; blocks."""
+        self.producer.purge(in_queue=True, in_flight=True, blocking=False)
+        self.close(_DISCARD_FLUSH_S)
+
+
+def _delivery_callback(batch: PublishBatch, index: int, polled: _PolledProducer) -> Any:
     def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            polled.mark(err)
         batch.resolve(index, None if err is None else f"kafka: {err.str()}")
 
     return on_delivery
@@ -82,13 +153,13 @@ class KafkaPublisher(Publisher):
             "linger.ms": linger_ms,
             "message.timeout.ms": publish_timeout_ms,
             "partitioner": "murmur2_random",  # the Java client's key hashing
-            "error_cb": self._on_error,
             **self._extra,
         }
-        self._producer: Producer | None = None
+        self._polled: _PolledProducer | None = None
         self._admin: AdminClient | None = None
-        self._stop = threading.Event()
-        self._poller: threading.Thread | None = None
+        self._replacing = asyncio.Lock()
+        self._replaced_at = -REPLACE_MIN_INTERVAL_S
+        self.replacements = 0  # producers replaced because they could publish no more
         # Set by librdkafka's "all brokers down": publishes then fail at once (their messages
         # go the direct path) instead of each waiting message.timeout.ms, until a probe of
         # the cluster succeeds.
@@ -116,10 +187,10 @@ class KafkaPublisher(Publisher):
         return True
 
     async def start(self) -> None:
-        if self._producer is not None:
+        if self._polled is not None:
             return
         try:
-            producer = Producer(self._config)
+            polled = _PolledProducer(self._config, self._on_error)
             admin = AdminClient({"bootstrap.servers": self._bootstrap, **self._extra})
         except (KafkaException, ValueError, TypeError) as exc:
             raise BrokerError(f"kafka producer config: {exc}") from exc
@@ -127,25 +198,34 @@ class KafkaPublisher(Publisher):
             await asyncio.to_thread(admin.list_topics, timeout=self._connect_timeout_s)
         except KafkaException as exc:
             raise BrokerError(f"kafka at {self._bootstrap} unreachable: {exc}") from exc
-        self._producer, self._admin = producer, admin
-        self._stop.clear()
-        self._poller = threading.Thread(
-            target=self._poll_loop, args=(producer,), name="kafka-producer-poll", daemon=True
-        )
-        self._poller.start()
+        polled.start()
+        self._polled, self._admin = polled, admin
 
-    def _poll_loop(self, producer: Producer) -> None:
-        while not self._stop.is_set():
-            try:
-                producer.poll(0.1)
-            except Exception:  # a callback bug must not kill delivery reports
-                log.exception("kafka producer poll failed")
-                self._stop.wait(0.5)
-
-    def _require(self) -> Producer:
-        if self._producer is None:
+    def _require(self) -> _PolledProducer:
+        if self._polled is None:
             raise BrokerError("KafkaPublisher is not started")
-        return self._producer
+        return self._polled
+
+    async def _usable(self) -> _PolledProducer:
+        """The producer to publish with: one that can publish no more is replaced first (at
+        most every REPLACE_MIN_INTERVAL_S; until then its publishes fail and go direct)."""
+        polled = self._require()
+        if (polled.unusable is None
+                or time.monotonic() < self._replaced_at + REPLACE_MIN_INTERVAL_S):
+            return polled
+        async with self._replacing:
+            if self._polled is polled:  # not replaced by a concurrent publish meanwhile
+                await self._replace(polled)
+        return self._require()
+
+    async def _replace(self, old: _PolledProducer) -> None:
+        log.warning("kafka producer at %s can publish no more (%s); replacing it with a new "
+                    "one", self._bootstrap, old.unusable)
+        new = _PolledProducer(self._config, self._on_error)
+        new.start()
+        self._polled, self._replaced_at = new, time.monotonic()
+        self.replacements += 1
+        await asyncio.to_thread(old.discard)
 
     async def ensure_topology(
         self, destination: Destination, subscriptions: Sequence[Subscription]
@@ -186,15 +266,15 @@ class KafkaPublisher(Publisher):
     ) -> list[PublishOutcome]:
         if not envelopes:
             return []
-        producer = self._require()
+        polled = await self._usable()
         if not await self._reachable():
             return [PublishOutcome(e.message_id, "kafka: all brokers are down") for e in envelopes]
         topic = topic_name(destination.code)
         batch = PublishBatch(asyncio.get_running_loop(), envelopes)
         deadline = time.monotonic() + self._publish_timeout_ms / 1000
         for index, envelope in enumerate(envelopes):
-            callback = _delivery_callback(batch, index)
-            error = await self._produce(producer, topic, envelope, callback, deadline)
+            callback = _delivery_callback(batch, index, polled)
+            error = await self._produce(polled, topic, envelope, callback, deadline)
             if error is not None:
                 batch.resolve(index, error)
             if index % _PRODUCE_CHUNK == _PRODUCE_CHUNK - 1:
@@ -208,7 +288,7 @@ class KafkaPublisher(Publisher):
         return batch.seal("kafka: delivery not acknowledged in time")
 
     async def _produce(
-        self, producer: Producer, topic: str, envelope: Envelope, on_delivery: Any,
+        self, polled: _PolledProducer, topic: str, envelope: Envelope, on_delivery: Any,
         deadline: float,
     ) -> str | None:
         """Enqueue one record; returns an error text instead of raising."""
@@ -218,7 +298,7 @@ class KafkaPublisher(Publisher):
             return f"encode: {exc!r}"
         while True:
             try:
-                producer.produce(
+                polled.producer.produce(
                     topic, value=value, key=_message_key(envelope), on_delivery=on_delivery
                 )
                 return None
@@ -227,17 +307,15 @@ class KafkaPublisher(Publisher):
                     return "kafka: local producer queue full"
                 await asyncio.sleep(0.005)
             except KafkaException as exc:
+                if isinstance(exc.args[0] if exc.args else None, KafkaError):
+                    polled.mark(exc.args[0])
                 return f"kafka: {exc}"
 
     async def close(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is None:
+        polled, self._polled = self._polled, None
+        if polled is None:
             return
-        remaining = await asyncio.to_thread(producer.flush, 10.0)
+        remaining = await asyncio.to_thread(polled.close, _CLOSE_FLUSH_S)
         if remaining:
             log.warning("kafka producer closed with %d messages undelivered", remaining)
-        self._stop.set()
-        if self._poller is not None:
-            await asyncio.to_thread(self._poller.join)
-            self._poller = None
         self._admin = None

@@ -9,6 +9,9 @@
 - `RabbitNode`: a private RabbitMQ node (own port, node name, Mnesia and log directories), so
   an outage never touches the machine's shared RabbitMQ.
 
+Both `pause()` (SIGSTOP) and `resume()` (SIGCONT) a server: a hung server, whose connections
+stay open and whose listen backlog still takes connections, but which answers no byte.
+
 Every process is started by this process and stopped by its PID (a RabbitMQ node by its
 process group, which its start script leads).
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from msgbus import processes
 from msgbus_devtools import servers as services
@@ -45,6 +49,28 @@ def timed(action: Callable[[], object]) -> float:
     began = time.monotonic()
     action()
     return time.monotonic() - began
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of `pid` (R, S, T for stopped, ...); "" once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]  # after "(comm)", which may hold spaces
+
+
+def freeze(pid: int, name: str) -> None:
+    """SIGSTOP `pid`, returning once the kernel reports every thread of it stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    services.wait_until(f"{name} (pid {pid}) to stop", lambda: process_state(pid) == "T", 5)
+    say(f"{name} (pid {pid}) paused (SIGSTOP)")
+
+
+def thaw(pid: int, name: str) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+    say(f"{name} (pid {pid}) resumed (SIGCONT)")
 
 
 def tail(log_path: Path, lines: int = 40) -> str:
@@ -125,6 +151,14 @@ class BusProcess:
             return [f"(no metrics: {exc})"]
         return [line for line in text.splitlines() if line.startswith(prefix)]
 
+    def metric_sum(self, name: str, **labels: str) -> float:
+        """The sum of the samples named `name` (a counter's with its `_total`) whose labels
+        include `labels`; 0.0 if there are none."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        return sum(sample.value for family in text_string_to_metric_families(text)
+                   for sample in family.samples
+                   if sample.name == name and labels.items() <= sample.labels.items())
+
     def kill9(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
@@ -156,6 +190,7 @@ class ServerSlot:
         self.name = running.name
         self.running = running
         self.up = True
+        self.paused = False
         self.log_path = running.log_path
 
     @property
@@ -168,7 +203,18 @@ class ServerSlot:
         return took
 
     def stop(self) -> float:
+        self.resume()  # a stopped process would hold SIGTERM until then
         return self._report(False, "stopped in", timed(self.running.stop))
+
+    def pause(self) -> None:
+        """SIGSTOP: the server hangs (see the module docstring) until `resume()`."""
+        freeze(self.running.pid, self.name)
+        self.paused = True
+
+    def resume(self) -> None:
+        if self.paused:
+            thaw(self.running.pid, self.name)
+            self.paused = False
 
     def kill9(self) -> float:
         """SIGKILL: a crash, and a quick stop for a server slow to shut down gracefully."""
@@ -212,6 +258,7 @@ class RabbitNode:
         self.log_path = base_dir / "rabbitmq-server.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.up = False
+        self.paused_pid: int | None = None
         for sub in ("home", "mnesia", "log"):
             (base_dir / sub).mkdir(parents=True, exist_ok=True)
         (base_dir / "rabbitmq.conf").write_text(
@@ -261,10 +308,36 @@ class RabbitNode:
         say(f"RabbitMQ node {self.node} up after {took:.1f} s")
         return took
 
+    def vm_pid(self) -> int:
+        """The Erlang VM's pid (beam.smp), which the node writes to its pid file. Not the start
+        script's: it runs the VM as a child, and stopping the script freezes nothing."""
+        pid_file = self.base_dir / "node.pid"
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError) as exc:
+            raise ServiceError(f"RabbitMQ node {self.node}: no pid in {pid_file}: {exc}") from exc
+        comm = Path(f"/proc/{pid}/comm").read_text().strip() if process_state(pid) else ""
+        if comm != "beam.smp":
+            raise ServiceError(f"RabbitMQ node {self.node}: pid {pid} of {pid_file} is "
+                               f"{comm or 'gone'}, not beam.smp")
+        return pid
+
+    def pause(self) -> None:
+        """SIGSTOP to the Erlang VM: the node hangs until `resume()`."""
+        pid = self.vm_pid()
+        freeze(pid, f"RabbitMQ node {self.node}")
+        self.paused_pid = pid
+
+    def resume(self) -> None:
+        pid, self.paused_pid = self.paused_pid, None
+        if pid is not None:
+            thaw(pid, f"RabbitMQ node {self.node}")
+
     def stop(self, timeout_s: float = 30.0) -> float:
         """SIGTERM to the start script (it stops the node cleanly); SIGKILL to the process
         group it leads after `timeout_s`."""
         began = time.monotonic()
+        self.resume()
         process = self._detach()
         if process is None:
             return 0.0
