@@ -7,7 +7,9 @@ database with destinations, subscriptions and a producer app written through `Mo
 `RecordingSubscriber` per subscription, a dispatcher process, receiver processes and a
 compensator process.
 Clients reach tansu through a `TcpGate` (tansu advertises the gate's address): see
-`Servers.stop_kafka` for why.
+`Servers.stop_kafka` for why. A deployment made with `mongo_through_gate` reaches MongoDB through
+another (`Servers.mongo_gate`), which a test freezes to cut MongoDB off as a network that drops
+packets would.
 `check_everything_delivered()` waits until every message a load got a 202 for is recorded in
 MongoDB, pushed to its subscribers and marked delivered, and prints what that took.
 """
@@ -56,6 +58,7 @@ class Servers:
     kafka: ServerSlot
     kafka_gate: TcpGate
     rabbit: RabbitNode
+    mongo_gate: TcpGate
 
     def all(self) -> list[ServerSlot | RabbitNode]:
         return [self.rabbit, self.kafka, self.moto, self.mongo]
@@ -83,11 +86,14 @@ class Servers:
         return time.monotonic() - began
 
     def restart_stopped(self) -> None:
-        """Bring back whatever a failed test left stopped (the next test needs it)."""
+        """Bring back whatever a failed test left stopped or paused (the next test needs it)."""
         for server in (self.mongo, self.moto, self.kafka, self.rabbit):
+            server.resume()
             if not server.up:
                 server.start()
         self.kafka_gate.open()
+        self.mongo_gate.thaw()
+        self.mongo_gate.open()
 
     def close(self) -> None:
         """Every server killed: nothing is kept, and graceful stops take seconds each."""
@@ -95,6 +101,7 @@ class Servers:
             with contextlib.suppress(Exception):
                 server.kill9()
         self.kafka_gate.stop()
+        self.mongo_gate.stop()
 
 
 def start_servers(base_dir: Path) -> Servers:
@@ -116,6 +123,7 @@ def start_servers(base_dir: Path) -> Servers:
         mongo = ServerSlot(services.start_secantus(services.free_port(), base_dir / "mongo",
                                                    base_dir))
         started.append(mongo)
+        mongo_gate = TcpGate(services.HOST, mongo.running.port).start()
         rabbit.wait_ready()
     except BaseException:
         for server in reversed(started):
@@ -126,7 +134,8 @@ def start_servers(base_dir: Path) -> Servers:
         raise
     say(f"private servers up in {time.monotonic() - began:.1f} s: MongoDB {mongo.url}, "
         f"tansu {kafka.url} (through a gate; s3 on {moto.url}), RabbitMQ {rabbit.url}")
-    return Servers(mongo=mongo, moto=moto, kafka=kafka, kafka_gate=kafka_gate, rabbit=rabbit)
+    return Servers(mongo=mongo, moto=moto, kafka=kafka, kafka_gate=kafka_gate, rabbit=rabbit,
+                   mongo_gate=mongo_gate)
 
 
 # ---- timing --------------------------------------------------------------------------------------
@@ -177,9 +186,11 @@ def wait_with_progress(what: str, have_need: Callable[[], tuple[int, int]],
 
 class Deployment:
     def __init__(self, servers: Servers, work_dir: Path, destinations: dict[str, BrokerKind],
-                 subscription_names: tuple[str, ...] = (SUBSCRIPTION,)) -> None:
+                 subscription_names: tuple[str, ...] = (SUBSCRIPTION,), *,
+                 mongo_through_gate: bool = False) -> None:
         """Every destination gets one subscription per name (the first must be
-        SUBSCRIPTION), each with a subscriber of its own."""
+        SUBSCRIPTION), each with a subscriber of its own. With `mongo_through_gate` the bus's
+        processes reach MongoDB through `servers.mongo_gate` (the test's own reads do not)."""
         if subscription_names[:1] != (SUBSCRIPTION,):
             raise ValueError(f"the first subscription is named {SUBSCRIPTION!r}")
         self.servers = servers
@@ -187,6 +198,11 @@ class Deployment:
         self.destinations = destinations
         self.subscription_names = subscription_names
         self.db = f"resilience_{uuid.uuid4().hex[:10]}"
+        self.mongo_url = servers.mongo.url
+        if mongo_through_gate:
+            # directConnection: SecantusDB names itself a replica set member at its own address
+            self.mongo_url = (f"mongodb://{services.HOST}:{servers.mongo_gate.port}/"
+                              "?directConnection=true")
         self.token = secrets.token_urlsafe(24)
         self.loop = BackgroundLoop()
         self.store = MongoStore(servers.mongo.url, self.db)
@@ -255,7 +271,7 @@ class Deployment:
     def _env(self, state_dir: Path) -> dict[str, str]:
         servers = self.servers
         return {
-            "MSGBUS_MONGO_URI": servers.mongo.url,
+            "MSGBUS_MONGO_URI": self.mongo_url,
             "MSGBUS_MONGO_DB": self.db,
             "MSGBUS_KAFKA_BOOTSTRAP": servers.kafka.url,
             "MSGBUS_RABBITMQ_URL": servers.rabbit.url,
