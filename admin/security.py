@@ -33,7 +33,9 @@ from msgbus.users import Principal, Role, hash_api_token
 SESSION_COOKIE = "msgbus_session"
 CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-AUTH_TIMEOUT_S = 1.0
+# a busy MongoDB answers sign-ins slowly; with the outage guard's ping (admin/outage.py) a
+# hung one still costs a request under 3 s
+AUTH_TIMEOUT_S = 2.0
 KNOWN_FOR_S = 600.0  # how old a remembered principal may be while MongoDB is unavailable
 MAX_KNOWN = 10_000
 
