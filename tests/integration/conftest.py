@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus, StartBus, running_bus
 from msgbus_devtools.testkit.children import ScriptChildren
+from msgbus_devtools.testkit.tcp_gate import TcpGate
 
 from msgbus.store import MongoStore
 
@@ -108,6 +110,16 @@ def http(bus: RunningBus, api_key: str) -> Iterator[httpx.Client]:
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture
+def mongo_gate(mongo_uri: str) -> Iterator[TcpGate]:
+    """A TcpGate in front of the session's MongoDB server: freeze or close it to cut off (only)
+    the clients that connect through it."""
+    server = urlsplit(mongo_uri)
+    assert server.hostname and server.port
+    with TcpGate(server.hostname, server.port) as gate:
+        yield gate
 
 
 @pytest.fixture(scope="module")

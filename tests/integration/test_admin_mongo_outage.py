@@ -11,12 +11,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from msgbus_devtools.testkit.mongo_outage import admin_through, uri_through
-from msgbus_devtools.testkit.tcp_gate import TcpGate
+from msgbus_devtools.testkit.mongo_outage import admin_through
+from msgbus_devtools.testkit.tcp_gate import TcpGate, mongo_uri_through
 from msgbus_devtools.testkit.waiting import wait_until
 
 BOOTSTRAP = "outage-admin-token"
@@ -26,16 +25,8 @@ PASSWORD = "correct horse battery"
 
 
 @pytest.fixture
-def mongo_gate(mongo_uri: str) -> Iterator[TcpGate]:
-    server = urlsplit(mongo_uri)
-    assert server.hostname and server.port
-    with TcpGate(server.hostname, server.port) as gate:
-        yield gate
-
-
-@pytest.fixture
 def admin_url(mongo_gate: TcpGate, mongo_db_name: str, tmp_path: Path) -> Iterator[str]:
-    with admin_through(uri_through(mongo_gate), mongo_db_name, BOOTSTRAP, tmp_path) as url:
+    with admin_through(mongo_uri_through(mongo_gate), mongo_db_name, BOOTSTRAP, tmp_path) as url:
         try:
             yield url
         finally:

@@ -13,24 +13,15 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from msgbus_devtools.testkit.mongo_outage import ServiceProcesses, admin_through, uri_through
-from msgbus_devtools.testkit.tcp_gate import TcpGate
+from msgbus_devtools.testkit.mongo_outage import ServiceProcesses, admin_through
+from msgbus_devtools.testkit.tcp_gate import TcpGate, mongo_uri_through
 from msgbus_devtools.testkit.waiting import wait_until
 
 TOKEN = "services-admin-token"
 SEES_IT_S = 30  # a gate closes at its process's next MongoDB call that times out (<= 5 s)
-
-
-@pytest.fixture
-def mongo_gate(mongo_uri: str) -> Iterator[TcpGate]:
-    server = urlsplit(mongo_uri)
-    assert server.hostname and server.port
-    with TcpGate(server.hostname, server.port) as gate:
-        yield gate
 
 
 @pytest.fixture
@@ -69,7 +60,7 @@ def _gates(row: dict[str, Any]) -> list[bool | None]:
 def test_admin_services_shows_which_processes_see_mongodb_unavailable(
         processes: ServiceProcesses, mongo_gate: TcpGate, mongo_uri: str,
         admin_url: str) -> None:
-    gated = uri_through(mongo_gate)
+    gated = mongo_uri_through(mongo_gate)
     dispatcher = processes.add("dispatcher", "dispatcher-gated", gated,
                                instance="dispatcher-gated")
     receiver = processes.add("receiver", "receiver-gated", gated,

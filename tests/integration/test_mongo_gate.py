@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import pytest
-from msgbus_devtools.testkit.tcp_gate import TcpGate
+from msgbus_devtools.testkit.tcp_gate import TcpGate, mongo_uri_through
 from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.errors import MongoUnavailable
@@ -22,20 +21,16 @@ CALLS = 20
 
 
 @pytest.fixture
-async def gated(mongo_uri: str, mongo_db_name: str) -> AsyncIterator[tuple[TcpGate, MongoStore]]:
-    server = urlsplit(mongo_uri)
-    assert server.hostname and server.port
-    with TcpGate(server.hostname, server.port) as tcp:
-        # directConnection: SecantusDB names itself a replica set member at its own address
-        store = MongoStore(f"mongodb://127.0.0.1:{tcp.port}/?directConnection=true",
-                           mongo_db_name, component="test")
-        assert await store.ping()
-        try:
-            yield tcp, store
-        finally:
-            tcp.thaw()
-            tcp.open()
-            await store.close()
+async def gated(mongo_gate: TcpGate, mongo_db_name: str
+                ) -> AsyncIterator[tuple[TcpGate, MongoStore]]:
+    store = MongoStore(mongo_uri_through(mongo_gate), mongo_db_name, component="test")
+    assert await store.ping()
+    try:
+        yield mongo_gate, store
+    finally:
+        mongo_gate.thaw()
+        mongo_gate.open()
+        await store.close()
 
 
 async def _insert(store: MongoStore, n: int) -> MongoUnavailable | None:

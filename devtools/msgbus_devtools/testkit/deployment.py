@@ -38,7 +38,7 @@ from msgbus_devtools.testkit.load import SteadyLoad
 from msgbus_devtools.testkit.loop import BackgroundLoop
 from msgbus_devtools.testkit.procs import BusProcess, RabbitNode, ServerSlot, say
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
-from msgbus_devtools.testkit.tcp_gate import TcpGate
+from msgbus_devtools.testkit.tcp_gate import TcpGate, mongo_uri_through
 from msgbus_devtools.testkit.waiting import wait_until
 
 T = TypeVar("T")
@@ -200,9 +200,7 @@ class Deployment:
         self.db = f"resilience_{uuid.uuid4().hex[:10]}"
         self.mongo_url = servers.mongo.url
         if mongo_through_gate:
-            # directConnection: SecantusDB names itself a replica set member at its own address
-            self.mongo_url = (f"mongodb://{services.HOST}:{servers.mongo_gate.port}/"
-                              "?directConnection=true")
+            self.mongo_url = mongo_uri_through(servers.mongo_gate)
         self.token = secrets.token_urlsafe(24)
         self.loop = BackgroundLoop()
         self.store = MongoStore(servers.mongo.url, self.db)

@@ -21,15 +21,8 @@ from msgbus.settings import AdminSettings, ConnectionSettings
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.loop import BackgroundLoop
 from msgbus_devtools.testkit.procs import BusProcess
-from msgbus_devtools.testkit.tcp_gate import TcpGate
 
 INTERNAL_TOKEN = "test-internal-token"
-
-
-def uri_through(gate: TcpGate) -> str:
-    """A MongoDB URI whose connections go through `gate` (directConnection: SecantusDB names
-    itself a replica set member at its own address, which is not the gate's)."""
-    return f"mongodb://{services.HOST}:{gate.port}/?directConnection=true"
 
 
 @contextlib.contextmanager

@@ -131,3 +131,9 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             writer.write(data)
             await writer.drain()
     writer.transport.abort()
+
+
+def mongo_uri_through(gate: TcpGate) -> str:
+    """A MongoDB URI whose connections go through `gate` (directConnection: SecantusDB names
+    itself a replica set member at its own address, which is not the gate's)."""
+    return f"mongodb://{HOST}:{gate.port}/?directConnection=true"
