@@ -103,7 +103,8 @@ class DispatcherService:
 
     async def _load_drains(self) -> None:
         try:
-            await asyncio.wait_for(self.drains.load(), LEFTOVER_TRACE_WAIT_S)
+            async with self.store.gate.guard("old broker drains", LEFTOVER_TRACE_WAIT_S):
+                await self.drains.load()
         except Exception as exc:  # MongoDB down: every retired broker is consumed meanwhile
             log.warning("the old brokers' drains are not known yet (%r)", exc)
 

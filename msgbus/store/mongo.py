@@ -115,9 +115,14 @@ class MongoStore:
         # after a restart) fails the call instead of holding its caller forever (pymongo's
         # default is no timeout); the drainers then back off and try again. Well above the
         # longest legitimate call (a sweep's update_many, a dashboard aggregation: seconds).
+        # journal=True: a write is acknowledged once it is in the server's journal. The bus
+        # deletes its local copy of a record or outcome on that acknowledgement, and an
+        # acknowledged write that was not journaled is lost when the server crashes (up to the
+        # journal's commit interval on MongoDB; every write since the last checkpoint on the
+        # development stand-in). docs/decisions.md, "Journaled writes".
         self._client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
             uri, serverSelectionTimeoutMS=timeout_ms, socketTimeoutMS=socket_timeout_ms,
-            tz_aware=True, appname="msgbus"
+            tz_aware=True, appname="msgbus", journal=True
         )
         self.db = self._client[db_name]
         self.messages = self.db["messages"]

@@ -13,13 +13,17 @@ at about three times this rate, so a 30 s backlog is caught up only without more
 For each: the pushes made during the fault keep up with what was accepted meanwhile (at least
 MIN_PACE of it), and the median time from a 202 to the push is at most MAX_LATENCY_RATIO times
 the median just before. Every process's /health shows its MongoDB gate closed during the
-fault. Afterwards every accepted message is recorded in MongoDB, pushed and marked delivered,
-and nothing is pushed twice (the load never re-sends, so no claim is needed to de-duplicate).
+fault. After the measured 30 s of the kill, while MongoDB is still down, a dispatcher is killed
+with -9 and starts again from the configuration it saved. Afterwards every accepted message is
+recorded in MongoDB, pushed and marked delivered. The load never re-sends, so a message pushed
+twice comes only from the killed dispatcher: what it had in flight and not yet committed, which
+no process can look up while MongoDB is down (at most MAX_TWICE per destination).
 Run with -s to see the progress and the figures.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 import uuid
@@ -45,6 +49,9 @@ FAULT_S = 30
 MIN_PACE = 0.9  # pushes during a fault / messages accepted during it, per destination
 MAX_LATENCY_RATIO = 2.0
 GATE_CLOSED_WITHIN_S = 10  # every process sees MongoDB unavailable within this (it pays 1 timeout)
+# a dispatcher's in-flight budget for these subscriptions (max(64, 4 * max_concurrency 32)) and
+# as many Kafka offsets handed out but not yet committed (every 0.5 s)
+MAX_TWICE = 2 * 128
 
 
 @dataclass
@@ -52,12 +59,23 @@ class Fault:
     name: str
     begin: Callable[[], object]
     end: Callable[[], object]
+    after_window: Callable[[], object] | None = None  # still during the fault, not measured
 
 
-def _faults(servers: Servers) -> list[Fault]:
+def _restart_while_mongo_is_down(dispatcher: BusProcess) -> None:
+    """kill -9 and start again: it serves the configuration it saved, and pushes."""
+    dispatcher.kill9()
+    dispatcher.start()
+    health = dispatcher.health()
+    assert health is not None and health["subscriptions"], health
+    assert not health["mongo_gate"]["available"], health["mongo_gate"]
+
+
+def _faults(servers: Servers, dispatcher: BusProcess) -> list[Fault]:
     mongo, gate = servers.mongo, servers.mongo_gate
     return [Fault("hung (SIGSTOP)", mongo.pause, mongo.resume),
-            Fault("killed (-9)", mongo.kill9, mongo.start),
+            Fault("killed (-9)", mongo.kill9, mongo.start,
+                  functools.partial(_restart_while_mongo_is_down, dispatcher)),
             Fault("cut off (packets dropped)", gate.freeze, gate.thaw)]
 
 
@@ -178,6 +196,10 @@ def _run_fault(deployment: Deployment, loads: list[SteadyLoad], phases: Phases, 
             _wait_gates(bus, available=False, timeout_s=GATE_CLOSED_WITHIN_S)
             hold(load, during.began + FAULT_S - time.monotonic(), f"MongoDB {fault.name}")
             during.ended = time.monotonic()
+        if fault.after_window is not None:
+            with phases.phase(f"a dispatcher killed (-9) and started while MongoDB is "
+                              f"{fault.name}"):
+                fault.after_window()
     finally:
         fault.end()
         load.stop()
@@ -215,7 +237,7 @@ def test_delivery_keeps_its_pace_while_mongodb_hangs_dies_or_is_cut_off(
             deployment.wait_warm(WARM_PUSHES)
             warm.join()
         loads = [warm]
-        figures = [f for fault in _faults(deployment.servers)
+        figures = [f for fault in _faults(deployment.servers, second)
                    for f in _run_fault(deployment, loads, phases, fault, bus)]
         for load in loads:
             deployment.check_everything_delivered(load, phases)
@@ -228,4 +250,4 @@ def test_delivery_keeps_its_pace_while_mongodb_hangs_dies_or_is_cut_off(
     assert not slow, "delivery slowed down while MongoDB was away:\n" + "\n".join(map(str, slow))
     twice = {code: sum(deployment.subscribers[code].successes().values())
              - len(deployment.subscribers[code].successes()) for code in deployment.destinations}
-    assert not any(twice.values()), f"messages pushed twice: {twice}"
+    assert max(twice.values()) <= MAX_TWICE, f"messages pushed twice: {twice}"

@@ -1,6 +1,7 @@
-"""The receiver keeps accepting through MongoDB and broker outages, a kill -9 and a second
-replica, and every message it answered 202 is recorded in MongoDB and delivered; a kill -9 of
-the dispatcher mid-flight, or of a compensator mid-retry, loses nothing either.
+"""The receiver keeps accepting through broker outages, a kill -9 and a second replica, and
+every message it answered 202 is recorded in MongoDB and delivered; a kill -9 of the dispatcher
+mid-flight, or of a compensator mid-retry, loses nothing either. (MongoDB outages, with a
+dispatcher killed during one: test_mongo_outages.py; hung brokers: test_broker_hangs.py.)
 
 Everything runs as separate OS processes: the receiver(s) and the dispatcher
 (`python -m msgbus.cli receiver|dispatcher`), and private servers this module stops and
@@ -38,8 +39,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.serial]
 RATE_PER_S = 100  # messages per second, over all destinations and receivers
 MAX_LOAD_S = 150  # every load stops by itself after this long (the tests stop it sooner)
 WARM_PUSHES = 30  # pushes per destination that show the whole path works before an outage
-MONGO_OUTAGE_S = 20  # long enough for a dispatcher killed at a quarter to start again (and its
-# Kafka group to rejoin: 12 s held back the first half's messages)
 BROKER_OUTAGE_S = 6  # per broker, one after the other
 LOAD_AFTER_S = 4  # load after an outage or a restart, before the load stops
 REPLICA_LOAD_S = 12
@@ -75,48 +74,6 @@ def _end_load(load: SteadyLoad, phases: Phases, what: str) -> None:
         hold(load, LOAD_AFTER_S, what)
         load.stop()
         load.join()
-
-
-# ---- 1. MongoDB outage -------------------------------------------------------------------------
-
-
-def test_mongodb_outage_during_load_loses_nothing(deployment: Deployment) -> None:
-    """While MongoDB is down the receiver keeps answering 202 from its local buffer and the
-    dispatcher keeps pushing (its outcomes wait on local disk); both catch up afterwards. A
-    dispatcher killed with -9 during the outage starts again from the configuration it saved
-    and goes on pushing."""
-    phases, mongo = Phases(), deployment.servers.mongo
-    with deployment.logs_on_failure():
-        load = _start_under_load(deployment, phases)
-        with phases.phase("stop MongoDB"):
-            mongo.stop()
-        outage = Outage("MongoDB was down", began=time.monotonic())
-        with phases.phase(f"MongoDB down for {MONGO_OUTAGE_S} s under load, the dispatcher "
-                          "killed (-9) and started again meanwhile"):
-            hold(load, MONGO_OUTAGE_S / 4, "MongoDB down")
-            assert deployment.dispatcher is not None
-            deployment.dispatcher.kill9()
-            deployment.dispatcher.start()
-            hold(load, outage.began + MONGO_OUTAGE_S - time.monotonic(), "MongoDB down")
-        outage.end(deployment)
-        with phases.phase("restart MongoDB"):
-            mongo.start()
-        _end_load(load, phases, "MongoDB back")
-        during = outage.answers(load)
-        say(f"load: {load.summary()}; while MongoDB was down: {dict(load.statuses(during))}, "
-            f"latency {latency(during)}")
-        deployment.check_everything_delivered(load, phases)
-        print(phases.report())
-
-        assert any(a.accepted for a in during), (
-            f"no message was accepted while MongoDB was down: {dict(load.statuses(during))}")
-        refused = refusals(load.answers())
-        assert not refused, (
-            f"{len(refused)} valid messages were refused ({dict(load.statuses(refused))}), "
-            f"{len(refusals(during))} of them while MongoDB was down; e.g. {examples(refused)}")
-        held = [gap for code in deployment.destinations
-                if (gap := outage.held_back(load, code)) is not None]
-        assert not held, "; ".join(held)
 
 
 # ---- 2. broker outages -------------------------------------------------------------------------
