@@ -100,7 +100,7 @@ def test_admin_keeps_the_first_bytes_of_a_failed_push_answer_and_shows_them_esca
     message_id = _send(bus, api_key, code, "order-1")
 
     def attempts() -> list[dict[str, Any]]:
-        deliveries = bus.admin.get(f"/v1/messages/{message_id}").json()["deliveries"]
+        deliveries = bus.deliveries(message_id)
         return deliveries[0]["attempts_log"] if deliveries else []
 
     wait_until(lambda: len(attempts()) == 1, 20, "the failed attempt")

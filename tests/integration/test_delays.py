@@ -94,8 +94,8 @@ def test_order_beats_delay_a_delayed_head_holds_its_key_only(
     other = client.send(destination, {"n": 2}, biz_id="b")
     assert client.close(30) == 0
 
-    wait_until(lambda: bus.admin.get(f"/v1/messages/{head}").json()["deliveries"][0]["status"]
-               == "scheduled", 30, "the held head shown as scheduled")
+    wait_until(lambda: [d["status"] for d in bus.deliveries(head)] == ["scheduled"], 30,
+               "the held head shown as scheduled")
     assert bus.admin.get(f"/v1/messages/{head}").json()["deliveries"][0]["scheduled_for"]
 
     wait_until(lambda: subscriber.message_ids() >= {head, behind, other}, 30, "all three")

@@ -205,6 +205,15 @@ class RunningBus:
         response.raise_for_status()
         return str(response.json()["api_key"])
 
+    def deliveries(self, message_id: str) -> list[dict[str, Any]]:
+        """The message's deliveries as the admin's timeline shows them; none while its record
+        is not in MongoDB yet (the receiver writes it in batches, after the 202)."""
+        answer = self.admin.get(f"/v1/messages/{message_id}")
+        if answer.status_code == 404:
+            return []
+        answer.raise_for_status()
+        return list(answer.json()["deliveries"])
+
     def wait_for_workers(self, sub_ids: list[str], timeout_s: float = 30) -> None:
         def ready() -> bool:
             health = httpx.get(f"{self.dispatcher_url}/health", timeout=5).json()
