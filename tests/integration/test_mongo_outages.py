@@ -24,6 +24,7 @@ Run with -s to see the progress and the figures.
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 import time
 import uuid
@@ -33,8 +34,8 @@ from pathlib import Path
 
 import pytest
 from msgbus_devtools.testkit.deployment import Deployment, Phases, Servers
-from msgbus_devtools.testkit.load import SteadyLoad
-from msgbus_devtools.testkit.outages import hold
+from msgbus_devtools.testkit.load import Answer, SteadyLoad
+from msgbus_devtools.testkit.outages import hold, push_delays_s
 from msgbus_devtools.testkit.procs import BusProcess, say
 from msgbus_devtools.testkit.waiting import wait_until
 
@@ -86,32 +87,24 @@ class Window:
     began: float
     ended: float
 
-    def accepted(self, load: SteadyLoad, code: str) -> dict[str, float]:
-        """Message id -> when its 202 came, of those sent within the window."""
-        return {a.message_id: a.answered_at for a in load.answered_within(self.began, self.ended)
-                if a.accepted and a.destination == code}
+    def accepted(self, load: SteadyLoad, code: str) -> list[Answer]:
+        """The 202s of the messages sent to `code` within the window."""
+        return [a for a in load.answered_within(self.began, self.ended)
+                if a.accepted and a.destination == code]
 
     def pushed(self, deployment: Deployment, code: str) -> set[str]:
         return {p.message_id for p in deployment.subscribers[code].pushes
                 if self.began <= p.at <= self.ended}
 
 
-def _first_push_at(deployment: Deployment, code: str) -> dict[str, float]:
-    first: dict[str, float] = {}
-    for push in deployment.subscribers[code].pushes:
-        first.setdefault(push.message_id, push.at)
-    return first
-
-
 def _median_latency_ms(deployment: Deployment, load: SteadyLoad, window: Window,
                        code: str) -> float:
     """Median of (first push - 202) over the messages accepted in the window; one never
     pushed counts as infinitely late."""
-    first = _first_push_at(deployment, code)
-    latencies = [(first.get(mid, float("inf")) - answered) * 1000
-                 for mid, answered in window.accepted(load, code).items()]
-    assert latencies, f"nothing of {code} was accepted within the window"
-    return statistics.median(latencies)
+    delays = push_delays_s(window.accepted(load, code), deployment.subscribers[code],
+                           unpushed_s=math.inf)
+    assert delays, f"nothing of {code} was accepted within the window"
+    return statistics.median(delays) * 1000
 
 
 def _gates(processes: list[BusProcess]) -> dict[str, bool | None]:

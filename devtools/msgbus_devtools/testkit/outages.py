@@ -110,11 +110,16 @@ def latency(answers: list[Answer]) -> str:
     return spread(latencies_s(answers)) if answers else "no answers"
 
 
-def push_delays_s(answers: list[Answer], subscriber: RecordingSubscriber) -> list[float]:
-    """For each accepted answer whose message `subscriber` got, the seconds from the 202 to its
-    first push (sorted); messages not pushed yet are left out."""
+def push_delays_s(answers: list[Answer], subscriber: RecordingSubscriber, *,
+                  unpushed_s: float | None = None) -> list[float]:
+    """For each accepted answer, the seconds from the 202 to its message's first push at
+    `subscriber` (sorted); a message not pushed yet is left out, or counts as `unpushed_s`
+    (e.g. math.inf: never pushed is infinitely late)."""
     first: dict[str, float] = {}
     for push in list(subscriber.pushes):
         first.setdefault(push.message_id, push.at)
-    return sorted(first[a.message_id] - a.answered_at for a in answers
-                  if a.accepted and a.message_id in first)
+    if unpushed_s is None:
+        return sorted(first[a.message_id] - a.answered_at for a in answers
+                      if a.accepted and a.message_id in first)
+    return sorted(first[a.message_id] - a.answered_at if a.message_id in first else unpushed_s
+                  for a in answers if a.accepted)
