@@ -19,6 +19,7 @@ WORKDIR /src
 COPY client/ client/
 COPY pyproject.toml README.md ./
 COPY msgbus/ msgbus/
+COPY msgbus_cli/ msgbus_cli/
 COPY receiver/ receiver/
 COPY dispatcher/ dispatcher/
 COPY compensator/ compensator/

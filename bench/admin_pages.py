@@ -196,7 +196,7 @@ class PagesBench:
             "MSGBUS_ADMIN_PORT": str(port)}
         with open(workdir / "admin.log", "ab") as log:
             admin = subprocess.Popen(
-                [sys.executable, "-m", "msgbus.cli", "admin", "--state-dir",
+                [sys.executable, "-m", "msgbus_cli", "admin", "--state-dir",
                  str(workdir / "state")], env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
         self.exits.callback(stop_process, admin, "admin")

@@ -3,7 +3,7 @@ doing nothing but parsing the same JSON into pydantic models and answering like 
 
     python -m bench.bare_app --port PORT [--reuse-port]
 
-It runs under the same uvicorn settings as the receiver (`msgbus.cli.serving.make_server`: uvloop,
+It runs under the same uvicorn settings as the receiver (`msgbus.serving.make_server`: uvloop,
 httptools, no access log); `--reuse-port` lets several processes share the port (SO_REUSEPORT),
 like `msgbus receiver --workers N`.
 """
@@ -57,7 +57,7 @@ def create_app() -> FastAPI:
 
 
 async def serve(port: int, reuse_port: bool) -> None:
-    from msgbus.cli.serving import make_server, reuse_port_socket
+    from msgbus.serving import make_server, reuse_port_socket
 
     server = make_server(create_app(), HOST, port)  # the receiver's uvicorn settings
     sockets = [reuse_port_socket(HOST, port)] if reuse_port else None

@@ -118,7 +118,7 @@ class CompensatorBench:
         for i in range(self.args.compensators):
             process = self._spawn(
                 f"compensator-{i}",
-                [sys.executable, "-m", "msgbus.cli", "compensator", "--state-dir",
+                [sys.executable, "-m", "msgbus_cli", "compensator", "--state-dir",
                  str(self.workdir / f"compensator-{i}")],
                 env | {"MSGBUS_COMPENSATOR_PORT": str(services.free_port()),
                        "MSGBUS_COMPENSATOR_INSTANCE": f"bench-compensator-{i}"})

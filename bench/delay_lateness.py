@@ -24,8 +24,8 @@ from bench import cli
 from bench.dispatch_stack import HOST, DispatchStack, wait_for
 from bench.pipeline import SUBSCRIPTION, delete_rabbitmq_topology
 from bench.report import cell, say, spread
-from msgbus.cli.serving import ServerGroup, make_server
 from msgbus.models import BrokerKind
+from msgbus.serving import ServerGroup, make_server
 
 BROKERS = ("kafka", "rabbitmq", "direct")
 PUSH_CONCURRENCY = 32

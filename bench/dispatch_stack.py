@@ -189,7 +189,7 @@ class DispatchStack:
         return f"http://{HOST}:{port}"
 
     def _msgbus(self, command: str) -> list[str]:
-        return [sys.executable, "-m", "msgbus.cli", command,
+        return [sys.executable, "-m", "msgbus_cli", command,
                 "--state-dir", str(self.workdir / command / "state")]
 
     def _spawn(self, name: str, command: list[str], **env: str) -> subprocess.Popen[bytes]:
@@ -209,7 +209,7 @@ class DispatchStack:
         started = []
         for index in range(1, count + 1):
             name, port = f"dispatcher-{index}", services.free_port()
-            command = [sys.executable, "-m", "msgbus.cli", "dispatcher", "--state-dir",
+            command = [sys.executable, "-m", "msgbus_cli", "dispatcher", "--state-dir",
                        str(self.workdir / name / "state")]
             started.append(self._spawn(name, command, MSGBUS_DISPATCHER_HOST=HOST,
                                        MSGBUS_DISPATCHER_PORT=str(port),

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from bench.subscriber import Recorder, serve_app
-from msgbus.cli.asgi import answer_lifespan, read_body, respond
+from msgbus_cli.asgi import answer_lifespan, read_body, respond
 
 HOST = "127.0.0.1"
 SLOW_S = 0.3

@@ -189,7 +189,7 @@ class IngestStack:
 
     def _msgbus(self, command: str, state: str | None = None) -> list[str]:
         state_dir = self.workdir / (state or command) / "state"
-        return [sys.executable, "-m", "msgbus.cli", command, "--state-dir", str(state_dir)]
+        return [sys.executable, "-m", "msgbus_cli", command, "--state-dir", str(state_dir)]
 
     def _spawn(self, name: str, command: list[str], **env: str) -> subprocess.Popen[bytes]:
         log_path = self.logs / f"{name}.log"

@@ -4,7 +4,7 @@ refuses every connection (the "receiver is down" of the spooling phases).
 `LiveReceiver.start()` starts tansu and SecantusDB on free ports (`msgbus_devtools.servers`),
 writes one
 producer app (API key) and the benchmark's destinations (Kafka) to MongoDB, and runs
-`python -m msgbus.cli receiver` with `MSGBUS_*` variables: the same entry point as
+`python -m msgbus_cli receiver` with `MSGBUS_*` variables: the same entry point as
 production. It runs in its own process so that the client's threads and the receiver never share
 a GIL. Everything it starts is registered on an `ExitStack` and stopped by PID.
 """
@@ -85,7 +85,7 @@ class LiveReceiver:
         })
         log_path = logs / "receiver.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "msgbus.cli", "receiver",
+        command = [sys.executable, "-m", "msgbus_cli", "receiver",
                    "--state-dir", str(self.workdir / "receiver-state")]
         say(f"starting the receiver: {' '.join(command)} (log: {log_path})")
         with open(log_path, "ab") as log:

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from msgbus.cli.asgi import answer_lifespan, read_body, respond
+from msgbus_cli.asgi import answer_lifespan, read_body, respond
 
 HOST = "127.0.0.1"
 
@@ -109,7 +109,7 @@ def serve_app(make_app: Callable[[], Any], port: int) -> None:
 
 
 async def _serve(app: Any, port: int) -> None:
-    from msgbus.cli.serving import make_server
+    from msgbus.serving import make_server
 
     server = make_server(app, HOST, port)  # installs no signal handlers of its own
     server.config.backlog = 4096

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from msgbus_devtools.testkit.bus import RunningBus
 
 from admin.security import SESSION_COOKIE
-from msgbus.cli.main import main as cli
+from msgbus_cli.main import main as cli
 
 
 def _name(prefix: str) -> str:

@@ -19,9 +19,9 @@ from msgbus_devtools.testkit.bus import RunningBus, StartBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber, ScriptedSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 
-from msgbus.cli.main import main as cli
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
+from msgbus_cli.main import main as cli
 
 ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "admin"
 PASSWORD = "ui test password"

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from msgbus_devtools.testkit import analytics_seed as seed
 from pymongo import MongoClient
 
-from msgbus.cli.main import main
+from msgbus_cli.main import main
 
 try:
     from pyspark.sql import SparkSession

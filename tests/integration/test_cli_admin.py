@@ -18,8 +18,8 @@ from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 
-from msgbus.cli.main import main as cli
 from msgbus.ids import uuid7
+from msgbus_cli.main import main as cli
 
 PASSWORD = "correct horse battery"
 # no MSGBUS_ADMIN_* from the machine, no config file of the user running the tests

@@ -17,7 +17,7 @@ from msgbus_devtools.testkit.children import SPOOLING_PRODUCER, ScriptChild, Scr
 from msgbus_devtools.testkit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-MSGBUS = [sys.executable, "-m", "msgbus.cli"]
+MSGBUS = [sys.executable, "-m", "msgbus_cli"]
 
 def msgbus(*args: str, api_key: str = "") -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}

@@ -21,7 +21,7 @@ from msgbus import codec
 from msgbus.brokers.base import topic_name
 from msgbus.processes import pid_alive
 
-MSGBUS = [sys.executable, "-m", "msgbus.cli"]
+MSGBUS = [sys.executable, "-m", "msgbus_cli"]
 
 
 def child_pids(pid: int) -> dict[int, str]:

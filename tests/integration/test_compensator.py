@@ -24,11 +24,11 @@ from msgbus_devtools.testkit.subscriber import ScriptedSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 
 from compensator.service import CompensatorService
-from msgbus.cli.main import main as cli
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus, Envelope, delivery_id, utcnow
 from msgbus.store import documents as docs
 from msgbus.store.claims import DeliveryClaims
+from msgbus_cli.main import main as cli
 
 SWEEP_AFTER_S = 3.0
 FAST_DELAYS_S = [0.3, 0.6, 0.9]

@@ -76,7 +76,7 @@ def test_services_stop_on_sigterm_with_status_0(bus: RunningBus, tmp_path: Path,
             env = {**base_env, f"MSGBUS_{name.upper()}_PORT": str(port)}
             log = (tmp_path / f"{name}.log").open("wb")
             started[name] = (subprocess.Popen(
-                [sys.executable, "-m", "msgbus.cli", name, "--state-dir", str(tmp_path / name)],
+                [sys.executable, "-m", "msgbus_cli", name, "--state-dir", str(tmp_path / name)],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), port)
         for name, (process, port) in started.items():
             wait_until(lambda p=port, pr=process: ready(p) or pr.poll() is not None, 60,

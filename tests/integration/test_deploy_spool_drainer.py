@@ -78,7 +78,7 @@ def drainer(bus: RunningBus, root: Path, state: Path, keys: Path, *args: str,
         "MSGBUS_SPOOL_DRAINER_API_KEY": "not-a-key",  # the app's own key must be used
         "MSGBUS_SPOOL_DRAINER_API_KEYS_DIR": str(keys),
     })
-    return subprocess.run([sys.executable, "-m", "msgbus.cli", "spool-drainer", "--root",
+    return subprocess.run([sys.executable, "-m", "msgbus_cli", "spool-drainer", "--root",
                            str(root), *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=120)
 
@@ -147,7 +147,7 @@ def test_drainer_serves_health_and_node_metrics_and_stops_on_sigterm(
                 "MSGBUS_MONGO_DB": bus.connections.mongo_db,
                 "MSGBUS_SPOOL_DRAINER_PORT": str(port),
                 "MSGBUS_SPOOL_DRAINER_SCAN_INTERVAL_S": "0.2"})
-    process = subprocess.Popen([sys.executable, "-m", "msgbus.cli", "spool-drainer", "--root",
+    process = subprocess.Popen([sys.executable, "-m", "msgbus_cli", "spool-drainer", "--root",
                                 str(root)], cwd=REPO, env=env, stderr=subprocess.PIPE,
                                text=True)
     try:

@@ -21,9 +21,9 @@ from msgbus_devtools.testkit.sending import post_batches
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.waiting import wait_until
 
-from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus
+from msgbus_cli.asgi import answer_lifespan, read_body, request_headers, respond
 
 pytestmark = pytest.mark.integration
 

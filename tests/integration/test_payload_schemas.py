@@ -16,8 +16,8 @@ from msgbus_client import MsgbusClient, SchemaValidationError
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.waiting import wait_until
 
-from msgbus.cli.main import main as cli
 from msgbus.ids import uuid7
+from msgbus_cli.main import main as cli
 
 ORDER: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

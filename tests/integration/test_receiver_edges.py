@@ -14,8 +14,8 @@ import pytest
 from msgbus_devtools.testkit.bus import HOST, RunningBus
 from msgbus_devtools.testkit.waiting import wait_until
 
-from msgbus.cli.serving import ServerGroup, make_server
 from msgbus.ids import uuid7
+from msgbus.serving import ServerGroup, make_server
 from msgbus.settings import ReceiverSettings
 from receiver.app import create_app
 from receiver.service import ReceiverService

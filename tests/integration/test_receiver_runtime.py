@@ -27,8 +27,8 @@ from msgbus_devtools.testkit.tcp_gate import TcpGate
 from msgbus_devtools.testkit.waiting import wait_until
 
 from msgbus.brokers.base import consumer_name
-from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.ids import uuid7
+from msgbus_cli.asgi import answer_lifespan, read_body, request_headers, respond
 
 STANDBY_VHOST = "msgbus-standby"
 

@@ -19,9 +19,9 @@ from msgbus_devtools.testkit.waiting import wait_until
 from pika.exceptions import ChannelClosedByBroker
 
 from msgbus.brokers.base import consumer_name, topic_name
-from msgbus.cli.main import main as cli
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus
+from msgbus_cli.main import main as cli
 
 
 def _new_destination(bus: RunningBus, prefix: str, broker: str, unique: str) -> str:

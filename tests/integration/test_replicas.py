@@ -34,10 +34,10 @@ from msgbus_devtools.testkit.subscriber import PeakSubscriber, RecordingSubscrib
 from msgbus_devtools.testkit.waiting import wait_until
 
 from admin.pushers import pushers_of
-from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.ids import uuid7
 from msgbus.models import BrokerKind, ReplaySpec, ReplayState, utcnow
 from msgbus.store.replays import ReplayStore
+from msgbus_cli.asgi import answer_lifespan, read_body, request_headers, respond
 
 pytestmark = pytest.mark.serial  # timing-sensitive load: run alone (scripts/test.sh)
 

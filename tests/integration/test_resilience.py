@@ -4,7 +4,7 @@ mid-flight, or of a compensator mid-retry, loses nothing either. (MongoDB outage
 dispatcher killed during one: test_mongo_outages.py; hung brokers: test_broker_hangs.py.)
 
 Everything runs as separate OS processes: the receiver(s) and the dispatcher
-(`python -m msgbus.cli receiver|dispatcher`), and private servers this module stops and
+(`python -m msgbus_cli receiver|dispatcher`), and private servers this module stops and
 restarts on the same port and storage: SecantusDB (MongoDB protocol), tansu (Kafka protocol)
 on S3 storage served by moto, and a RabbitMQ node of its own (the machine's shared RabbitMQ is
 never touched). A steady load of single-message POSTs records the answer to every request; a

@@ -29,8 +29,8 @@ from analytics.schemas import (
     arrow_schema,
 )
 from analytics.trace import uuid7_date
-from msgbus.cli.analytics_cmd import parse_time
 from msgbus.ids import uuid7
+from msgbus_cli.analytics_cmd import parse_time
 
 COLUMNS = {"status", "subscription", "created_at", "attempts"}
 

@@ -8,7 +8,7 @@ import sys
 
 
 def test_importing_the_cli_leaves_prometheus_client_unimported() -> None:
-    probe = "import sys, msgbus.cli.main; print('prometheus_client' in sys.modules)"
+    probe = "import sys, msgbus_cli.main; print('prometheus_client' in sys.modules)"
     answer = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True)
     assert answer.stdout.strip() == "False", answer.stderr

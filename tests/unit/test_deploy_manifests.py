@@ -20,8 +20,8 @@ import yaml
 from pydantic_settings import BaseSettings
 
 from msgbus import settings as msgbus_settings
-from msgbus.cli.main import main as msgbus_cli
 from msgbus.metrics import BACKLOG, OLDEST_UNDELIVERED_AGE
+from msgbus_cli.main import main as msgbus_cli
 
 REPO = Path(__file__).parents[2]
 DEPLOY = REPO / "deploy"

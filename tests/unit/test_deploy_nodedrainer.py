@@ -10,8 +10,8 @@ from msgbus_client import Spool, uuid7
 from msgbus_client.message import Entry
 from pydantic import SecretStr
 
-from msgbus.cli.nodedrainer import CLIENT_SPOOL, NodeDrainer
 from msgbus.settings import ConnectionSettings, ReceiverSettings, SpoolDrainerSettings
+from receiver.node_rescue import CLIENT_SPOOL, NodeDrainer
 from receiver.rescue import BufferRescuer
 
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from msgbus.cli.serving import ServerGroup
-from msgbus.cli.stack import serve_until_signal
 from msgbus.gcfreeze import freeze_startup_objects
+from msgbus.serving import ServerGroup
+from msgbus_cli.stack import serve_until_signal
 
 
 class Node:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from msgbus.cli.serving import ServerGroup, make_server, reuse_port_socket
+from msgbus.serving import ServerGroup, make_server, reuse_port_socket
 
 
 async def test_connections_accepted_on_a_reuse_port_socket_do_not_wait_for_nagle() -> None:

@@ -21,7 +21,7 @@ from compensator.app import create_app as compensator_app
 from compensator.service import CompensatorService
 from dispatcher.app import create_app as dispatcher_app
 from dispatcher.service import DispatcherService
-from msgbus.cli.serving import ServerGroup, make_server
+from msgbus.serving import ServerGroup, make_server
 from msgbus.settings import (
     AdminSettings,
     CompensatorSettings,

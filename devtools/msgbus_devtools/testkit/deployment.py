@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 from pydantic import HttpUrl
 
 from msgbus.auth import hash_api_key, new_api_key
-from msgbus.cli.serving import ServerGroup, make_server
 from msgbus.models import BrokerKind, DeliveryStatus, Destination, Subscription
 from msgbus.processes import stop_children
+from msgbus.serving import ServerGroup, make_server
 from msgbus.store import MongoStore
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.load import SteadyLoad

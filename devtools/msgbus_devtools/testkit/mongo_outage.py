@@ -16,7 +16,7 @@ from pydantic import SecretStr
 
 from admin.app import create_app as admin_app
 from admin.service import AdminService
-from msgbus.cli.serving import ServerGroup, make_server
+from msgbus.serving import ServerGroup, make_server
 from msgbus.settings import AdminSettings, ConnectionSettings
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.loop import BackgroundLoop
@@ -47,7 +47,7 @@ def admin_through(mongo_uri: str, mongo_db: str, token: str, state_dir: Path) ->
 
 
 class ServiceProcesses:
-    """Bus services (`python -m msgbus.cli <service>`) of one MongoDB database, each on the
+    """Bus services (`python -m msgbus_cli <service>`) of one MongoDB database, each on the
     MongoDB URI it is given, on ports of their own; started together, stopped by PID."""
 
     def __init__(self, work_dir: Path, mongo_db: str, admin_token: str) -> None:

@@ -1,6 +1,6 @@
 """Bus services and backing servers as separate OS processes that a test can kill and restart.
 
-- `BusProcess`: `python -m msgbus.cli receiver|dispatcher` with MSGBUS_* variables; started
+- `BusProcess`: `python -m msgbus_cli receiver|dispatcher` with MSGBUS_* variables; started
   and waited for on /health, stopped (SIGTERM) or killed (-9), restarted with the same
   environment (so the same state and buffer directories). Its output goes to a log file
   under the test's tmp_path; `tail()` shows the end of it.
@@ -128,7 +128,7 @@ class BusProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
         with open(self.log_path, "ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "msgbus.cli", self.service], cwd=REPO,
+                [sys.executable, "-m", "msgbus_cli", self.service], cwd=REPO,
                 env={**env, **self.env}, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=processes.die_with_parent())  # dies with the test

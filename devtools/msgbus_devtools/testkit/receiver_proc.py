@@ -51,7 +51,7 @@ class ReceiverProcess:
         self.port = port
         self.url = f"http://{HOST}:{port}"
         self.log_path = log_path
-        self.command = [sys.executable, "-m", "msgbus.cli", "receiver", "--state-dir",
+        self.command = [sys.executable, "-m", "msgbus_cli", "receiver", "--state-dir",
                         str(state_dir), "--workers", str(workers)]
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
-from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.delivery.batch import BATCH_CONTENT_TYPE
+from msgbus_cli.asgi import answer_lifespan, read_body, request_headers, respond
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """`msgbus messages search|show`, `msgbus invalid-docs list|delete` and `msgbus runtime
-show|set`, through the admin API (URL, token and --output: msgbus/cli/admin_client.py)."""
+show|set`, through the admin API (URL, token and --output: msgbus_cli/admin_client.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from msgbus.cli.admin_client import YES_OPTION, AdminClient, admin_options
+from msgbus_cli.admin_client import YES_OPTION, AdminClient, admin_options
 
 MESSAGE_COLUMNS = ("message_id", "destination", "biz_id", "source_app", "received_at")
 ATTEMPT_COLUMNS = ("attempt", "at", "status_code", "latency_ms", "error", "by")

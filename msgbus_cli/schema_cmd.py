@@ -9,7 +9,7 @@ from typing import Any
 import click
 import orjson
 
-from msgbus.cli.admin_client import AdminClient, admin_options
+from msgbus_cli.admin_client import AdminClient, admin_options
 
 JSON_OUT = click.option("--json", "as_json", is_flag=True, help="Same as --output json.")
 MODES = ("none", "backward", "forward", "full")

@@ -7,10 +7,10 @@ from urllib.parse import unquote
 
 import click
 
-from msgbus.cli.asgi import answer_lifespan, read_body, request_headers, respond
 from msgbus.models import BrokerKind, Destination, Subscription
 from msgbus.settings import ConnectionSettings
 from msgbus.store import MongoStore
+from msgbus_cli.asgi import answer_lifespan, read_body, request_headers, respond
 
 DEMO_DESTINATION = "demo"
 DEMO_SUBSCRIPTION = "printer"

@@ -13,9 +13,8 @@ from typing import Any
 import click
 from pydantic import SecretStr
 
-from msgbus.cli import secrets as stored
-from msgbus.cli.serving import EmbeddedServer, ServerGroup, make_server
 from msgbus.gcfreeze import freeze_startup_objects
+from msgbus.serving import EmbeddedServer, ServerGroup, make_server
 from msgbus.settings import (
     AdminSettings,
     CompensatorSettings,
@@ -23,6 +22,7 @@ from msgbus.settings import (
     DispatcherSettings,
     ReceiverSettings,
 )
+from msgbus_cli import secrets as stored
 
 INTERNAL_TOKEN_FILE = "internal-token"
 ADMIN_TOKEN_FILE = "admin-token"

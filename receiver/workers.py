@@ -23,9 +23,9 @@ from types import FrameType
 
 import click
 
-from msgbus.cli.serving import reuse_port_socket
 from msgbus.metrics import forget_process
 from msgbus.processes import RestartBackoff, die_with_parent, stop_children
+from msgbus.serving import reuse_port_socket
 
 SHORT_LIFE_S = 10.0  # a child that dies younger than this backs off longer each time
 MAX_SHORT_LIVES = 5  # ... and after this many in a row, the parent gives up
@@ -121,7 +121,7 @@ def run_receiver_workers(state_dir: Path, count: int, host: str, port: int) -> i
     try:
         port = int(holder.getsockname()[1])
         env = {**os.environ, "MSGBUS_RECEIVER_HOST": host, "MSGBUS_RECEIVER_PORT": str(port)}
-        command = [sys.executable, "-m", "msgbus.cli", "receiver", "--state-dir", str(state_dir),
+        command = [sys.executable, "-m", "msgbus_cli", "receiver", "--state-dir", str(state_dir),
                    "--workers", "1", "--reuse-port"]
         pool = WorkerPool(command, count, env)
         click.echo(f"msgbus receiver: {count} workers on http://{host}:{port}", err=True)

@@ -1,6 +1,6 @@
 """`msgbus whoami|tokens|apps|audit` and the admin-API side of `msgbus users` (list, set,
 delete): who may do what, through the admin API (URL, token and --output:
-msgbus/cli/admin_client.py). `msgbus users add` writes MongoDB directly, for the first admin
+msgbus_cli/admin_client.py). `msgbus users add` writes MongoDB directly, for the first admin
 before any API is reachable (users_cmd.py)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from msgbus.cli.admin_client import YES_OPTION, AdminClient, admin_options
 from msgbus.users import Role
+from msgbus_cli.admin_client import YES_OPTION, AdminClient, admin_options
 
 ROLES = click.Choice([r.value for r in Role])
 

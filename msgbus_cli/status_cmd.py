@@ -1,5 +1,5 @@
 """`msgbus status`: every service process and whether it sees MongoDB as available, through
-the admin API (`GET /v1/services`; URL, token and --output: msgbus/cli/admin_client.py)."""
+the admin API (`GET /v1/services`; URL, token and --output: msgbus_cli/admin_client.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from msgbus.cli.admin_client import AdminClient, admin_options
+from msgbus_cli.admin_client import AdminClient, admin_options
 
 COLUMNS = ("component", "instance", "reachable", "mongo", "drain_process")
 

@@ -17,25 +17,25 @@ import click
 import orjson
 
 from msgbus import telemetry
-from msgbus.cli.access_cmd import USERS_API_COMMANDS, apps, audit, tokens, whoami
-from msgbus.cli.analytics_cmd import analytics
-from msgbus.cli.config_cmd import destination, subscription
-from msgbus.cli.drainer_cmd import spool_drainer
-from msgbus.cli.messages_cmd import invalid_docs, messages, runtime
-from msgbus.cli.ops_cmd import parked, replay, scheduled
-from msgbus.cli.serving import ServerGroup, reuse_port_socket
-from msgbus.cli.spool_cmd import spool
-from msgbus.cli.stack import (
+from msgbus.processes import pid_alive
+from msgbus.serving import ServerGroup, reuse_port_socket
+from msgbus.settings import TracingSettings
+from msgbus_cli.access_cmd import USERS_API_COMMANDS, apps, audit, tokens, whoami
+from msgbus_cli.analytics_cmd import analytics
+from msgbus_cli.config_cmd import destination, subscription
+from msgbus_cli.drainer_cmd import spool_drainer
+from msgbus_cli.messages_cmd import invalid_docs, messages, runtime
+from msgbus_cli.ops_cmd import parked, replay, scheduled
+from msgbus_cli.spool_cmd import spool
+from msgbus_cli.stack import (
     ServiceApps,
     connection_settings,
     serve_until_signal,
     server,
     stop_on_signals,
 )
-from msgbus.cli.status_cmd import status
-from msgbus.cli.users_cmd import users
-from msgbus.processes import pid_alive
-from msgbus.settings import TracingSettings
+from msgbus_cli.status_cmd import status
+from msgbus_cli.users_cmd import users
 
 DEFAULT_STATE_DIR = Path(".msgbus")
 STATE_DIR = click.option(
@@ -81,7 +81,7 @@ def main(verbose: bool) -> None:
 @click.option("--demo-port", default=8084, show_default=True, help="Port of the demo subscriber.")
 def up(state_dir: Path, demo: bool, demo_port: int) -> None:
     """Run the whole bus (receiver, dispatcher, compensator, admin) on embedded defaults."""
-    from msgbus.cli.up import run_up
+    from msgbus_cli.up import run_up
 
     run_up(state_dir, demo, demo_port)
 
@@ -107,7 +107,7 @@ def send(state_dir: Path, destination: str, message: str, biz_id: str | None,
     """Send MESSAGE (JSON) to DESTINATION through the durable client."""
     from msgbus_client import MsgbusClient
 
-    from msgbus.cli.stack import CLI_KEY_FILE, RECEIVER_URL_FILE
+    from msgbus_cli.stack import CLI_KEY_FILE, RECEIVER_URL_FILE
 
     try:
         body = orjson.loads(message)
@@ -183,8 +183,8 @@ def receiver(state_dir: Path, workers: int, reuse_port: bool) -> None:
     if workers == 1:
         _serve("receiver", state_dir, reuse_port=reuse_port)
         return
-    from msgbus.cli.workers import run_receiver_workers
     from msgbus.settings import ReceiverSettings
+    from receiver.workers import run_receiver_workers
 
     connection_settings(state_dir)  # creates the shared token once, before the workers race
     settings = ReceiverSettings()

@@ -1,6 +1,6 @@
 """`msgbus destination ...` and `msgbus subscription ...`: list, create or update, pause, resume,
 test, skip, delete, and the subscription's signing secrets, through the admin API (URL, token
-and --output: msgbus/cli/admin_client.py).
+and --output: msgbus_cli/admin_client.py).
 
 `put` on an existing destination or subscription sends its current settings with the options
 given changed: the API's PUT replaces every field, and a field left out would go back to its
@@ -14,8 +14,8 @@ from typing import Any
 import click
 import orjson
 
-from msgbus.cli.admin_client import BY_OPTION, YES_OPTION, AdminClient, admin_options
-from msgbus.cli.schema_cmd import schema
+from msgbus_cli.admin_client import BY_OPTION, YES_OPTION, AdminClient, admin_options
+from msgbus_cli.schema_cmd import schema
 
 SUBSCRIPTION_COLUMNS = ("destination", "name", "url", "paused", "max_concurrency", "max_rate_per_s",
                         "timeout_ms", "ordered_by_biz_id", "batch_max_messages", "delay_s")

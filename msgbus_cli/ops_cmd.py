@@ -1,5 +1,5 @@
 """`msgbus replay ...`, `msgbus parked ...` and `msgbus scheduled ...`: operator actions, through
-the admin API (URL, token and --output: msgbus/cli/admin_client.py).
+the admin API (URL, token and --output: msgbus_cli/admin_client.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from msgbus.cli.admin_client import (
+from msgbus_cli.admin_client import (
     BY_OPTION,
     AdminClient,
     F,

@@ -1,6 +1,6 @@
 """`msgbus spool-drainer`: drain the local queues that pods left behind on this node.
 
-What it does is in msgbus/cli/nodedrainer.py. It serves /health and /metrics on
+What it does is in receiver/node_rescue.py. It serves /health and /metrics on
 MSGBUS_SPOOL_DRAINER_HOST:PORT until SIGTERM, or with --once scans the node once and exits
 (status 1 when a queue could not be drained in full).
 """
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from msgbus.cli.stack import connection_settings, serve_until_signal, server, stop_on_signals
 from msgbus.settings import ReceiverSettings, SpoolDrainerSettings
+from msgbus_cli.stack import connection_settings, serve_until_signal, server, stop_on_signals
 
 if TYPE_CHECKING:
-    from msgbus.cli.nodedrainer import NodeDrainer
+    from receiver.node_rescue import NodeDrainer
 
 
 @click.command("spool-drainer")
@@ -38,7 +38,7 @@ def spool_drainer(root: Path | None, min_idle_s: float | None, scan_interval_s: 
     receiver's), client spools to MSGBUS_SPOOL_DRAINER_RECEIVER_URL. A queue a live process
     holds is never touched.
     """
-    from msgbus.cli.nodedrainer import NodeDrainer
+    from receiver.node_rescue import NodeDrainer
     from receiver.rescue import BufferRescuer
 
     overrides: dict[str, Any] = {"root": root, "min_idle_s": min_idle_s,
@@ -69,8 +69,8 @@ async def _once(drainer: NodeDrainer) -> int:
 async def _serve(drainer: NodeDrainer) -> None:
     from fastapi import FastAPI
 
-    from msgbus.cli.serving import ServerGroup
     from msgbus.http import service_app
+    from msgbus.serving import ServerGroup
 
     app: FastAPI = service_app("msgbus spool-drainer", drainer)
 

@@ -1,3 +1,0 @@
-from msgbus.cli.main import main
-
-main()

@@ -1,0 +1,3 @@
+from msgbus_cli.main import main
+
+main()
