@@ -6,7 +6,7 @@ The admin URL and token come from, first to last:
 1. the flags `--admin-url` (or `--admin`) and `--token`;
 2. the environment, `MSGBUS_ADMIN_URL` and `MSGBUS_ADMIN_TOKEN`;
 3. the config file, `admin_url` and `token` in `$MSGBUS_CLI_CONFIG`, else
-   `$XDG_CONFIG_HOME/msgbus_cli.toml` (default `~/.config/msgbus_cli.toml`);
+   `$XDG_CONFIG_HOME/msgbus/cli.toml` (default `~/.config/msgbus/cli.toml`);
 4. the files `admin-url` and `admin-token` that `msgbus up` writes in its state directory.
 
 Each value is looked up on its own: a URL from the environment may go with a token from the
