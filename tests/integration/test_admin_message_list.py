@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import ScriptedSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 
@@ -51,7 +51,7 @@ def test_admin_message_list_shows_states_filters_them_and_pages_stay_put(
     code = f"list-{uuid.uuid4().hex[:6]}"
     _two_subscriptions(bus, code)
     sent = [_send(bus, api_key, code, f"order-{n % 2}") for n in range(7)]
-    wait_until(lambda: all(_states(m) == {f"{code}/ok": "delivered", f"{code}/gone": "parked"}
+    eventually(lambda: all(_states(m) == {f"{code}/ok": "delivered", f"{code}/gone": "parked"}
                            for m in _listed(bus, destination=code).json())
                and len(_listed(bus, destination=code).json()) == 7, 30, "every outcome")
 
@@ -81,7 +81,7 @@ def test_admin_message_list_shows_states_filters_them_and_pages_stay_put(
     bad = bus.admin.get("/v1/messages", params={"before": "yesterday"})
     assert bad.status_code == 400 and bad.json()["field"] == "before"
 
-    wait_until(lambda: len(_listed(bus, destination=code, status="parked").json()) == 9, 30,
+    eventually(lambda: len(_listed(bus, destination=code, status="parked").json()) == 9, 30,
                "the late messages parked too")
     html = bus.admin.get("/ui/messages", params={"destination": code, "status": "parked"}).text
     assert html.count('data-status="parked"') == 9 and 'data-status="delivered"' in html
@@ -103,7 +103,7 @@ def test_admin_keeps_the_first_bytes_of_a_failed_push_answer_and_shows_them_esca
         deliveries = bus.deliveries(message_id)
         return deliveries[0]["attempts_log"] if deliveries else []
 
-    wait_until(lambda: len(attempts()) == 1, 20, "the failed attempt")
+    eventually(lambda: len(attempts()) == 1, 20, "the failed attempt")
     attempt = attempts()[0]
     assert attempt["status_code"] == 500
     assert attempt["answer"] == answer[:1024].decode()  # MSGBUS_PUSH_ANSWER_KEEP_BYTES

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from msgbus_devtools.testkit.mongo_outage import admin_through
 from msgbus_devtools.testkit.tcp_gate import TcpGate, mongo_uri_through
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 BOOTSTRAP = "outage-admin-token"
 CLIENT_TIMEOUT_S = 10.0  # a hung page would hold the client this long
@@ -105,7 +105,7 @@ def test_admin_answers_within_seconds_while_mongodb_hangs(mongo_gate: TcpGate,
         assert health.status_code == 200 and health.json()["mongo"] is False
 
         mongo_gate.thaw()
-        wait_until(lambda: seen.get("/v1/destinations").status_code == 200, 30,
+        eventually(lambda: seen.get("/v1/destinations").status_code == 200, 30,
                    "the admin to serve again once MongoDB answers")
         assert "mongo-banner" not in seen.get("/ui/dashboard").text
         assert never_seen.get("/v1/subscriptions").status_code == 200

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from msgbus_devtools.testkit.mongo_outage import ServiceProcesses, admin_through
 from msgbus_devtools.testkit.tcp_gate import TcpGate, mongo_uri_through
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 TOKEN = "services-admin-token"
 SEES_IT_S = 30  # a gate closes at its process's next MongoDB call that times out (<= 5 s)
@@ -81,7 +81,7 @@ def test_admin_services_shows_which_processes_see_mongodb_unavailable(
         return instances <= set(rows) and all(
             _gates(rows[name]) in ([True], [True, True]) for name in instances)
 
-    wait_until(all_available, SEES_IT_S, "every service listed, seeing MongoDB available")
+    eventually(all_available, SEES_IT_S, "every service listed, seeing MongoDB available")
     rows = _by_instance(admin_url)
     for name, url in urls.items():
         assert rows[name]["health_url"] == f"{url}/health"
@@ -94,10 +94,10 @@ def test_admin_services_shows_which_processes_see_mongodb_unavailable(
         return all(_gates(rows[name]) in ([False], [False, False]) for name in frozen) and all(
             _gates(rows[name]) == [True] for name in instances - frozen)
 
-    wait_until(only_frozen_unavailable, SEES_IT_S,
+    eventually(only_frozen_unavailable, SEES_IT_S,
                "the receiver, its drain process and the dispatcher to see MongoDB unavailable")
     down = _by_instance(admin_url)["dispatcher:dispatcher-gated"]["mongo"]
     assert down["since"] and down["closed_by"] and down["reason"]
 
     mongo_gate.thaw()
-    wait_until(all_available, SEES_IT_S, "every service to see MongoDB available again")
+    eventually(all_available, SEES_IT_S, "every service to see MongoDB available again")

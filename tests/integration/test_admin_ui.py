@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from msgbus_devtools.testkit.bus import RunningBus, StartBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber, ScriptedSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
@@ -57,8 +57,8 @@ def test_admin_ui_login_pause_find_timeline_and_replay(bus: RunningBus, api_key:
                headers={"authorization": f"Bearer {api_key}"},
                json={"message_id": message_id, "biz_id": f"order-{tag}",
                      "body": {"order": tag, "total": 42}}).raise_for_status()
-    wait_until(lambda: message_id in subscriber.message_ids(), 20, "the push")
-    wait_until(lambda: bus.query(bus.store.attempts_of(message_id)), 20, "the attempt's record")
+    eventually(lambda: message_id in subscriber.message_ids(), 20, "the push")
+    eventually(lambda: bus.query(bus.store.attempts_of(message_id)), 20, "the attempt's record")
 
     page = browser.new_page(base_url=bus.admin_url)  # type: ignore[attr-defined]
     try:
@@ -233,7 +233,7 @@ def test_admin_ui_lists_and_shows_a_message_still_pending_for_a_paused_subscript
     httpx.post(f"{bus.receiver_url}/v1/destinations/{code}/messages", timeout=10,
                headers={"authorization": f"Bearer {api_key}"},
                json={"message_id": message_id, "body": {"n": 1}}).raise_for_status()
-    wait_until(lambda: bus.query(bus.store.pending_message_ids(f"{code}/billing", 10)), 20,
+    eventually(lambda: bus.query(bus.store.pending_message_ids(f"{code}/billing", 10)), 20,
                "the receiver's record")
     page: Any = _logged_in_page(bus, browser)
     try:
@@ -304,13 +304,13 @@ def test_admin_ui_skips_a_backlog_and_deletes_after_a_confirmation(
         page.locator("#skip-form input[name=reason]").fill("replayed elsewhere")
         answer["accept"] = True
         page.locator("#skip-form").get_by_role("button", name="Skip backlog").click()
-        wait_until(lambda: bus.admin.get("/v1/subscriptions", params={"destination": code}
+        eventually(lambda: bus.admin.get("/v1/subscriptions", params={"destination": code}
                                          ).json()[0]["skip_reason"].startswith(
                                              "replayed elsewhere"), 10, "the skip saved")
 
         answer["accept"] = False  # the confirmation, dismissed: nothing happens
         page.get_by_role("button", name="Delete subscription").click()
-        wait_until(lambda: len(dialogs) == 2, 10, "the confirmation asked")
+        eventually(lambda: len(dialogs) == 2, 10, "the confirmation asked")
         assert "Delete subscription" in dialogs[-1]
         assert [s["name"] for s in bus.admin.get(
             "/v1/subscriptions", params={"destination": code}).json()] == ["old"]
@@ -387,7 +387,7 @@ def test_admin_ui_subscription_page_charts_its_pushes_shows_failures_and_acts(
         httpx.post(f"{bus.receiver_url}/v1/destinations/{code}/messages", timeout=10,
                    headers={"authorization": f"Bearer {api_key}"},
                    json={"message_id": message_id, "body": {"sku": "s-1"}}).raise_for_status()
-    wait_until(lambda: set(subscriber.successes()) == set(sent), 30, "every message delivered")
+    eventually(lambda: set(subscriber.successes()) == set(sent), 30, "every message delivered")
     page: Any = _logged_in_page(bus, browser)
     page.on("dialog", lambda dialog: dialog.accept())
     try:
@@ -395,7 +395,7 @@ def test_admin_ui_subscription_page_charts_its_pushes_shows_failures_and_acts(
             page.goto(f"/ui/subscriptions/{code}/stock")
             return _chart_counts(page, "Pushes by outcome")
 
-        wait_until(lambda: pushes_shown() == {"ok": 5, "failed": 5}, 20,
+        eventually(lambda: pushes_shown() == {"ok": 5, "failed": 5}, 20,
                    "the pushes in the chart")
         assert "10 pushes, 50.0 % delivered" in page.locator("#health-now").inner_text()
         failures = page.locator("#failures tr").all_inner_texts()[1:]
@@ -475,7 +475,7 @@ def test_admin_ui_destination_page_shows_its_switches_subscriptions_and_schemas(
             page.reload()
             return str(page.locator("#subscriptions").inner_text())
 
-        wait_until(lambda: "audit\tpaused" in subscriptions(), 20, "its subscription listed")
+        eventually(lambda: "audit\tpaused" in subscriptions(), 20, "its subscription listed")
         versions = page.locator("#schemas tr.schema-version").all_inner_texts()
         assert [v.split("\t")[:4] for v in versions] == [
             ["2", "backward", "qty, sku", "sku"], ["1", "backward", "sku", "sku"]]

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from msgbus_devtools.testkit.bus import RunningBus, StartBus
 from msgbus_devtools.testkit.subscriber import ScriptedSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
@@ -56,8 +56,8 @@ def seeded(bus: RunningBus) -> dict[str, str]:
         sent = httpx.post(f"{bus.receiver_url}/v1/destinations/{code}/messages", timeout=10,
                           headers={"authorization": f"Bearer {key}"}, json=body)
         assert sent.status_code == 202, sent.text
-    wait_until(lambda: message_id in fine.message_ids(), 30, "the push to fine")
-    wait_until(lambda: bus.admin.get(f"/v1/destinations/{code}/subscriptions/picky/parked"
+    eventually(lambda: message_id in fine.message_ids(), 30, "the push to fine")
+    eventually(lambda: bus.admin.get(f"/v1/destinations/{code}/subscriptions/picky/parked"
                                      ).json(), 30, "the parked delivery")
     bus.admin.post("/v1/replays", json={
         "destination": code, "since": (utcnow() - timedelta(minutes=5)).isoformat(),
@@ -131,5 +131,5 @@ def _redrive_from_the_subscription_page(bus: RunningBus, page: Any, code: str) -
     page.on("dialog", lambda dialog: dialog.accept())
     page.goto(f"/ui/subscriptions/{code}/picky")
     page.get_by_role("button", name="Redrive 1 parked").click()
-    wait_until(lambda: any(e["action"] == "parked.redrive" for e in bus.admin.get(
+    eventually(lambda: any(e["action"] == "parked.redrive" for e in bus.admin.get(
         "/v1/audit", params={"target": f"{code}/picky"}).json()), 10, "the redrive audited")

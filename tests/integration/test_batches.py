@@ -16,7 +16,7 @@ from msgbus_client.verify import verify_push
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.sending import post_batches
 from msgbus_devtools.testkit.subscriber import BatchPush, BatchSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 
@@ -51,7 +51,7 @@ def test_every_message_arrives_once_in_signed_batches_within_the_limits(
     ids = send(bus, api_key, [{"destination": destination, "biz_id": f"k{i % 7}",
                                "body": {"n": i, "pad": "x" * (i % 5) * 200}}
                               for i in range(300)])
-    wait_until(lambda: set(ids) <= set(subscriber.delivered()), 60, "every message")
+    eventually(lambda: set(ids) <= set(subscriber.delivered()), 60, "every message")
 
     pushes = subscriber.all_pushes()
     assert all(p.headers["content-type"] == BATCH for p in pushes)
@@ -66,7 +66,7 @@ def test_every_message_arrives_once_in_signed_batches_within_the_limits(
 
     # a lone message does not wait for a batch to fill: it goes after the wait, alone
     [lone] = send(bus, api_key, [{"destination": destination, "body": {"n": -1}}])
-    wait_until(lambda: lone in subscriber.delivered(), 30, "the lone message")
+    eventually(lambda: lone in subscriber.delivered(), 30, "the lone message")
     [carrier] = [p for p in subscriber.all_pushes() if lone in {e["id"] for e in p.events}]
     assert [e["id"] for e in carrier.events] == [lone]
 
@@ -84,7 +84,7 @@ def test_a_failed_batch_is_retried_until_delivered_and_the_timeline_names_each_b
     subscribe(bus, destination, subscriber, batch_max_messages=10, batch_max_wait_ms=50,
               retry_policy=FAST_RETRIES)
     ids = send(bus, api_key, [{"destination": destination, "body": {"n": i}} for i in range(60)])
-    wait_until(lambda: set(ids) <= set(subscriber.delivered()), 60, "every message delivered")
+    eventually(lambda: set(ids) <= set(subscriber.delivered()), 60, "every message delivered")
     assert subscriber.delivered() == dict.fromkeys(ids, 1)
     pushes = subscriber.all_pushes()
     assert all(p.headers["content-type"] == BATCH for p in pushes), "retries are batches too"
@@ -96,7 +96,7 @@ def test_a_failed_batch_is_retried_until_delivered_and_the_timeline_names_each_b
         return list(delivery["attempts_log"]) if delivery["status"] == "delivered" else []
 
     for message_id in ids[:10]:
-        wait_until(lambda m=message_id: len(attempts_of(m)) == 2, 30, "both attempts recorded")
+        eventually(lambda m=message_id: len(attempts_of(m)) == 2, 30, "both attempts recorded")
         first, retry = sorted(attempts_of(message_id), key=lambda a: a["attempt"])
         assert carried[(first["batch_id"], message_id)] == 500 and not first["ok"]
         assert carried[(retry["batch_id"], message_id)] == 200 and retry["ok"]
@@ -144,7 +144,7 @@ def test_an_ordered_batch_subscription_keeps_per_key_order_through_failures(
               batch_max_messages=25, batch_max_wait_ms=20, retry_policy=FAST_RETRIES)
     send(bus, api_key, [{"destination": destination, "biz_id": f"key-{k}", "body": {"n": n}}
                         for n in range(per_key) for k in range(keys)])
-    wait_until(lambda: len(subscriber.delivered()) >= keys * per_key, 120,
+    eventually(lambda: len(subscriber.delivered()) >= keys * per_key, 120,
                "every message delivered")
 
     assert_in_order(list(subscriber.log), per_key)

@@ -40,7 +40,7 @@ from msgbus_devtools.testkit.outages import (
     spread,
 )
 from msgbus_devtools.testkit.procs import BusProcess, RabbitNode, ServerSlot, say
-from msgbus_devtools.testkit.waiting import eventually
+from msgbus_devtools.testkit.waiting import eventually_async
 
 from msgbus.brokers.kafka import KafkaPublisher
 from msgbus.ids import uuid7
@@ -271,6 +271,6 @@ async def test_a_kafka_producer_fenced_after_a_hang_is_replaced(
     finally:
         own_tansu.resume()
     assert not any(outcome.ok for outcome in timed_out), "a publish to a hung tansu succeeded"
-    await eventually(lambda: _publishes(publisher, destination), timeout_s=30,
-                     what="a publish that succeeds after tansu resumed", interval_s=0.2)
+    await eventually_async(lambda: _publishes(publisher, destination), timeout_s=30,
+                           what="a publish that succeeds after tansu resumed", interval_s=0.2)
     assert publisher.replacements == 1, f"{publisher.replacements} producers replaced"

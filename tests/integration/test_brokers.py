@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pika
 import pytest
 from confluent_kafka import Producer
-from msgbus_devtools.testkit.waiting import eventually
+from msgbus_devtools.testkit.waiting import eventually_async
 from pika.adapters.blocking_connection import BlockingChannel
 
 from msgbus.brokers._kafka_consumer import CLOCK_MARGIN_S
@@ -304,9 +304,10 @@ async def test_a_rebalance_waits_for_what_was_handed_out_so_nobody_gets_it_again
         held: list[Received] = []
         while len(held) < 10:
             held += await first.receive(10 - len(held), 1.0)
-        await eventually(lambda: first.buffered > 0)
+        await eventually_async(lambda: first.buffered > 0, 15)
         await second.start()
-        await eventually(lambda: first.buffered == 0)  # its revoke began: the buffer went back
+        # its revoke began: the buffer went back
+        await eventually_async(lambda: first.buffered == 0, 15)
         for received in held:
             first.ack(received)
         rest: list[Received] = []
@@ -318,7 +319,7 @@ async def test_a_rebalance_waits_for_what_was_handed_out_so_nobody_gets_it_again
                     rest.append(received)
             return len(held) + len(rest) >= len(sent)
 
-        await eventually(drained, timeout_s=30)
+        await eventually_async(drained, timeout_s=30)
         assert_same_messages(sent, held + rest)  # none twice: the held ones were committed
         assert second.assignments >= 1
     finally:
@@ -340,7 +341,7 @@ async def test_kafka_slow_subscriber_pauses_instead_of_rebalancing(
     try:
         held = await take(consumer, 5, ack=False)
         assert len(held) == 5
-        await eventually(lambda: consumer.paused)
+        await eventually_async(lambda: consumer.paused, 15)
         hold_until = time.monotonic() + 7.0  # longer than session.timeout.ms=6000
         while time.monotonic() < hold_until:
             assert await consumer.receive(10, 0.5) == []  # nothing beyond max_buffered
@@ -429,7 +430,7 @@ async def test_rabbit_fanout_to_two_queues_intact_and_ordered(
     await publish_all(rabbit_publisher, dest, sent)
     await assert_each_gets_all_in_order(
         [RabbitSubscriptionConsumer(s, url=rabbitmq_url, max_buffered=500) for s in subs], sent)
-    await eventually(lambda: all(amqp.depth(q) == 0 for q in queues))  # all acked
+    await eventually_async(lambda: all(amqp.depth(q) == 0 for q in queues), 15)  # all acked
 
 
 async def test_rabbit_unroutable_publish_is_an_error_outcome(
@@ -486,7 +487,7 @@ async def test_rabbit_consumer_reconnects_and_gets_unacked_redelivered(
         assert len(first) == 10
         assert not any(r.envelope.redelivered for r in first)
         await drop_connection(consumer)
-        await eventually(lambda: consumer.connections == 2)
+        await eventually_async(lambda: consumer.connections == 2, 15)
         for r in first:
             consumer.ack(r)  # tokens of the dead connection: ignored, not an error
         again = await take(consumer, 10)
@@ -494,7 +495,7 @@ async def test_rabbit_consumer_reconnects_and_gets_unacked_redelivered(
         assert all(r.envelope.redelivered for r in again), "handed out again, not flagged"
     finally:
         await consumer.close()
-    await eventually(lambda: amqp.depth(queue) == 0)
+    await eventually_async(lambda: amqp.depth(queue) == 0, 15)
 
 
 async def test_rabbit_publisher_reconnects_after_connection_loss(
@@ -522,10 +523,10 @@ async def drop_connection(adapter: RabbitPublisher | RabbitSubscriptionConsumer)
         assert io is not None and io._connection is not None
         connection = io._connection
         io._ioloop.add_callback_threadsafe(connection.close)
-        await eventually(lambda: connection.is_closed)
+        await eventually_async(lambda: connection.is_closed, 15)
         return
     blocking = adapter._connection
     assert blocking is not None
     blocking.add_callback_threadsafe(blocking.close)
-    await eventually(lambda: blocking.is_closed)
+    await eventually_async(lambda: blocking.is_closed, 15)
 

@@ -10,7 +10,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 import pytest
-from msgbus_devtools.testkit.waiting import eventually
+from msgbus_devtools.testkit.waiting import eventually_async
 
 from msgbus.delivery.shares import CapShares
 from msgbus.store import MongoStore
@@ -62,18 +62,18 @@ async def test_processes_never_exceed_the_cap_together_and_a_dead_ones_share_ret
                                      for _ in range(CAP)]  # each would take the whole cap
     survivors, dead = processes[:2], processes[2]
     try:
-        await eventually(lambda: counter.peak == CAP, 30, "the whole cap in use")
-        await eventually(lambda: all(p.slots(SUB, CAP).limit > 0 for p in processes), 30,
-                         "a share for every process")
+        await eventually_async(lambda: counter.peak == CAP, 30, "the whole cap in use")
+        await eventually_async(lambda: all(p.slots(SUB, CAP).limit > 0 for p in processes), 30,
+                               "a share for every process")
         # kill -9: its pushes and heartbeats stop, and it never says goodbye
         for task in [*pushers.pop(dead.instance), dead._task]:
             assert task is not None
             task.cancel()
-        await eventually(
+        await eventually_async(
             lambda: sum(p.slots(SUB, CAP).limit for p in survivors) == CAP,
             10 * LEASE_S, "the dead process's share back with the others")
         done_before = counter.done
-        await eventually(lambda: counter.done > done_before + 10 * CAP, 30, "pushes go on")
+        await eventually_async(lambda: counter.done > done_before + 10 * CAP, 30, "pushes go on")
         assert counter.over_cap == []
     finally:
         for task in (t for ts in pushers.values() for t in ts):

@@ -16,7 +16,7 @@ from msgbus_client.errors import WebhookVerificationError
 from msgbus_client.verify import verify_push
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 from msgbus_cli.main import main as cli
@@ -144,7 +144,7 @@ def test_cli_finds_a_message_and_shows_its_timeline(bus: RunningBus, admin: list
         return timeline.status_code == 200 and [
             d.get("status") for d in timeline.json()["deliveries"]] == ["delivered"]
 
-    wait_until(delivered, 30, "delivered")
+    eventually(delivered, 30, "delivered")
 
     [found] = _json(_run("messages", "search", "--biz-id", "order-7", "--destination", code,
                          *admin, "-o", "json"))
@@ -197,7 +197,7 @@ def test_cli_status_lists_each_service_and_how_it_sees_mongodb(bus: RunningBus,
         return {row["health_url"].removesuffix("/health"): row for row in answer["services"]
                 if row["health_url"] and row["reachable"]}
 
-    wait_until(lambda: urls <= set(polled()), 20, "the bus's services in msgbus status")
+    eventually(lambda: urls <= set(polled()), 20, "the bus's services in msgbus status")
     rows = polled()
     assert {rows[url]["component"] for url in urls} == {"receiver", "dispatcher", "compensator"}
     assert all(rows[url]["mongo"]["available"] for url in urls)

@@ -14,7 +14,7 @@ from msgbus_client import MsgbusClient
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.children import SPOOLING_PRODUCER, ScriptChild, ScriptChildren
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 MSGBUS = [sys.executable, "-m", "msgbus_cli"]
@@ -87,7 +87,7 @@ def test_spool_of_a_killed_producer_is_inspected_drained_into_the_bus_and_remove
     assert "30 delivered, 0 rejected (kept), 0 left pending; dir removed" in summary
     assert f"draining {spool_dir}" in drained.stderr  # the progress bar's label
     assert not spool_dir.exists()
-    wait_until(lambda: recorded_ids(bus, destination) == set(producer.lines), 30,
+    eventually(lambda: recorded_ids(bus, destination) == set(producer.lines), 30,
                "the drained messages in MongoDB")
     doc = bus.query(bus.store.get_message(producer.lines[7]))
     assert doc["biz_id"] == "left-7"
@@ -134,7 +134,7 @@ def test_rejected_message_is_listed_resent_and_purged(
     ok(msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key))
     assert not spool_dir.exists()
     assert recorded_ids(bus, unknown) == set()
-    wait_until(lambda: recorded_ids(bus, known) == {good}, 30, "the good message in MongoDB")
+    eventually(lambda: recorded_ids(bus, known) == {good}, 30, "the good message in MongoDB")
 
 
 def test_resent_message_goes_out_once_its_destination_exists(
@@ -153,7 +153,7 @@ def test_resent_message_goes_out_once_its_destination_exists(
                          api_key=api_key)
         return drained.returncode == 0 and "1 delivered" in drained.stdout
 
-    wait_until(resend_and_drain, 30, "the re-sent message to be accepted")
+    eventually(resend_and_drain, 30, "the re-sent message to be accepted")
     assert not spool_dir.exists()
-    wait_until(lambda: recorded_ids(bus, destination) == {message_id}, 30, "MongoDB record")
+    eventually(lambda: recorded_ids(bus, destination) == {message_id}, 30, "MongoDB record")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 from confluent_kafka import Consumer, TopicPartition
 from msgbus_devtools import servers as services
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus import codec
 from msgbus.brokers.base import topic_name
@@ -63,7 +63,7 @@ def test_up_demo_then_send_arrives_at_the_demo_subscriber(tmp_path: Path) -> Non
                           stdout=log, stderr=subprocess.STDOUT, env=env)
     children: dict[int, str] = {}
     try:
-        wait_until(lambda: "msgbus is up" in Path(log.name).read_text(), 60, "msgbus up")
+        eventually(lambda: "msgbus is up" in Path(log.name).read_text(), 60, "msgbus up")
         banner = Path(log.name).read_text()
         assert f"http://127.0.0.1:{ports['RECEIVER']}" in banner
         # the demo destination is on the embedded Kafka-protocol broker, as the banner says
@@ -89,7 +89,7 @@ def test_up_demo_then_send_arrives_at_the_demo_subscriber(tmp_path: Path) -> Non
                                str(state)], capture_output=True, text=True, env=env, timeout=60)
         assert sent.returncode == 0, sent.stderr
         message_id = sent.stdout.strip()
-        wait_until(lambda: f"demo subscriber got {message_id}" in Path(log.name).read_text(),
+        eventually(lambda: f"demo subscriber got {message_id}" in Path(log.name).read_text(),
                    20, "the demo subscriber to print the message")
         print(f"send -> demo subscriber: {time.monotonic() - started:.2f}s (incl. CLI start)")
         assert '{"hello":1}' in Path(log.name).read_text()

@@ -25,7 +25,7 @@ from msgbus_client import MsgbusClient
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.tcp_gate import TcpGate
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.settings import ReceiverSettings
 
@@ -115,7 +115,7 @@ def test_kill_9_during_sends_loses_no_message_whose_send_returned(
             stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
         lines = _Lines(producer)
-        wait_until(lambda: len(lines.lines) >= kill_after or producer.poll() is not None, 120,
+        eventually(lambda: len(lines.lines) >= kill_after or producer.poll() is not None, 120,
                    f"the producer to print {kill_after} message ids")
         producer.send_signal(signal.SIGKILL)
         producer.wait(10)
@@ -135,7 +135,7 @@ def test_kill_9_during_sends_loses_no_message_whose_send_returned(
     assert client.close(30) == 0, "the new client did not deliver the leftovers"
 
     returned = set(printed)
-    wait_until(lambda: returned <= set(_stored_ids(bus, destination)), 60,
+    eventually(lambda: returned <= set(_stored_ids(bus, destination)), 60,
                "every returned message in MongoDB")
     stored = _stored_ids(bus, destination)
     extra = set(stored) - returned
@@ -173,13 +173,13 @@ def test_outage_then_recovery_delivers_everything_in_send_order(
         assert gate.refused > 0 and gate.forwarded == 0  # the receiver really was unreachable
 
         gate.open()
-        wait_until(lambda: client.spool.pending_count() == 0, 60, "the spool to drain")
+        eventually(lambda: client.spool.pending_count() == 0, 60, "the spool to drain")
         assert client.spool.rejected_count() == 0
         assert client.close(10) == 0
 
-    wait_until(lambda: set(ids) <= set(_stored_ids(bus, destination)), 60,
+    eventually(lambda: set(ids) <= set(_stored_ids(bus, destination)), 60,
                "every message in MongoDB")
-    wait_until(lambda: subscriber.message_ids() >= set(ids), 60, "every message pushed")
+    eventually(lambda: subscriber.message_ids() >= set(ids), 60, "every message pushed")
     _assert_same_order(bus, ids, _first_arrivals(subscriber, set(ids)))
 
 
@@ -198,9 +198,9 @@ def test_sends_during_recovery_do_not_overtake_the_backlog(
                 for i in range(OUTAGE_MESSAGES, 2 * OUTAGE_MESSAGES)]
         assert client.close(30) == 0
 
-    wait_until(lambda: set(ids) <= set(_stored_ids(bus, destination)), 60,
+    eventually(lambda: set(ids) <= set(_stored_ids(bus, destination)), 60,
                "every message in MongoDB")
-    wait_until(lambda: subscriber.message_ids() >= set(ids), 60, "every message pushed")
+    eventually(lambda: subscriber.message_ids() >= set(ids), 60, "every message pushed")
     _assert_same_order(bus, ids, _first_arrivals(subscriber, set(ids)))
 
 
@@ -230,7 +230,7 @@ def test_invalid_messages_are_rejected_with_the_receivers_error_and_the_rest_del
         if gate is not None:
             assert client.spool.pending_count() == 5
             gate.open()
-        wait_until(lambda: client.spool.pending_count() == 0, 60, "the spool to settle")
+        eventually(lambda: client.spool.pending_count() == 0, 60, "the spool to settle")
         rejected = {r.message_id: r for r in client.list_rejected()}
         assert client.close(10) == 0
 
@@ -243,6 +243,6 @@ def test_invalid_messages_are_rejected_with_the_receivers_error_and_the_rest_del
     assert rejected[big].error["error"] == "message_too_large"
     assert rejected[big].message["body"] == {"blob": too_large}  # kept, to fix and resend
 
-    wait_until(lambda: set(valid) <= set(_stored_ids(bus, destination)), 60,
+    eventually(lambda: set(valid) <= set(_stored_ids(bus, destination)), 60,
                "the valid messages in MongoDB")
     assert set(_stored_ids(bus, destination)) == set(valid)

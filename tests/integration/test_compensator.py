@@ -9,7 +9,6 @@ sweeps after a few seconds, so other tests' deliveries are never swept.
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -21,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 from msgbus_devtools.testkit.bus import RunningBus, running_bus, sample_value
 from msgbus_devtools.testkit.subscriber import ScriptedSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import Steady, describe, eventually
 
 from compensator.service import CompensatorService
 from msgbus.ids import uuid7
@@ -92,7 +91,7 @@ def test_three_failures_then_success_is_delivered_once_after_four_attempts(
     code, sub_id = _destination(cbus, subscriber, retry_policy={"delays_s": FAST_DELAYS_S})
     ids = _send(cbus, key, code, 5)
 
-    wait_until(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 5, 30,
+    eventually(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 5, 30,
                "every message delivered after its retries")
     assert subscriber.successes() == dict.fromkeys(ids, 1)
     for message_id in ids:
@@ -117,16 +116,16 @@ def test_subscriber_down_for_a_while_gets_every_message_after_it_recovers(
     code, sub_id = _destination(cbus, subscriber, broker="kafka",
                                 retry_policy={"delays_s": FAST_DELAYS_S})
     ids = _send(cbus, key, code, 100)
-    wait_until(lambda: _count(cbus, sub_id, DeliveryStatus.FAILED) >= 10, 30,
+    eventually(lambda: _count(cbus, sub_id, DeliveryStatus.FAILED) >= 10, 30,
                "failures recorded while the subscriber is down")
-    wait_until(lambda: _compensator_metric(cbus, "msgbus_retries_waiting",
+    eventually(lambda: _compensator_metric(cbus, "msgbus_retries_waiting",
                                            subscription=sub_id) > 0, 10,
                "the compensator's retries-waiting gauge")
 
     subscriber.status = 200  # it recovers
-    wait_until(lambda: subscriber.successes().keys() >= set(ids), 60,
+    eventually(lambda: subscriber.successes().keys() >= set(ids), 60,
                "every message delivered after the recovery")
-    wait_until(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 100, 30,
+    eventually(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 100, 30,
                "every delivery recorded delivered")
 
 
@@ -136,8 +135,8 @@ def test_permanent_error_is_parked_then_redriven_to_delivery(cbus: RunningBus,
     code, sub_id = _destination(cbus, subscriber, retry_policy={
         "delays_s": FAST_DELAYS_S, "permanent_status_codes": [410]})
     ids = _send(cbus, key, code, 3)
-    wait_until(lambda: _count(cbus, sub_id, DeliveryStatus.PARKED) == 3, 30, "parked")
-    wait_until(lambda: _compensator_metric(cbus, "msgbus_parked_deliveries",
+    eventually(lambda: _count(cbus, sub_id, DeliveryStatus.PARKED) == 3, 30, "parked")
+    eventually(lambda: _compensator_metric(cbus, "msgbus_parked_deliveries",
                                            subscription=sub_id) == 3, 10, "the parked gauge")
     listed = cbus.admin.get(f"/v1/destinations/{code}/subscriptions/s/parked").json()
     assert {d["message_id"] for d in listed} == set(ids)
@@ -148,13 +147,13 @@ def test_permanent_error_is_parked_then_redriven_to_delivery(cbus: RunningBus,
                           json={"message_ids": [ids[0]], "requested_by": "ops-ann"})
     assert one.json() == {"subscription": sub_id, "redriven": 1,
                           "requested_by": "ops-ann (admin-token)"}
-    wait_until(lambda: _status(cbus, sub_id, ids[0]) == "delivered", 15, "the one re-drive")
+    eventually(lambda: _status(cbus, sub_id, ids[0]) == "delivered", 15, "the one re-drive")
     assert _status(cbus, sub_id, ids[1]) == "parked"
 
     rest = cbus.admin.post(f"/v1/destinations/{code}/subscriptions/s/parked/redrive",
                            json={}).json()
     assert rest["redriven"] == 2
-    wait_until(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 3, 15, "re-drive all")
+    eventually(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 3, 15, "re-drive all")
     assert subscriber.successes() == dict.fromkeys(ids, 1)
 
 
@@ -164,7 +163,7 @@ def test_max_attempts_parks_and_the_parked_message_is_not_retried_again(
     code, sub_id = _destination(cbus, subscriber, retry_policy={
         "delays_s": [0.2], "max_attempts": 3})
     [message_id] = _send(cbus, key, code, 1)
-    wait_until(lambda: _status(cbus, sub_id, message_id) == "parked", 20, "parked")
+    eventually(lambda: _status(cbus, sub_id, message_id) == "parked", 20, "parked")
     attempts = cbus.query(cbus.store.attempts_of(message_id))
     assert [a["attempt"] for a in attempts] == [1, 2, 3]
 
@@ -192,7 +191,7 @@ def test_a_pending_delivery_state_of_an_earlier_version_is_swept_and_delivered(
     cbus.query(cbus.store.messages.insert_one(docs.message_doc(envelope, [sub_id])))
     cbus.query(cbus.store.deliveries.insert_one(
         docs.delivery_doc(envelope, sub_id, envelope.created_at)))
-    wait_until(lambda: _status(cbus, sub_id, envelope.message_id) == "delivered",
+    eventually(lambda: _status(cbus, sub_id, envelope.message_id) == "delivered",
                SWEEP_AFTER_S + 15, "the old pending state swept, pushed and recorded")
     assert subscriber.successes() == {envelope.message_id: 1}
 
@@ -203,14 +202,14 @@ def test_delivery_left_pending_is_swept_and_delivered(cbus: RunningBus) -> None:
     lost = _lost_message(cbus, code, sub_id, age_s=60)
     recent = _lost_message(cbus, code, sub_id, age_s=0)
 
-    wait_until(lambda: subscriber.successes().get(lost) == 1, SWEEP_AFTER_S + 15,
+    eventually(lambda: subscriber.successes().get(lost) == 1, SWEEP_AFTER_S + 15,
                "the old pending delivery swept and pushed")
-    wait_until(lambda: _status(cbus, sub_id, lost) == "delivered", 10, "its outcome recorded")
+    eventually(lambda: _status(cbus, sub_id, lost) == "delivered", 10, "its outcome recorded")
     doc = cbus.query(cbus.store.deliveries.find_one({"_id": delivery_id(lost, sub_id)}))
     assert doc["swept_at"] is not None
     # the recent one is swept only once it is older than the threshold
     assert _status(cbus, sub_id, recent) in (None, "failed", "delivered")
-    wait_until(lambda: _status(cbus, sub_id, recent) == "delivered", SWEEP_AFTER_S + 15,
+    eventually(lambda: _status(cbus, sub_id, recent) == "delivered", SWEEP_AFTER_S + 15,
                "the other one, later")
     assert _compensator_metric(cbus, "msgbus_swept_total", subscription=sub_id) == 2
 
@@ -231,7 +230,7 @@ def test_a_dead_compensators_claims_are_retried_when_their_lease_ends(
     assert cbus.query(dead.claim_due(sub_id, 100, lease_s=2.0)) == [], "leased: not due"
 
     cbus.admin.post(f"/v1/destinations/{code}/subscriptions/s/resume").raise_for_status()
-    wait_until(lambda: subscriber.successes().keys() == set(ids), 20,
+    eventually(lambda: subscriber.successes().keys() == set(ids), 20,
                "the live compensator delivering them after the lease")
     assert subscriber.successes() == dict.fromkeys(ids, 1)
 
@@ -253,8 +252,8 @@ def test_two_compensators_share_2000_due_retries_without_duplicates(cbus: Runnin
     cbus.query(second.start())
     try:
         cbus.admin.post(f"/v1/destinations/{code}/subscriptions/s/resume").raise_for_status()
-        wait_until(lambda: len(subscriber.successes()) == DUE_RETRIES, 300, "all delivered")
-        wait_until(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == DUE_RETRIES,
+        eventually(lambda: len(subscriber.successes()) == DUE_RETRIES, 300, "all delivered")
+        eventually(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == DUE_RETRIES,
                    60, "all recorded delivered")
     finally:
         cbus.query(second.close())
@@ -276,16 +275,10 @@ def test_two_compensators_share_2000_due_retries_without_duplicates(cbus: Runnin
 def _settled(value: Any, quiet_s: float = 1.5, timeout_s: float = 15) -> Any:
     """The value of `value()` once it has not changed for `quiet_s` (to show that something
     stopped, a wait is the only way)."""
-    deadline = time.monotonic() + timeout_s
-    last, since = value(), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        now = value()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return last
-    raise AssertionError(f"still changing after {timeout_s} s (last {last})")
+    steady = Steady(value, quiet_s)
+    eventually(steady, timeout_s, f"{describe(value)} to stop changing", interval_s=0.1,
+               progress=lambda: f"last {steady.last}")
+    return steady.last
 
 
 def _replay(cbus: RunningBus, code: str, since: Any, until: Any, **options: Any) -> Any:
@@ -304,10 +297,10 @@ def test_replay_of_a_range_matches_its_dry_run_respects_its_rate_and_is_audited(
     code, sub_id = _destination(cbus, subscriber)
     since = utcnow()
     ids = _send(cbus, key, code, 30)
-    wait_until(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 30, 30, "delivered")
+    eventually(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 30, 30, "delivered")
     until = utcnow()
     before = _send(cbus, key, code, 1)  # outside the range: not replayed
-    wait_until(lambda: subscriber.successes().get(before[0]) == 1, 30, "delivered")
+    eventually(lambda: subscriber.successes().get(before[0]) == 1, 30, "delivered")
 
     dry = _replay(cbus, code, since, until, dry_run=True).json()
     assert dry["planned"] == 30 and dry["subscriptions"] == [sub_id]
@@ -323,7 +316,7 @@ def test_replay_of_a_range_matches_its_dry_run_respects_its_rate_and_is_audited(
     assert job["state"] == "planned" and job["planned"] == 30
     cbus.admin.post(f"/v1/replays/{job['replay_id']}/start",
                     json={"requested_by": "ops-bob"}).raise_for_status()
-    wait_until(lambda: _job(cbus, job["replay_id"])["state"] == "done", 30, "replay done")
+    eventually(lambda: _job(cbus, job["replay_id"])["state"] == "done", 30, "replay done")
 
     done = _job(cbus, job["replay_id"])
     assert done["done"] == done["planned"] == 30 and done["delivered"] == 30
@@ -344,11 +337,11 @@ def test_replay_can_be_paused_resumed_and_cancelled(cbus: RunningBus, key: str) 
     code, sub_id = _destination(cbus, subscriber)
     since = utcnow()
     _send(cbus, key, code, 40)
-    wait_until(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 40, 30, "delivered")
+    eventually(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 40, 30, "delivered")
     job = _replay(cbus, code, since, utcnow(), rate_per_s=4).json()
     replay_id = job["replay_id"]
     cbus.admin.post(f"/v1/replays/{replay_id}/start").raise_for_status()
-    wait_until(lambda: _job(cbus, replay_id)["done"] >= 4, 20, "replay under way")
+    eventually(lambda: _job(cbus, replay_id)["done"] >= 4, 20, "replay under way")
 
     cbus.admin.post(f"/v1/replays/{replay_id}/pause").raise_for_status()
     paused_at = _settled(lambda: len(subscriber.pushes))
@@ -357,7 +350,7 @@ def test_replay_can_be_paused_resumed_and_cancelled(cbus: RunningBus, key: str) 
     assert conflict.status_code == 409 and "paused" in conflict.json()["message"]
 
     cbus.admin.post(f"/v1/replays/{replay_id}/resume").raise_for_status()
-    wait_until(lambda: len(subscriber.pushes) > paused_at, 10, "pushes again after resume")
+    eventually(lambda: len(subscriber.pushes) > paused_at, 10, "pushes again after resume")
     cbus.admin.post(f"/v1/replays/{replay_id}/cancel").raise_for_status()
     assert _settled(lambda: len(subscriber.pushes)) == 40 + _job(cbus, replay_id)["done"]
     final = _job(cbus, replay_id)
@@ -371,7 +364,7 @@ def test_replay_and_redrive_from_the_cli(cbus: RunningBus, key: str, tmp_path: P
     code, sub_id = _destination(cbus, subscriber)
     since = utcnow()
     ids = _send(cbus, key, code, 5)
-    wait_until(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 5, 30, "delivered")
+    eventually(lambda: _count(cbus, sub_id, DeliveryStatus.DELIVERED) == 5, 30, "delivered")
     admin = ["--admin", cbus.admin_url, "--token", cbus.admin_token]
     window = ["--since", since.isoformat(), "--until", utcnow().isoformat()]
     runner = CliRunner()

@@ -13,7 +13,7 @@ from msgbus_client import MsgbusClient
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.delays import lateness_s, percentile, wall_time
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus
@@ -42,7 +42,7 @@ def test_random_delays_none_early_each_within_two_seconds(
     # a warm path first: a new Kafka consumer group takes seconds to join, which would count
     # as lateness of the shortest delays
     warm = client.send(destination, {"warm": True})
-    wait_until(lambda: warm in subscriber.message_ids(), 30, "the first message")
+    eventually(lambda: warm in subscriber.message_ids(), 30, "the first message")
     rng = random.Random(29)
     due: dict[str, datetime] = {}
     asked: dict[str, float] = {}
@@ -53,7 +53,7 @@ def test_random_delays_none_early_each_within_two_seconds(
         due[message_id], asked[message_id] = at, delay_s
     assert client.close(30) == 0
 
-    wait_until(lambda: subscriber.message_ids() >= set(due), MAX_DELAY_S + 40,
+    eventually(lambda: subscriber.message_ids() >= set(due), MAX_DELAY_S + 40,
                f"all {MESSAGES} delayed messages pushed")
     late = lateness_s([p for p in subscriber.pushes if p.message_id in due], due)
     early = {m: s for m, s in late.items() if s < 0}
@@ -73,7 +73,7 @@ def test_a_subscription_delay_holds_every_message_that_long(
     client = MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir)
     sent = {client.send(destination, {"n": i}) for i in range(20)}
     assert client.close(30) == 0
-    wait_until(lambda: subscriber.message_ids() >= sent, 30, "the delayed messages")
+    eventually(lambda: subscriber.message_ids() >= sent, 30, "the delayed messages")
     for push in subscriber.pushes:  # the subscription's delay counts from acceptance
         accepted = bus.query(bus.store.get_message(push.message_id))["received_at"]
         assert wall_time(push) >= accepted + timedelta(seconds=5.0)
@@ -87,18 +87,18 @@ def test_order_beats_delay_a_delayed_head_holds_its_key_only(
     destination, subscriber = _setup(bus, unique, "kafka", ordered_by_biz_id=True)
     client = MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir)
     warm = client.send(destination, {"warm": True}, biz_id="warm")  # the consumer group joined
-    wait_until(lambda: warm in subscriber.message_ids(), 30, "the first message")
+    eventually(lambda: warm in subscriber.message_ids(), 30, "the first message")
     head_due = datetime.now(UTC) + timedelta(seconds=8)
     head = client.send(destination, {"n": 0}, biz_id="a", deliver_at=head_due)
     behind = client.send(destination, {"n": 1}, biz_id="a")
     other = client.send(destination, {"n": 2}, biz_id="b")
     assert client.close(30) == 0
 
-    wait_until(lambda: [d["status"] for d in bus.deliveries(head)] == ["scheduled"], 30,
+    eventually(lambda: [d["status"] for d in bus.deliveries(head)] == ["scheduled"], 30,
                "the held head shown as scheduled")
     assert bus.admin.get(f"/v1/messages/{head}").json()["deliveries"][0]["scheduled_for"]
 
-    wait_until(lambda: subscriber.message_ids() >= {head, behind, other}, 30, "all three")
+    eventually(lambda: subscriber.message_ids() >= {head, behind, other}, 30, "all three")
     order = [p.message_id for p in subscriber.pushes if p.message_id in (head, behind, other)]
     assert order == [other, head, behind], "key b waited, or key a's order broke"
     assert wall_time(subscriber.pushes[[p.message_id for p in subscriber.pushes].index(head)]
@@ -119,7 +119,7 @@ def test_an_operator_delivers_one_now_and_cancels_another_audited(
     cancelled = client.send(destination, {"n": 2}, delay_s=3600)
     kept = client.send(destination, {"n": 3}, delay_s=3600)
     assert client.close(30) == 0
-    wait_until(lambda: len(_scheduled(bus, destination)) == 3, 30, "three scheduled")
+    eventually(lambda: len(_scheduled(bus, destination)) == 3, 30, "three scheduled")
     listed = _scheduled(bus, destination)
     assert {d["message_id"] for d in listed} == {now_one, cancelled, kept}
     assert all(d["subscription"] == f"{destination}/sub" and not d["held_in_place"]
@@ -137,10 +137,10 @@ def test_an_operator_delivers_one_now_and_cancels_another_audited(
     assert again.status_code == 409 and "scheduled" in again.json()["message"]
     assert bus.admin.post(f"{base}/cancel", json={"message_ids": [kept]}).status_code == 422
 
-    wait_until(lambda: now_one in subscriber.message_ids(), 30, "the one delivered now")
+    eventually(lambda: now_one in subscriber.message_ids(), 30, "the one delivered now")
     assert subscriber.message_ids() == {now_one}
     # its outcome reaches MongoDB just after the push
-    wait_until(lambda: {d["message_id"] for d in _scheduled(bus, destination)} == {kept}, 30,
+    eventually(lambda: {d["message_id"] for d in _scheduled(bus, destination)} == {kept}, 30,
                "only the kept one scheduled")
     timeline = bus.admin.get(f"/v1/messages/{cancelled}").json()
     assert timeline["deliveries"][0]["status"] == DeliveryStatus.DISCARDED.value

@@ -14,7 +14,7 @@ import pytest
 from msgbus_devtools.testkit.delays import lateness_s
 from msgbus_devtools.testkit.deployment import SUBSCRIPTION, Deployment, Servers
 from msgbus_devtools.testkit.sending import post_batches
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 from msgbus.models import BrokerKind, DeliveryStatus
@@ -55,7 +55,7 @@ def test_delays_survive_kill_9_of_the_dispatcher_and_the_compensator(
     post_batches(deployment.receivers[0].url, deployment.api_key, messages)
 
     assert deployment.dispatcher is not None
-    wait_until(lambda: _in(deployment, DeliveryStatus.SCHEDULED) >= MESSAGES // 2, 30,
+    eventually(lambda: _in(deployment, DeliveryStatus.SCHEDULED) >= MESSAGES // 2, 30,
                "some scheduled")
     deployment.dispatcher.kill9()  # some scheduled only in its trace buffer, some unacked
     deployment.compensator.kill9()
@@ -63,12 +63,12 @@ def test_delays_survive_kill_9_of_the_dispatcher_and_the_compensator(
     # the restarted dispatcher records the rest as scheduled; one the broker hands it again
     # only when it is nearly due (a Kafka group waits for the dead member's session to end)
     # it holds in memory and delivers itself, with no compensator running
-    wait_until(lambda: _in(deployment, DeliveryStatus.SCHEDULED, DeliveryStatus.DELIVERED)
+    eventually(lambda: _in(deployment, DeliveryStatus.SCHEDULED, DeliveryStatus.DELIVERED)
                == len(due), 60, "every delivery scheduled or delivered")
     replacement = deployment.add_compensator("compensator-2", scan_interval_s="0.5")
     replacement.start()
 
-    wait_until(lambda: {p.message_id for code in DESTINATIONS
+    eventually(lambda: {p.message_id for code in DESTINATIONS
                         for p in deployment.subscribers[code].pushes} >= set(due),
                max(DELAY_S) + 60, "every delayed message delivered")
     pushes = [p for code in DESTINATIONS for p in deployment.subscribers[code].pushes]

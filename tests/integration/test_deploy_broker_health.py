@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import sample_value
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from dispatcher.brokerhealth import BrokerHealthMonitor
 from msgbus.brokers.base import consumer_name, topic_name
@@ -72,7 +72,7 @@ def test_rabbitmq_nodes_and_a_subscriptions_queue_depth(rabbitmq_url: str,
             return sample_value(text, "msgbus_rabbitmq_queue_messages",
                                 {"subscription": sub.id, "state": "ready"})
 
-        wait_until(lambda: depth() == 3, 30, "the queue depth of 3 in the management API",
+        eventually(lambda: depth() == 3, 30, "the queue depth of 3 in the management API",
                    interval_s=1.0)
         text = exposition()
         assert sample_value(text, "msgbus_rabbitmq_node_running", {"cluster": "default"}) >= 1

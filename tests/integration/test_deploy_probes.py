@@ -16,7 +16,7 @@ import httpx
 import pytest
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 from pydantic import SecretStr
 
 from compensator.app import create_app as compensator_app
@@ -79,7 +79,7 @@ def test_services_stop_on_sigterm_with_status_0(bus: RunningBus, tmp_path: Path,
                 [sys.executable, "-m", "msgbus_cli", name, "--state-dir", str(tmp_path / name)],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), port)
         for name, (process, port) in started.items():
-            wait_until(lambda p=port, pr=process: ready(p) or pr.poll() is not None, 60,
+            eventually(lambda p=port, pr=process: ready(p) or pr.poll() is not None, 60,
                        f"{name} /ready")
             assert process.poll() is None, (tmp_path / f"{name}.log").read_text()
         for process, _ in started.values():

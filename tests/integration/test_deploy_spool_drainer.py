@@ -21,7 +21,7 @@ from msgbus_client.spooltools import inspect_spool
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus, sample_value
 from msgbus_devtools.testkit.children import SPOOLING_PRODUCER, ScriptChild, ScriptChildren
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from receiver import bufferslots
 
@@ -123,9 +123,9 @@ def test_drainer_drains_orphans_into_the_bus_and_never_touches_held_queues(
 
     expected = set(gone_receiver.lines[:-1]) | set(gone_producer.lines)
     live = set(live_receiver.lines[:-1]) | set(live_producer.lines)
-    wait_until(lambda: expected <= recorded(bus, destination), 30,
+    eventually(lambda: expected <= recorded(bus, destination), 30,
                "the orphans' messages recorded in MongoDB")
-    wait_until(lambda: expected <= subscriber.message_ids(), 60,
+    eventually(lambda: expected <= subscriber.message_ids(), 60,
                "the orphans' messages pushed to the subscriber through Kafka")
     assert not (recorded(bus, destination) | subscriber.message_ids()) & live
     assert not gone_slot.exists() and not (root / "spool/shop/pod-1").exists()
@@ -159,7 +159,7 @@ def test_drainer_serves_health_and_node_metrics_and_stops_on_sigterm(
             last = health["last_scan"]
             return last if {"receiver_buffer", "client_spool"} <= set(last) else None
 
-        last = wait_until(scanned, 30, "the drainer's first scans")
+        last = eventually(scanned, 30, "the drainer's first scans")
         assert json.dumps(last)
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert sample_value(metrics, "msgbus_node_queues",

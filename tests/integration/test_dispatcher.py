@@ -19,7 +19,7 @@ from msgbus_client.verify import verify_push
 from msgbus_devtools.testkit.bus import RunningBus, sample_value
 from msgbus_devtools.testkit.sending import post_batches
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus
@@ -61,8 +61,8 @@ def test_filters_deliver_only_matching_messages_and_record_the_rest_as_skipped(
     ids = send_batches(bus, api_key, messages)
     wanted = {ids[i] for i in range(60) if i % 2 and countries[i % 3] in ("fr", "be")}
 
-    wait_until(lambda: everyone.message_ids() == set(ids), 60, "every message to 'all'")
-    wait_until(lambda: len(statuses(bus, f"{destination}/vip-fr")) == 60
+    eventually(lambda: everyone.message_ids() == set(ids), 60, "every message to 'all'")
+    eventually(lambda: len(statuses(bus, f"{destination}/vip-fr")) == 60
                and "pending" not in statuses(bus, f"{destination}/vip-fr").values(), 60,
                "an outcome for every message of 'vip-fr'")
     assert vip.message_ids() == wanted
@@ -125,7 +125,7 @@ def test_ordered_subscription_keeps_per_key_order_through_random_failures(
     messages = [{"destination": destination, "biz_id": f"key-{k}", "body": {"n": n}}
                 for n in range(per_key) for k in range(keys)]
     send_batches(bus, api_key, messages)
-    wait_until(lambda: subscriber.delivered() >= keys * per_key, 180,
+    eventually(lambda: subscriber.delivered() >= keys * per_key, 180,
                f"{keys * per_key} successful pushes")
 
     succeeded: dict[str, list[int]] = {}
@@ -140,7 +140,7 @@ def test_ordered_subscription_keeps_per_key_order_through_random_failures(
     failures = sum(1 for *_, status in subscriber.log if status == 500)
     assert failures > 0, "the subscriber never failed: the test proved nothing"
     sub_id = f"{destination}/ordered"
-    wait_until(lambda: list(statuses(bus, sub_id).values()).count("delivered") == keys * per_key,
+    eventually(lambda: list(statuses(bus, sub_id).values()).count("delivered") == keys * per_key,
                60, "every delivery recorded as delivered")
     attempts = bus.query(bus.store.attempts.count_documents({"subscription": sub_id}))
     assert attempts == len(subscriber.log), "every attempt, failed or not, is on the trace"
@@ -167,13 +167,13 @@ def _time_to_receive(bus: RunningBus, api_key: str, destination: str,
     the seconds until the healthy subscriber has every message."""
     ids = set(send_batches(bus, api_key, [{"destination": destination, "body": {"n": i}}
                                           for i in range(count)]))
-    wait_until(lambda: bus.query(bus.store.messages.count_documents(
+    eventually(lambda: bus.query(bus.store.messages.count_documents(
         {"destination": destination})) == count, 60, "the messages recorded")
     started = time.monotonic()
     for name in subscriptions:
         bus.admin.post(f"/v1/destinations/{destination}/subscriptions/{name}/resume"
                        ).raise_for_status()
-    wait_until(lambda: healthy.message_ids() >= ids, 120, f"{count} pushes to the healthy one",
+    eventually(lambda: healthy.message_ids() >= ids, 120, f"{count} pushes to the healthy one",
                interval_s=0.05)
     return time.monotonic() - started
 
@@ -206,7 +206,7 @@ def test_a_healthy_subscriber_keeps_its_pace_beside_broken_and_slow_ones(
                             {"subscription": f"{crowd_dest}/c-500", "outcome": "failed"})
 
     # the healthy one can finish before c's consumer has joined its group (a few seconds)
-    wait_until(lambda: failed_pushes_to_c() > 0, 30, "failed pushes to c counted")
+    eventually(lambda: failed_pushes_to_c() > 0, 30, "failed pushes to c counted")
     metrics = httpx.get(f"{bus.dispatcher_url}/metrics", timeout=10).text
     assert sample_value(metrics, "msgbus_push_slot_wait_seconds_count",
                         {"subscription": f"{crowd_dest}/a"}) >= count
@@ -222,20 +222,20 @@ def test_pause_resume_and_a_new_url_take_effect_without_a_restart(
     bus.wait_for_workers([sub_id])
     first = send_batches(bus, api_key, [{"destination": destination, "body": {"n": i}}
                                         for i in range(20)])
-    wait_until(lambda: old.message_ids() == set(first), 60, "the first messages")
+    eventually(lambda: old.message_ids() == set(first), 60, "the first messages")
 
     bus.admin.post(f"/v1/destinations/{destination}/subscriptions/s/pause").raise_for_status()
-    wait_until(lambda: sub_id not in httpx.get(f"{bus.dispatcher_url}/health").json()[
+    eventually(lambda: sub_id not in httpx.get(f"{bus.dispatcher_url}/health").json()[
         "subscriptions"], 30, "the worker to stop")
     while_paused = set(send_batches(bus, api_key, [{"destination": destination, "body": {}}
                                                    for _ in range(20)]))
-    wait_until(lambda: set(bus.query(bus.store.pending_message_ids(sub_id, 100)))
+    eventually(lambda: set(bus.query(bus.store.pending_message_ids(sub_id, 100)))
                >= while_paused, 30, "the messages sent while paused, recorded as pending")
     assert not old.message_ids() & while_paused, "pushed while paused"
 
     # re-pointed and resumed (and a new concurrency): what waited goes to the new URL
     bus.subscribe(destination, "s", bus.serve_subscriber(new), max_concurrency=8)
-    wait_until(lambda: new.message_ids() == while_paused, 60,
+    eventually(lambda: new.message_ids() == while_paused, 60,
                "the messages sent while paused, at the new URL")
     assert not old.message_ids() & while_paused
 
@@ -255,7 +255,7 @@ def test_a_subscriber_slower_than_the_session_timeout_causes_no_rebalance_nor_du
     bus.wait_for_workers([sub_id])
     ids = set(send_batches(bus, api_key, [{"destination": destination, "body": {"n": i}}
                                           for i in range(count)]))
-    wait_until(lambda: len(slow.ids) >= count, count / 2 * delay_s + 60,
+    eventually(lambda: len(slow.ids) >= count, count / 2 * delay_s + 60,
                f"{count} slow pushes", interval_s=1.0)
     assert sorted(slow.ids) == sorted(ids), "a message was pushed twice or not at all"
     worker = bus.dispatcher_service.supervisor.worker(sub_id)
@@ -295,7 +295,7 @@ def test_a_rotated_secret_signs_beside_the_previous_one_until_that_is_dropped(
     assert previous == old_secret and new_secret.startswith("whsec_")
     bus.wait_for_config()  # the dispatcher signs with both
     (during,) = send_batches(bus, api_key, [{"destination": destination, "body": {}}])
-    wait_until(lambda: during in subscriber.message_ids(), 30, "a push during the rotation")
+    eventually(lambda: during in subscriber.message_ids(), 30, "a push during the rotation")
     push = next(p for p in subscriber.pushes if p.message_id == during)
     assert len(push.headers["webhook-signature"].split()) == 2
     verify_push(old_secret, push.headers, push.body)  # a subscriber not yet switched
@@ -304,7 +304,7 @@ def test_a_rotated_secret_signs_beside_the_previous_one_until_that_is_dropped(
     bus.admin.delete(f"{path}/secrets/previous").raise_for_status()
     bus.wait_for_config()
     (after,) = send_batches(bus, api_key, [{"destination": destination, "body": {}}])
-    wait_until(lambda: after in subscriber.message_ids(), 30, "a push after the rotation")
+    eventually(lambda: after in subscriber.message_ids(), 30, "a push after the rotation")
     push = next(p for p in subscriber.pushes if p.message_id == after)
     verify_push(new_secret, push.headers, push.body)
     with pytest.raises(WebhookVerificationError):
@@ -330,7 +330,7 @@ def test_a_message_the_broker_hands_out_again_after_delivery_is_not_pushed_again
     bus.wait_for_workers([sub_id])
     first = send_batches(bus, api_key, [{"destination": destination, "body": {"n": n}}
                                         for n in range(30)])
-    wait_until(lambda: list(statuses(bus, sub_id).values()).count("delivered") == 30, 30,
+    eventually(lambda: list(statuses(bus, sub_id).values()).count("delivered") == 30, 30,
                "the first 30 delivered")
     skipped_before = _redeliveries_skipped(bus, sub_id)
 
@@ -352,9 +352,9 @@ def test_a_message_the_broker_hands_out_again_after_delivery_is_not_pushed_again
     assert all(outcome.error is None for outcome in bus.query(publish_again()))
     later = send_batches(bus, api_key, [{"destination": destination, "body": {"n": n}}
                                         for n in range(30, 40)])
-    wait_until(lambda: _redeliveries_skipped(bus, sub_id) - skipped_before >= 30, 30,
+    eventually(lambda: _redeliveries_skipped(bus, sub_id) - skipped_before >= 30, 30,
                "the 30 handed out again to be recognised")
-    wait_until(lambda: len(subscriber.pushes) >= 40, 30, "the 10 new messages pushed")
+    eventually(lambda: len(subscriber.pushes) >= 40, 30, "the 10 new messages pushed")
     # the 30 were recognised (above) as delivered: none of them is pushed after this point
     pushed = [push.message_id for push in subscriber.pushes]
     assert sorted(pushed) == sorted(first + later), "a delivered message was pushed again"

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from msgbus_devtools.testkit.waiting import eventually
+from msgbus_devtools.testkit.waiting import eventually_async
 
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus, utcnow
@@ -75,7 +75,7 @@ async def test_a_retry_recorded_below_the_floor_is_found_by_the_next_full_scan(
     # a dispatcher's trace held back while MongoDB was down: due an hour ago, written now
     late = delivery(utcnow() - timedelta(hours=1))
     await store.deliveries.insert_one(late)
-    found = await eventually(lambda: scan.due_ids(SUB, utcnow(), 10), 5, "the late delivery")
+    found = await eventually_async(lambda: scan.due_ids(SUB, utcnow(), 10), 5, "the late delivery")
     assert found == [late["_id"]]
 
 

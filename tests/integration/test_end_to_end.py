@@ -11,7 +11,7 @@ from msgbus_client import MsgbusClient
 from msgbus_client.verify import verify_push
 from msgbus_devtools.testkit.bus import RunningBus, sample_value
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.models import CircuitPolicy, DeliveryStatus
 
@@ -51,11 +51,11 @@ def test_end_to_end_every_message_reaches_both_subscribers_and_is_traced(
     ids = _send_all(bus, api_key, spool_dir, destination)
 
     for i, subscriber in enumerate(subscribers):
-        wait_until(lambda s=subscriber: s.message_ids() >= set(ids), 60,
+        eventually(lambda s=subscriber: s.message_ids() >= set(ids), 60,
                    f"subscriber {i} to receive all {MESSAGES} messages")
     for sub in subs:
         sub_id = f"{destination}/{sub['name']}"
-        wait_until(lambda s=sub_id: _delivered_with_trace(bus, s) == MESSAGES, 60,
+        eventually(lambda s=sub_id: _delivered_with_trace(bus, s) == MESSAGES, 60,
                    f"MongoDB to show {MESSAGES} deliveries to {sub_id}")
         with_trace = bus.query(bus.store.deliveries.count_documents(
             {"subscription": sub_id, "status": "delivered", "last_status_code": 200,
@@ -88,9 +88,9 @@ def test_failing_subscriber_is_recorded_failed_while_the_other_gets_everything(
     ids = [client.send(destination, {"n": i}) for i in range(200)]
     assert client.close(30) == 0
 
-    wait_until(lambda: healthy.message_ids() >= set(ids), 60, "the healthy subscriber")
+    eventually(lambda: healthy.message_ids() >= set(ids), 60, "the healthy subscriber")
     failed_id = f"{destination}/sub1"
-    wait_until(lambda: bus.query(bus.store.count_deliveries(failed_id, DeliveryStatus.FAILED))
+    eventually(lambda: bus.query(bus.store.count_deliveries(failed_id, DeliveryStatus.FAILED))
                >= CircuitPolicy().open_after_failures, 60, "the first failed deliveries in MongoDB")
     failed = bus.query(bus.store.deliveries_by_status(failed_id, DeliveryStatus.FAILED, 1000))
     assert all(d["last_status_code"] == 500 and d["next_attempt_at"] is not None
@@ -108,18 +108,18 @@ def test_failing_subscriber_is_recorded_failed_while_the_other_gets_everything(
                 and sample_value(text, "msgbus_subscription_oldest_undelivered_age_seconds",
                                  labels) > 0)
 
-    wait_until(backlog_shown, 30, "the broken subscription's backlog and oldest age")
+    eventually(backlog_shown, 30, "the broken subscription's backlog and oldest age")
 
     def admin_shows_it_open() -> bool:  # the admin shows who pushes, and the one circuit
         view = bus.admin.get(f"/v1/destinations/{destination}/subscriptions/sub1/pushers").json()
         components = {p["component"] for p in view["pushers"] if p["circuit_open"]}
         return view["circuit_open"] and components >= {"dispatcher"}
 
-    wait_until(admin_shows_it_open, 30, "the admin showing the subscription's circuit open")
+    eventually(admin_shows_it_open, 30, "the admin showing the subscription's circuit open")
 
     # its pushers wait for the next probe; pausing it must not wait for that
     bus.admin.post(f"/v1/destinations/{destination}/subscriptions/sub1/pause").raise_for_status()
-    wait_until(lambda: failed_id not in httpx.get(f"{bus.dispatcher_url}/health").json()[
+    eventually(lambda: failed_id not in httpx.get(f"{bus.dispatcher_url}/health").json()[
         "subscriptions"], 5, "the broken subscription's worker to stop")
-    wait_until(lambda: _delivered_with_trace(bus, f"{destination}/sub0") == len(ids), 60,
+    eventually(lambda: _delivered_with_trace(bus, f"{destination}/sub0") == len(ids), 60,
                "the healthy subscriber's deliveries recorded")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
-from msgbus_devtools.testkit.waiting import eventually
+from msgbus_devtools.testkit.waiting import eventually_async
 from pydantic import SecretStr
 
 from msgbus import codec
@@ -99,8 +99,8 @@ async def parts(mongo_uri: str, mongo_db_name: str, kafka_bootstrap: str,
 
 
 async def drained(pipeline: IngestPipeline) -> None:
-    await eventually(lambda: not any(pipeline.depths().values()), 30,
-                     "the pipeline's buffer to drain", interval_s=0.1)
+    await eventually_async(lambda: not any(pipeline.depths().values()), 30,
+                           "the pipeline's buffer to drain", interval_s=0.1)
 
 
 async def test_a_buffers_inherited_messages_are_published_flagged_redelivered(

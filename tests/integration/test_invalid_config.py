@@ -17,7 +17,7 @@ import pytest
 from msgbus_devtools.testkit.bus import RunningBus, sample_value
 from msgbus_devtools.testkit.loop import BackgroundLoop
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.ids import uuid7
@@ -102,7 +102,7 @@ def test_every_service_starts_and_delivers_the_valid_subscriptions(
     answer = _send(bus, api_key)
     assert answer.status_code == 202, answer.text
     message_id = answer.json()["message_id"]
-    wait_until(lambda: message_id in subscriber.message_ids(), 30, "the push to okdest/good")
+    eventually(lambda: message_id in subscriber.message_ids(), 30, "the push to okdest/good")
     for url in (bus.receiver_url, bus.dispatcher_url, bus.compensator_url, bus.admin_url):
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from msgbus_devtools.testkit.tcp_gate import TcpGate, mongo_uri_through
-from msgbus_devtools.testkit.waiting import eventually
+from msgbus_devtools.testkit.waiting import eventually_async
 
 from msgbus.errors import MongoUnavailable
 from msgbus.store import MongoStore
@@ -58,7 +58,7 @@ async def test_a_hung_server_costs_one_timeout_then_callers_are_refused_at_once(
     assert "NetworkTimeout" in state["reason"]
 
     tcp.thaw()
-    await eventually(lambda: store.gate.available, 15, "the probe to find MongoDB back")
+    await eventually_async(lambda: store.gate.available, 15, "the probe to find MongoDB back")
     async with store.gate.guard("test insert", CALL_TIMEOUT_S):
         await store.db["gate_test"].insert_one({"n": "after"})
     assert store.gate.state()["probes"] >= 1
@@ -72,7 +72,7 @@ async def test_a_refused_connection_closes_the_gate_at_once(
     assert not store.gate.available
     assert not await store.ping()  # health checks answer at once too
     tcp.open()
-    await eventually(lambda: store.gate.available, 15, "the probe to find MongoDB back")
+    await eventually_async(lambda: store.gate.available, 15, "the probe to find MongoDB back")
 
 
 async def test_waiters_resume_when_the_probe_finds_mongodb_back(

@@ -37,7 +37,7 @@ from msgbus_devtools.testkit.deployment import Deployment, Phases, Servers
 from msgbus_devtools.testkit.load import Answer, SteadyLoad
 from msgbus_devtools.testkit.outages import hold, push_delays_s
 from msgbus_devtools.testkit.procs import BusProcess, say
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.models import BrokerKind
 
@@ -117,7 +117,7 @@ def _gates(processes: list[BusProcess]) -> dict[str, bool | None]:
 
 
 def _wait_gates(processes: list[BusProcess], available: bool, timeout_s: float) -> None:
-    wait_until(lambda: set(_gates(processes).values()) == {available}, timeout_s,
+    eventually(lambda: set(_gates(processes).values()) == {available}, timeout_s,
                f"every bus process to see MongoDB {'back' if available else 'unavailable'}",
                interval_s=0.5)
 
@@ -133,7 +133,7 @@ def _waiting_for_mongo(process: BusProcess) -> int:
 def _wait_caught_up(processes: list[BusProcess], timeout_s: float) -> None:
     """Every record and outcome buffered during the outage is in MongoDB: the next fault's
     "before" is measured on a bus at rest, not one catching up."""
-    wait_until(lambda: not any(_waiting_for_mongo(p) for p in processes), timeout_s,
+    eventually(lambda: not any(_waiting_for_mongo(p) for p in processes), timeout_s,
                "the local buffers to be written to MongoDB", interval_s=0.5)
 
 
@@ -221,7 +221,7 @@ def test_delivery_keeps_its_pace_while_mongodb_hangs_dies_or_is_cut_off(
             second.start()
         kafka_code = next(c for c, b in deployment.destinations.items() if b is BrokerKind.KAFKA)
         with phases.phase("the Kafka group rebalanced over both dispatchers"):
-            wait_until(lambda: _kafka_assigned(second, kafka_code), 60,
+            eventually(lambda: _kafka_assigned(second, kafka_code), 60,
                        "dispatcher-2 to be assigned Kafka partitions", interval_s=0.2)
         bus = [p for p in deployment.processes if p.service in ("receiver", "dispatcher")]
         warm = deployment.load(rate_per_s=RATE_PER_S, messages=RATE_PER_S)

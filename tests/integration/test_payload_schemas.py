@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from msgbus_client import MsgbusClient, SchemaValidationError
 from msgbus_devtools.testkit.bus import RunningBus
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 from msgbus_cli.main import main as cli
@@ -48,7 +48,7 @@ def _with_schema(bus: RunningBus, http: httpx.Client, code: str, schema: Any = O
         answer = http.get(f"/v1/destinations/{code}/schema")
         return answer.status_code == 200 and answer.json()["version"] == version
 
-    wait_until(enforced, 20, f"the receiver to enforce version {version} of {code}")
+    eventually(enforced, 20, f"the receiver to enforce version {version} of {code}")
     return version
 
 
@@ -177,7 +177,7 @@ def test_a_valid_message_is_delivered_with_its_schema_version_in_the_trace(
     refused = _send(http, code, body={"amount": 1})
     assert refused.status_code == 422
 
-    wait_until(lambda: message_id in subscriber.message_ids(), 30, "the valid message")
+    eventually(lambda: message_id in subscriber.message_ids(), 30, "the valid message")
     push = next(p for p in subscriber.pushes if p.message_id == message_id)
     assert orjson.loads(push.body) == VALID
 
@@ -185,7 +185,7 @@ def test_a_valid_message_is_delivered_with_its_schema_version_in_the_trace(
         answer = bus.admin.get(f"/v1/messages/{message_id}")
         return answer.json() if answer.status_code == 200 else None
 
-    wait_until(lambda: traced() is not None, 20, "the message's record")
+    eventually(lambda: traced() is not None, 20, "the message's record")
     timeline = traced()
     assert timeline is not None and timeline["message"]["schema_version"] == version
     assert subscriber.message_ids() == {message_id}  # the refused one went nowhere
@@ -207,7 +207,7 @@ def test_the_client_with_validate_raises_before_spooling(
             client.send(destination, b"\x89PNG", content_type="image/png")
         assert client.spool.pending_count() == 0 and client.list_rejected() == []
         client.send(destination, VALID)
-        wait_until(lambda: client.spool.pending_count() == 0, 20, "the valid message sent")
+        eventually(lambda: client.spool.pending_count() == 0, 20, "the valid message sent")
         assert client.list_rejected() == []
 
 

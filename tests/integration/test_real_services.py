@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from msgbus_devtools import servers as services
 from msgbus_devtools import stack as devstack
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 from pymongo import MongoClient
 
 from msgbus import processes
@@ -75,7 +75,7 @@ def test_rabbitmq_publish_and_get(rabbitmq_url: str) -> None:
         channel = connection.channel()
         channel.queue_declare(queue, auto_delete=True)
         channel.basic_publish("", queue, b"hello")
-        _, _, body = wait_until(
+        _, _, body = eventually(
             lambda: (got := channel.basic_get(queue, auto_ack=True))[0] is not None and got,
             10, "the message back from RabbitMQ")
         assert body == b"hello"

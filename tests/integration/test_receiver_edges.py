@@ -12,7 +12,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 from msgbus_devtools.testkit.bus import HOST, RunningBus
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 from msgbus.serving import ServerGroup, make_server
@@ -139,7 +139,7 @@ def test_a_raw_message_reaches_subscribers_as_sent(bus: RunningBus, http: httpx.
         "ce-time": "2026-01-02T03:04:05.678Z", "x-msgbus-trace": "t-1"})
     assert response.status_code == 202, response.text
     assert response.json() == {"message_id": message_id, "status": "accepted"}
-    wait_until(lambda: message_id in subscriber.message_ids(), 20, "the raw message")
+    eventually(lambda: message_id in subscriber.message_ids(), 20, "the raw message")
     [push] = subscriber.pushes
     assert push.body == png
     assert push.headers["content-type"] == "image/png"

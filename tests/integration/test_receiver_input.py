@@ -8,7 +8,7 @@ import base64
 import httpx
 import pytest
 from msgbus_devtools.testkit.bus import RunningBus
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 
@@ -79,7 +79,7 @@ def test_receiver_keeps_serving_after_bad_input(bus: RunningBus, http: httpx.Cli
     image = base64.b64encode(b"\x89PNG...").decode()
     assert _post(http, destination, json={"message_id": good[1], "body_base64": image,
                                           "content_type": "image/png"}).status_code == 202
-    wait_until(lambda: subscriber.message_ids() == set(good), 20, "both good messages")
+    eventually(lambda: subscriber.message_ids() == set(good), 20, "both good messages")
     png = next(p for p in subscriber.pushes if p.message_id == good[1])
     assert png.body == b"\x89PNG..." and png.headers["content-type"] == "image/png"
 
@@ -125,5 +125,5 @@ def test_a_resent_message_is_accepted_as_duplicate_and_delivered_once(
     later = uuid7()
     assert _post(http, code, json={"message_id": later, "biz_id": "k", "body": {"n": 2}}
                  ).json()["status"] == "accepted"
-    wait_until(lambda: later in subscriber.message_ids(), 30, "the later message")
+    eventually(lambda: later in subscriber.message_ids(), 30, "the later message")
     assert [p.message_id for p in subscriber.pushes].count(message["message_id"]) == 1

@@ -24,7 +24,7 @@ from msgbus_devtools.testkit.loop import BackgroundLoop
 from msgbus_devtools.testkit.sending import post_batches
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.tcp_gate import TcpGate
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.brokers.base import consumer_name
 from msgbus.ids import uuid7
@@ -62,24 +62,24 @@ def test_switching_a_destination_broker_delivers_what_the_old_broker_still_holds
     bus.wait_for_config()  # the receiver declares the subscription's queue
 
     in_rabbit = _send(bus, api_key, tmp_path / "spool1", destination, 100)
-    wait_until(lambda: _rabbit_depth(rabbitmq_url, queue) == 100, 30,
+    eventually(lambda: _rabbit_depth(rabbitmq_url, queue) == 100, 30,
                "100 messages waiting in RabbitMQ for the paused subscription")
 
     bus.create_destination(destination, "kafka")  # switched while messages wait in RabbitMQ
     bus.wait_for_config()
     in_kafka = _send(bus, api_key, tmp_path / "spool2", destination, 100)
-    wait_until(lambda: _recorded(bus, destination) == 200, 30, "200 records")
+    eventually(lambda: _recorded(bus, destination) == 200, 30, "200 records")
     assert _rabbit_depth(rabbitmq_url, queue) == 100, "the switch did not take effect"
 
     bus.subscribe(destination, "sub", bus.serve_subscriber(subscriber), paused=False)
     try:
-        wait_until(lambda: subscriber.message_ids() >= set(in_rabbit + in_kafka), 60,
+        eventually(lambda: subscriber.message_ids() >= set(in_rabbit + in_kafka), 60,
                    "the subscriber to get the messages of both brokers")
     except AssertionError:
         got = subscriber.message_ids()
         raise AssertionError(f"missing {len(set(in_rabbit) - got)} of RabbitMQ's, "
                              f"{len(set(in_kafka) - got)} of Kafka's") from None
-    wait_until(lambda: _rabbit_depth(rabbitmq_url, queue) == 0, 30, "RabbitMQ drained")
+    eventually(lambda: _rabbit_depth(rabbitmq_url, queue) == 0, 30, "RabbitMQ drained")
 
 
 def test_the_record_rate_can_be_changed_at_runtime_per_destination_and_globally(
@@ -91,12 +91,12 @@ def test_the_record_rate_can_be_changed_at_runtime_per_destination_and_globally(
 
     _send(bus, api_key, tmp_path / "spool1", slow, 200)
     _send(bus, api_key, tmp_path / "spool2", other, 200)
-    wait_until(lambda: _recorded(bus, other) == 200, 30, "the unthrottled destination")
+    eventually(lambda: _recorded(bus, other) == 200, 30, "the unthrottled destination")
     assert _recorded(bus, slow) < 100, "the slow destination was not held to its rate"
     assert bus.receiver_metric("msgbus_record_rate_limit_per_second", destination=slow) == 2
 
     bus.create_destination(slow, "direct", record_rate_per_s=0)  # lifted at runtime
-    wait_until(lambda: _recorded(bus, slow) == 200, 30, "the backlog to drain once lifted")
+    eventually(lambda: _recorded(bus, slow) == 200, 30, "the backlog to drain once lifted")
 
     bus.admin.patch("/v1/runtime", json={"record_rate_per_s": 3}).raise_for_status()
     bus.wait_for_config()
@@ -106,7 +106,7 @@ def test_the_record_rate_can_be_changed_at_runtime_per_destination_and_globally(
         assert _recorded(bus, other) < 200 + 100, "the global rate was not applied"
     finally:
         bus.admin.patch("/v1/runtime", json={"record_rate_per_s": 0}).raise_for_status()
-    wait_until(lambda: _recorded(bus, other) == 400, 30, "the backlog once lifted")
+    eventually(lambda: _recorded(bus, other) == 400, 30, "the backlog once lifted")
 
 
 # --- clusters -------------------------------------------------------------------------------
@@ -163,9 +163,9 @@ def test_the_active_cluster_switches_at_runtime_and_nothing_is_lost(
     subscriber = bus.subscribe_recorder(destination, "sub")
 
     on_primary = _send(bus, api_key, tmp_path / "spool1", destination, 50)
-    wait_until(lambda: subscriber.message_ids() >= set(on_primary), 30, "primary deliveries")
+    eventually(lambda: subscriber.message_ids() >= set(on_primary), 30, "primary deliveries")
     # the counter moves once the broker confirmed, which may come after the push
-    wait_until(lambda: _published(bus, "primary") >= 50, 10, "50 publishes counted on primary")
+    eventually(lambda: _published(bus, "primary") >= 50, 10, "50 publishes counted on primary")
     assert _published(bus, "standby") == 0
 
     wrong = bus.admin.patch("/v1/runtime", json={"active_clusters": {"rabbitmq": "nowhere"}})
@@ -176,8 +176,8 @@ def test_the_active_cluster_switches_at_runtime_and_nothing_is_lost(
     assert switched.json()["active_clusters"] == {"rabbitmq": "standby"}
     bus.wait_for_config()
     on_standby = _send(bus, api_key, tmp_path / "spool2", destination, 50)
-    wait_until(lambda: subscriber.message_ids() >= set(on_standby), 30, "standby deliveries")
-    wait_until(lambda: _published(bus, "standby") >= 50, 10, "50 publishes counted on standby")
+    eventually(lambda: subscriber.message_ids() >= set(on_standby), 30, "standby deliveries")
+    eventually(lambda: _published(bus, "standby") >= 50, 10, "50 publishes counted on standby")
 
 
 def test_the_publisher_moves_to_the_next_node_when_one_goes_away(
@@ -192,20 +192,20 @@ def test_the_publisher_moves_to_the_next_node_when_one_goes_away(
 
     before = _published(bus, "primary")
     first = _send(bus, api_key, tmp_path / "spool1", destination, 20)
-    wait_until(lambda: _published(bus, "primary") >= before + 20, 30, "publishes via node 1")
+    eventually(lambda: _published(bus, "primary") >= before + 20, 30, "publishes via node 1")
 
     primary_gate.close()  # node 1 goes away, connections and all
     try:
         after_cut = _published(bus, "primary")
         second = _send(bus, api_key, tmp_path / "spool2", destination, 100)
-        wait_until(lambda: subscriber.message_ids() >= set(first + second), 60,
+        eventually(lambda: subscriber.message_ids() >= set(first + second), 60,
                    "every message delivered while node 1 is away")
         # the publisher reconnected to node 2 by itself: later messages are published, not
         # only handed to the direct path
         third = _send(bus, api_key, tmp_path / "spool3", destination, 20)
-        wait_until(lambda: _published(bus, "primary") >= after_cut + 20, 30,
+        eventually(lambda: _published(bus, "primary") >= after_cut + 20, 30,
                    "publishes via node 2")
-        wait_until(lambda: subscriber.message_ids() >= set(third), 30, "later deliveries")
+        eventually(lambda: subscriber.message_ids() >= set(third), 30, "later deliveries")
     finally:
         primary_gate.open()
     health = httpx.get(f"{bus.receiver_url}/health", timeout=5)
@@ -249,10 +249,10 @@ def test_an_ordered_subscription_drains_the_old_cluster_before_the_new_one(
                     ).raise_for_status()
     bus.wait_for_config()
     _send_keyed(bus, api_key, destination, range(10, 20))  # and these in the standby one
-    wait_until(lambda: _published(bus, "standby") >= 50, 30, "the standby cluster's messages")
+    eventually(lambda: _published(bus, "standby") >= 50, 30, "the standby cluster's messages")
 
     bus.subscribe(destination, "sub", url, ordered_by_biz_id=True, paused=False)
-    wait_until(lambda: len(set(log.pushes)) == 100, 60, "every message pushed")
+    eventually(lambda: len(set(log.pushes)) == 100, 60, "every message pushed")
     for key in (f"k{k}" for k in range(5)):
         numbers = [n for pushed_key, n in log.pushes if pushed_key == key]
         assert numbers == list(range(20)), f"{key}: {numbers}"

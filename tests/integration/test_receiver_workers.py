@@ -27,7 +27,7 @@ from msgbus_devtools.testkit import procnet
 from msgbus_devtools.testkit.bus import sample_value
 from msgbus_devtools.testkit.receiver_proc import HOST, ReceiverProcess, prepare_store
 from msgbus_devtools.testkit.tcp_gate import TcpGate
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 from pymongo import MongoClient
 
 from msgbus import processes
@@ -114,13 +114,13 @@ def test_a_killed_receivers_buffer_is_drained_by_another_and_removed(setup: Setu
         [victim_slot] = [s for s in setup.buffer_root.iterdir()
                          if f"pid={victim.pid} " in (s / "slot.lock").read_text()]
         send(setup, victim.port, 1)  # producer key and destination now cached by the victim
-        wait_until(lambda: setup.recorded() == 1, what="the first message in MongoDB")
+        eventually(lambda: setup.recorded() == 1, what="the first message in MongoDB")
 
         gate.close()  # the victim can no longer record: what it accepts stays in its buffer
         send(setup, victim.port, 50)
         victim.kill()
 
-    wait_until(lambda: not victim_slot.exists(), 60,
+    eventually(lambda: not victim_slot.exists(), 60,
                f"the survivor to drain and remove {victim_slot.name}\n{survivor.log()}")
     assert setup.recorded() == 51
     assert "adopting the orphaned receiver buffer" in survivor.log()  # and said so
@@ -136,18 +136,18 @@ def test_two_workers_share_one_port_and_a_dead_one_is_replaced(setup: Setup) -> 
         ready = len(workers) == 2 and procnet.listening(workers, parent.port) == set(workers)
         return workers if ready else None
 
-    workers = wait_until(listening_workers, 60, "two workers listening on one port")
+    workers = eventually(listening_workers, 60, "two workers listening on one port")
     served_by = set(send(setup, parent.port, 40, workers))
     assert served_by == set(workers)  # the kernel spreads connections over both processes
-    wait_until(lambda: setup.recorded() == 40, what="40 messages in MongoDB")
+    eventually(lambda: setup.recorded() == 40, what="40 messages in MongoDB")
     assert sorted(p.name for p in setup.buffer_root.iterdir()) == ["slot-0", "slot-1"]
 
     os.kill(workers[0], signal.SIGKILL)
-    replaced = wait_until(lambda: (w := listening_workers()) and workers[0] not in w and w,
+    replaced = eventually(lambda: (w := listening_workers()) and workers[0] not in w and w,
                           60, f"a new worker instead of pid {workers[0]}\n{parent.log()}")
     assert workers[1] in replaced
     send(setup, parent.port, 20)
-    wait_until(lambda: setup.recorded() == 60, what="60 messages in MongoDB")
+    eventually(lambda: setup.recorded() == 60, what="60 messages in MongoDB")
     assert sorted(p.name for p in setup.buffer_root.iterdir()) == ["slot-0", "slot-1"]
 
     assert parent.stop() == 0
@@ -179,38 +179,38 @@ def test_a_killed_drain_process_is_replaced_and_what_it_left_is_recorded(setup: 
     with TcpGate(HOST, mongo_port) as gate:
         receiver = setup.receiver("receiver", MSGBUS_MONGO_URI=f"mongodb://{HOST}:{gate.port}")
         receiver.wait_healthy()
-        first = wait_until(lambda: drain_pid(receiver), what="the drain process")
+        first = eventually(lambda: drain_pid(receiver), what="the drain process")
         assert first in procnet.children_of(receiver.pid)
         send(setup, receiver.port, 1)
-        wait_until(lambda: setup.recorded() == 1, what="the first message in MongoDB")
+        eventually(lambda: setup.recorded() == 1, what="the first message in MongoDB")
 
         gate.close()  # what the receiver accepts now waits in its buffer
         send(setup, receiver.port, 50)
         os.kill(first, signal.SIGKILL)
-        second = wait_until(lambda: (pid := drain_pid(receiver)) != first and pid,
+        second = eventually(lambda: (pid := drain_pid(receiver)) != first and pid,
                             30, f"a new drain process\n{receiver.log()}")
         send(setup, receiver.port, 50)  # the receiver never stopped answering
         gate.open()
-        wait_until(lambda: setup.recorded() == 101, 60,
+        eventually(lambda: setup.recorded() == 101, 60,
                    f"101 messages in MongoDB\n{receiver.log()}")
 
     assert "receiver drain process (pid" in receiver.log()  # the restart is logged
     receiver.kill()  # kill -9: its drain process must not outlive it
-    wait_until(lambda: gone(second), 10, f"drain process {second} to exit")
+    eventually(lambda: gone(second), 10, f"drain process {second} to exit")
 
 
 def test_metrics_of_every_worker_and_drain_process_show_on_any_worker(setup: Setup) -> None:
     parent = setup.receiver("workers", workers=2)
     parent.wait_healthy()
-    wait_until(lambda: len(procnet.children_of(parent.pid)) == 2, 60, "two workers")
+    eventually(lambda: len(procnet.children_of(parent.pid)) == 2, 60, "two workers")
     send(setup, parent.port, 40)
-    wait_until(lambda: setup.recorded() == 40, what="40 messages in MongoDB")
+    eventually(lambda: setup.recorded() == 40, what="40 messages in MongoDB")
 
     def published() -> float:  # by the workers' drain processes
         text = httpx.get(f"{parent.url}/metrics", timeout=5).text
         return sample_value(text, "msgbus_published_total", {"broker": "kafka", "outcome": "ok"})
 
-    wait_until(lambda: published() == 40, what="40 publishes on /metrics")
+    eventually(lambda: published() == 40, what="40 publishes on /metrics")
     for _ in range(6):  # each new connection may land on either worker
         text = httpx.get(f"{parent.url}/metrics", timeout=5).text
         assert sample_value(text, "msgbus_messages_accepted_total",

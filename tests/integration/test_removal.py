@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.sending import post_batches
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 from pika.exceptions import ChannelClosedByBroker
 
 from msgbus.brokers.base import consumer_name, topic_name
@@ -91,8 +91,8 @@ def test_deleting_a_subscription_under_load_stops_it_and_removes_its_consumer(
     kept = bus.subscribe_recorder(destination, "kept")
     gone = bus.subscribe_recorder(destination, "gone")
     first = _send(bus, api_key, destination, 200)
-    wait_until(lambda: gone.message_ids() >= set(first), 60, "the first messages delivered")
-    wait_until(lambda: _has_consumer(bus, broker, destination, "gone"), 30,
+    eventually(lambda: gone.message_ids() >= set(first), 60, "the first messages delivered")
+    eventually(lambda: _has_consumer(bus, broker, destination, "gone"), 30,
                "its consumer group or queue in the broker", interval_s=0.5)
 
     sent: list[str] = []
@@ -105,11 +105,11 @@ def test_deleting_a_subscription_under_load_stops_it_and_removes_its_consumer(
     assert again.status_code == 409 and "still being removed" in again.json()["message"]
     load.join(60)
 
-    wait_until(lambda: _deletions_done(bus), 60, "the deletion carried out")
+    eventually(lambda: _deletions_done(bus), 60, "the deletion carried out")
     assert not _has_consumer(bus, broker, destination, "gone")
     pushed_to_gone = len(gone.pushes)
     later = _send(bus, api_key, destination, 50)
-    wait_until(lambda: kept.message_ids() >= set(first + sent + later), 60,
+    eventually(lambda: kept.message_ids() >= set(first + sent + later), 60,
                "the other subscription getting everything")
     assert len(gone.pushes) == pushed_to_gone, "pushed after its deletion was carried out"
     assert f"{destination}/gone" not in httpx.get(f"{bus.dispatcher_url}/health").json()[
@@ -120,7 +120,7 @@ def test_deleting_a_subscription_under_load_stops_it_and_removes_its_consumer(
         return (f"{destination}/gone", DeliveryStatus.DELIVERED.value) in {
             (s["subscription"], s["status"]) for s in states}
 
-    wait_until(gone_delivered_on_record, 30, "the deleted subscription's delivery on record")
+    eventually(gone_delivered_on_record, 30, "the deleted subscription's delivery on record")
     assert _audited(bus, f"{destination}/gone")[:1] == ["subscription.delete"]
     # and the name can be used again
     bus.subscribe(destination, "gone", bus.serve_subscriber(RecordingSubscriber()))
@@ -132,8 +132,8 @@ def test_deleting_a_destination_refuses_producers_and_removes_its_topic(
     destination = _new_destination(bus, "del-dest", broker, unique)
     subscriber = bus.subscribe_recorder(destination, "only")
     ids = _send(bus, api_key, destination, 100)
-    wait_until(lambda: subscriber.message_ids() >= set(ids), 60, "the messages delivered")
-    wait_until(lambda: _has_topic(bus, broker, destination), 30, "its topic or exchange",
+    eventually(lambda: subscriber.message_ids() >= set(ids), 60, "the messages delivered")
+    eventually(lambda: _has_topic(bus, broker, destination), 30, "its topic or exchange",
                interval_s=0.5)
 
     response = bus.admin.delete(f"/v1/destinations/{destination}")
@@ -145,8 +145,8 @@ def test_deleting_a_destination_refuses_producers_and_removes_its_topic(
                             json={"n": 1}, headers={"authorization": f"Bearer {api_key}"},
                             timeout=10)
         return answer.status_code == 404
-    wait_until(refused, 30, "producers refused with 404")
-    wait_until(lambda: _deletions_done(bus), 60, "the deletions carried out")
+    eventually(refused, 30, "producers refused with 404")
+    eventually(lambda: _deletions_done(bus), 60, "the deletions carried out")
     assert not _has_topic(bus, broker, destination)
     assert not _has_consumer(bus, broker, destination, "only")
     assert bus.admin.get(f"/v1/destinations/{destination}/subscriptions/only/pushers"
@@ -161,7 +161,7 @@ def test_skipping_a_backlog_records_it_skipped_and_pushes_what_comes_next(
     destination = _new_destination(bus, "skip", broker, unique)
     subscriber = bus.subscribe_recorder(destination, "behind", paused=True)
     if broker == "rabbitmq":  # the receiver declares the paused subscription's queue
-        wait_until(lambda: _rabbit_has(bus, queue=consumer_name(destination, "behind")), 30,
+        eventually(lambda: _rabbit_has(bus, queue=consumer_name(destination, "behind")), 30,
                    "the subscription's queue", interval_s=0.2)
     backlog = _send(bus, api_key, destination, 200)
 
@@ -172,7 +172,7 @@ def test_skipping_a_backlog_records_it_skipped_and_pushes_what_comes_next(
                    ).raise_for_status()
     bus.wait_for_workers([f"{destination}/behind"])
     fresh = _send(bus, api_key, destination, 20)
-    wait_until(lambda: subscriber.message_ids() >= set(fresh), 60, "the new messages pushed")
+    eventually(lambda: subscriber.message_ids() >= set(fresh), 60, "the new messages pushed")
     sub_id = f"{destination}/behind"
 
     def skipped() -> dict[str, Any]:
@@ -181,7 +181,7 @@ def test_skipping_a_backlog_records_it_skipped_and_pushes_what_comes_next(
             {"message_id": 1, "last_error": 1}).to_list(None))
         return {d["message_id"]: d["last_error"] for d in docs}
 
-    wait_until(lambda: set(skipped()) >= set(backlog), 60, "the backlog recorded as skipped")
+    eventually(lambda: set(skipped()) >= set(backlog), 60, "the backlog recorded as skipped")
     assert not subscriber.message_ids() & set(backlog), "a skipped message was pushed"
     reasons = set(skipped().values())
     assert all(r.startswith("skipped by an operator: stale prices (by ops-anna") for r in reasons

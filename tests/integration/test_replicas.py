@@ -31,7 +31,7 @@ from msgbus_devtools.testkit.deployment import SUBSCRIPTION, Deployment, Servers
 from msgbus_devtools.testkit.procs import say
 from msgbus_devtools.testkit.sending import post_batches
 from msgbus_devtools.testkit.subscriber import PeakSubscriber, RecordingSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from admin.pushers import pushers_of
 from msgbus.ids import uuid7
@@ -111,12 +111,12 @@ def test_dispatchers_compensators_and_a_replay_share_one_cap_and_one_rate(
     _start_replay(deployment, capped_kafka, time.monotonic() - began + 5)
 
     dispatchers = {f"dispatcher:dispatcher{n}" for n in ("", "-1", "-2")}
-    wait_until(lambda: dispatchers <= set(_pushers(deployment, capped_kafka)), 30,
+    eventually(lambda: dispatchers <= set(_pushers(deployment, capped_kafka)), 30,
                "the three dispatchers among the subscription's pushers")
-    wait_until(lambda: len(subscribers[capped_kafka].pushes) >= MESSAGES // 3, 60,
+    eventually(lambda: len(subscribers[capped_kafka].pushes) >= MESSAGES // 3, 60,
                "a third of the pushes")
     more[0].kill9()  # dispatcher-1, mid-run
-    wait_until(lambda: "dispatcher:dispatcher-1" not in _pushers(deployment, capped_kafka),
+    eventually(lambda: "dispatcher:dispatcher-1" not in _pushers(deployment, capped_kafka),
                10 * LEASE_S, "the killed dispatcher gone from the pushers after its lease")
 
     def delivered() -> tuple[int, int]:
@@ -423,7 +423,7 @@ def test_a_message_id_sent_to_two_receivers_is_delivered_once(two_receivers: Dep
         wait_with_progress("the second copy of each message caught", duplicates_caught, 60)
     for code, subscriber in deployment.subscribers.items():
         wanted = {m["message_id"] for m in sent if m["destination"] == code}
-        wait_until(lambda s=subscriber, w=wanted: s.message_ids() >= w, 60,
+        eventually(lambda s=subscriber, w=wanted: s.message_ids() >= w, 60,
                    f"{code}: every message delivered")
         pushes = Counter(push.message_id for push in subscriber.pushes)
         assert set(pushes.values()) == {1}, f"{code}: pushed twice: {pushes.most_common(3)}"
@@ -478,7 +478,7 @@ def test_switches_a_b_c_a_under_load_lose_nothing_and_a_paused_subscription_gets
     _set_paused(deployment, "paused", True)
     load = deployment.load(rate_per_s=50, duration_s=16).start()
     for at_s, broker in ((4, BrokerKind.RABBITMQ), (8, BrokerKind.DIRECT), (12, BrokerKind.KAFKA)):
-        wait_until(lambda at=at_s: load.elapsed_s() >= at, 30, f"{at_s} s of load")
+        eventually(lambda at=at_s: load.elapsed_s() >= at, 30, f"{at_s} s of load")
         _switch(deployment, broker)
     load.join()
     accepted = load.accepted_ids(SWITCHED)
@@ -494,4 +494,4 @@ def test_switches_a_b_c_a_under_load_lose_nothing_and_a_paused_subscription_gets
         assert _retired(deployment) == [BrokerKind.RABBITMQ], "drained for the paused one too"
         _set_paused(deployment, "paused", False)
         wait_with_progress("the resumed subscription getting everything", got(paused), 120)
-        wait_until(lambda: _retired(deployment) == [], 60, "the retired brokers drained")
+        eventually(lambda: _retired(deployment) == [], 60, "the retired brokers drained")

@@ -20,7 +20,7 @@ from confluent_kafka.admin import NewTopic
 from msgbus_client import MsgbusClient
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus, sample_value
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 from dispatcher.brokerhealth import BrokerHealthMonitor
 from msgbus.brokers.base import consumer_name, topic_name
@@ -133,7 +133,7 @@ def test_a_quorum_queue_carries_a_subscription_end_to_end(quorum_bus: RunningBus
     bus.create_destination(code, "rabbitmq")
     subscriber = bus.subscribe_recorder(code, "s")
     ids = send(bus, tmp_path / "spool", code)
-    wait_until(lambda: subscriber.message_ids() >= set(ids), 60,
+    eventually(lambda: subscriber.message_ids() >= set(ids), 60,
                f"the subscriber to receive all {MESSAGES} messages")
 
     queue = management_queue(consumer_name(code, "s"))
@@ -161,7 +161,7 @@ def test_a_classic_queue_where_quorum_is_asked_for_is_kept_and_shown(
     with caplog.at_level(logging.WARNING, logger="msgbus.brokers._rabbit_consumer"):
         subscriber = bus.subscribe_recorder(code, "s")
         ids = send(bus, tmp_path / "spool", code)
-        wait_until(lambda: subscriber.message_ids() >= set(ids), 60,
+        eventually(lambda: subscriber.message_ids() >= set(ids), 60,
                    f"the subscriber to receive all {MESSAGES} messages")
     assert any(f"rabbitmq queue {queue} exists as" in r.getMessage() for r in caplog.records)
     assert management_queue(queue)["type"] == "classic"

@@ -28,7 +28,7 @@ from cloudevents.core.formats.json import JSONFormat
 from msgbus_devtools.servers import free_port
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import BatchSubscriber, RecordingSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from msgbus.ids import uuid7
@@ -53,7 +53,7 @@ class ExampleSubscriber:
                                      text=True, env=env)
         self.records: list[dict[str, Any]] = []
         threading.Thread(target=self._read, daemon=True).start()
-        wait_until(lambda: any("listening" in r for r in self.records), 30, "the example to listen")
+        eventually(lambda: any("listening" in r for r in self.records), 30, "the example to listen")
 
     @property
     def url(self) -> str:
@@ -110,14 +110,14 @@ def test_the_example_subscribers_verify_and_parse_every_kind_of_push(
         bus: RunningBus, api_key: str, example: tuple[str, str, ExampleSubscriber]) -> None:
     destination, name, subscriber = example
     sent = _send_every_kind(bus, api_key, destination)
-    wait_until(lambda: set(sent.values()) <= set(subscriber.verified()), 30, "the pushes")
+    eventually(lambda: set(sent.values()) <= set(subscriber.verified()), 30, "the pushes")
 
     rotated = bus.admin.post(
         f"/v1/destinations/{destination}/subscriptions/{name}/secrets/rotate").json()
     assert len(rotated["signing_secrets"]) == 2  # signed with the new and the old one
     bus.wait_for_config()
     during_rotation = _send(bus, api_key, destination, body={"order": 3})
-    wait_until(lambda: during_rotation in subscriber.verified(), 30, "the push after rotating")
+    eventually(lambda: during_rotation in subscriber.verified(), 30, "the push after rotating")
 
     got = subscriber.verified()
     assert got[sent["binary"]]["size"] == len(BINARY)
@@ -147,7 +147,7 @@ def test_the_example_subscribers_verify_and_parse_batch_pushes(
         bus.wait_for_workers([f"{destination}/batched"])
         sent = _send_every_kind(bus, api_key, destination)
         more = [_send(bus, api_key, destination, body={"n": n}) for n in range(12)]
-        wait_until(lambda: {*sent.values(), *more} <= set(subscriber.verified()), 30,
+        eventually(lambda: {*sent.values(), *more} <= set(subscriber.verified()), 30,
                    "the batches")
         got = subscriber.verified()
         assert all(got[m]["batch"] for m in [*sent.values(), *more]), "not batch pushes"
@@ -175,7 +175,7 @@ def test_the_third_party_libraries_alone_verify_and_parse_every_text_push(
     subscription = bus.subscribe(destination, "libs", bus.serve_subscriber(subscriber))
     bus.wait_for_workers([f"{destination}/libs"])
     sent = _send_every_kind(bus, api_key, destination)
-    wait_until(lambda: set(sent.values()) <= subscriber.message_ids(), 30, "the pushes")
+    eventually(lambda: set(sent.values()) <= subscriber.message_ids(), 30, "the pushes")
     webhook = Webhook(subscription["signing_secrets"][0])
     for push in subscriber.pushes:
         headers = dict(push.headers)
@@ -198,7 +198,7 @@ def test_the_third_party_libraries_alone_verify_and_parse_batch_pushes(
                                  batch_max_messages=10)
     bus.wait_for_workers([f"{destination}/libs"])
     sent = _send_every_kind(bus, api_key, destination)
-    wait_until(lambda: set(sent.values()) <= set(subscriber.delivered()), 30, "the batches")
+    eventually(lambda: set(sent.values()) <= set(subscriber.delivered()), 30, "the batches")
     webhook = Webhook(subscription["signing_secrets"][0])
     for push in subscriber.all_pushes():
         events = webhook.verify(push.body, push.headers)  # a batch body is JSON: it verifies

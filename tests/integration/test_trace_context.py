@@ -15,7 +15,7 @@ from msgbus_client import MsgbusClient
 from msgbus_client.verify import verify_push
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -53,10 +53,10 @@ def test_the_senders_span_reaches_first_pushes_and_retries(
     stated_id = client.send(destination, {"order": 2}, traceparent=PARENT, tracestate=STATE)
     untraced_id = client.send(destination, {"order": 3})
     assert client.close(30) == 0
-    wait_until(lambda: all(_pushes_of(subscriber, i) for i in (traced_id, stated_id)), 30,
+    eventually(lambda: all(_pushes_of(subscriber, i) for i in (traced_id, stated_id)), 30,
                "the first pushes")
     subscriber.status = 200
-    wait_until(lambda: len(_pushes_of(subscriber, traced_id)) >= 2
+    eventually(lambda: len(_pushes_of(subscriber, traced_id)) >= 2
                and len(_pushes_of(subscriber, stated_id)) >= 2, 60, "the retries")
 
     expected = (f"00-{producer.trace_id:032x}-{producer.span_id:016x}"
@@ -91,7 +91,7 @@ def test_the_raw_form_and_a_batch_take_the_requests_trace_context(
                             {"destination": destination, "message_id": own_id, "body": 2,
                              "traceparent": other}]})
     assert [r["status"] for r in answer.json()["results"]] == [202, 202], answer.text
-    wait_until(lambda: all(_pushes_of(subscriber, i) for i in (raw_id, batch_id, own_id)), 30,
+    eventually(lambda: all(_pushes_of(subscriber, i) for i in (raw_id, batch_id, own_id)), 30,
                "the pushes")
     [raw] = _pushes_of(subscriber, raw_id)
     assert raw["ce-traceparent"] == PARENT and raw["ce-tracestate"] == STATE
@@ -126,7 +126,7 @@ def test_an_invalid_request_traceparent_is_ignored(
         headers={"authorization": f"Bearer {api_key}", "traceparent": "not-a-trace"},
         json={"message_id": message_id, "body": {}})
     assert answer.status_code == 202, answer.text
-    wait_until(lambda: _pushes_of(subscriber, message_id), 30, "the push")
+    eventually(lambda: _pushes_of(subscriber, message_id), 30, "the push")
     assert "traceparent" not in _pushes_of(subscriber, message_id)[0]
 
 
@@ -150,7 +150,7 @@ def test_with_tracing_on_each_push_is_a_span_of_the_producers_trace(
     client = MsgbusClient(bus.receiver_url, api_key, spool_dir=spool_dir)
     message_id = client.send(destination, {"order": 1}, traceparent=PARENT)
     assert client.close(30) == 0
-    wait_until(lambda: _pushes_of(subscriber, message_id), 30, "the push")
+    eventually(lambda: _pushes_of(subscriber, message_id), 30, "the push")
     [headers] = _pushes_of(subscriber, message_id)
     verify_push(str(subscription["signing_secrets"][0]), headers,
                 subscriber.pushes[-1].body)
@@ -159,7 +159,7 @@ def test_with_tracing_on_each_push_is_a_span_of_the_producers_trace(
         return [s for s in spans.get_finished_spans() if s.name == name
                 and s.attributes.get("messaging.message.id", message_id) == message_id]
 
-    wait_until(lambda: named("msgbus push") and named("msgbus accept"), 10, "the spans")
+    eventually(lambda: named("msgbus push") and named("msgbus accept"), 10, "the spans")
     [push] = named("msgbus push")
     context = push.context  # type: ignore[attr-defined]
     assert headers["ce-traceparent"] == PARENT  # the creation context, unchanged

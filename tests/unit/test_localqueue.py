@@ -6,7 +6,7 @@ import multiprocessing
 from pathlib import Path
 
 import pytest
-from msgbus_devtools.testkit.waiting import eventually
+from msgbus_devtools.testkit.waiting import eventually_async
 
 from msgbus.drain import Drainer
 from msgbus.errors import BufferFull
@@ -72,8 +72,8 @@ async def test_drainer_retries_a_failing_sink_without_losing_entries(tmp_path: P
     drainer.start()
     await queue.append([("q", b"%d" % i) for i in range(50)])
     # drained: handed to the sink, then removed from the queue (a moment later)
-    await eventually(lambda: len(received) == 50 and queue.depth("q") == 0, 10,
-                     "the queue to drain", interval_s=0.01)
+    await eventually_async(lambda: len(received) == 50 and queue.depth("q") == 0, 10,
+                           "the queue to drain", interval_s=0.01)
     await drainer.close()
     assert received == [b"%d" % i for i in range(50)]
     assert drainer.failures == 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from msgbus_devtools.testkit.waiting import eventually
+from msgbus_devtools.testkit.waiting import eventually_async
 
 from msgbus.drain import PartitionedDrainer
 from msgbus.localqueue import LocalQueue, Target
@@ -29,13 +29,13 @@ async def test_a_stuck_partition_does_not_hold_back_the_others(tmp_path: Path) -
     await queue.append([(("q", "stuck"), b"stuck:%d" % i) for i in range(12)])
     await queue.append([(("q", "free"), b"free:%d" % i) for i in range(30)])
     # drained: handed to the sink, then removed from the queue and no longer busy
-    await eventually(lambda: len(received["free"]) == 30 and drainer.busy_partitions() == [
+    await eventually_async(lambda: len(received["free"]) == 30 and drainer.busy_partitions() == [
         "stuck"], 10, "the free partition to drain", interval_s=0.01)
     assert received["stuck"] == []
 
     released.set()
-    await eventually(lambda: len(received["stuck"]) == 12 and queue.depth("q") == 0, 10,
-                     "the stuck partition to drain", interval_s=0.01)
+    await eventually_async(lambda: len(received["stuck"]) == 12 and queue.depth("q") == 0, 10,
+                           "the stuck partition to drain", interval_s=0.01)
     await drainer.close()
     assert received["stuck"] == [b"stuck:%d" % i for i in range(12)]
     assert received["free"] == [b"free:%d" % i for i in range(30)]
@@ -61,8 +61,8 @@ async def test_a_failing_partition_is_retried_while_the_others_move(tmp_path: Pa
                                            for i in range(10) for p in ("bad", "good")]
     await queue.append(entries)
     # drained: handed to the sink, then removed from the queue (a moment later)
-    await eventually(lambda: len(received) == 20 and queue.depth("q") == 0, 10,
-                     "both partitions to drain", interval_s=0.01)
+    await eventually_async(lambda: len(received) == 20 and queue.depth("q") == 0, 10,
+                           "both partitions to drain", interval_s=0.01)
     await drainer.close()
     assert [e for e in received if e.startswith(b"bad")] == [b"bad:%d" % i for i in range(10)]
     assert drainer.failures == 3

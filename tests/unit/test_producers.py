@@ -10,7 +10,7 @@ import asyncio
 import logging
 
 import pytest
-from msgbus_devtools.testkit.waiting import eventually
+from msgbus_devtools.testkit.waiting import eventually_async
 from pymongo.errors import AutoReconnect
 
 from msgbus.auth import hash_api_key
@@ -81,7 +81,7 @@ async def test_a_known_key_keeps_working_through_an_outage_logged_once(
         def outage_logs() -> list[logging.LogRecord]:
             return [r for r in caplog.records if "unavailable" in r.getMessage()]
 
-        await eventually(lambda: outage_logs(), 1, "the outage to be logged", interval_s=0.002)
+        await eventually_async(outage_logs, 1, "the outage to be logged", interval_s=0.002)
     assert len(outage_logs()) == 1, caplog.text
     await auth.close()
 
@@ -126,7 +126,7 @@ async def test_concurrent_requests_share_one_lookup(store: FakeAppStore) -> None
     auth = ProducerAuthenticator(store)
     store.gate = asyncio.Event()
     waiting = [asyncio.create_task(auth.authenticate(bearer(KEY))) for _ in range(50)]
-    await eventually(lambda: store.lookups == 1, 1, "the first lookup", interval_s=0.002)
+    await eventually_async(lambda: store.lookups == 1, 1, "the first lookup", interval_s=0.002)
     store.gate.set()
     assert {p.name for p in await asyncio.gather(*waiting)} == {"shop"}
     assert store.lookups == 1
@@ -137,7 +137,7 @@ async def test_a_cancelled_request_does_not_cancel_the_shared_lookup(store: Fake
     store.gate = asyncio.Event()
     first = asyncio.create_task(auth.authenticate(bearer(KEY)))
     second = asyncio.create_task(auth.authenticate(bearer(KEY)))
-    await eventually(lambda: store.lookups == 1, 1, "the lookup", interval_s=0.002)
+    await eventually_async(lambda: store.lookups == 1, 1, "the lookup", interval_s=0.002)
     first.cancel()
     store.gate.set()
     assert (await second).name == "shop"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from msgbus_devtools.testkit.waiting import eventually
+from msgbus_devtools.testkit.waiting import eventually_async
 
 from admin.subscription_health import charts
 from msgbus.models import AttemptResult
@@ -100,7 +100,7 @@ async def test_the_buffer_writes_what_it_folded_once_per_interval_and_on_close()
     buffer = PushStatsBuffer(write, MongoGate(_answers, component="test"), every_s=0.05)
     buffer.add([_push(1, 200), _push(2, 500)])
     buffer.add([_push(3, 200)])
-    await eventually(lambda: len(written) == 1)
+    await eventually_async(lambda: len(written) == 1, 15)
     minute = next(w._doc for w in written[0] if "|minute|" in w._filter["_id"])
     assert (minute["$inc"]["ok"], minute["$inc"]["failed"]) == (2, 1)  # one write for both
     buffer.add([_push(4, 200)])

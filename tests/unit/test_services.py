@@ -52,7 +52,7 @@ def test_a_process_that_dies_early_is_reported_with_its_log(tmp_path: Path) -> N
     with open(log_path, "wb") as log:
         process = python_process(code, stdout=log, stderr=subprocess.STDOUT)
     with pytest.raises(services.ServiceError) as caught:
-        services.wait_until("fake server", lambda: False, 30, process, log_path)
+        services.wait_ready("fake server", lambda: False, 30, process, log_path)
     assert "exited with code 3" in caught.value.message
     assert str(log_path) in caught.value.message
     assert "cannot bind: boom" in caught.value.message

@@ -32,7 +32,7 @@ from msgbus.settings import (
 from msgbus.store import MongoStore
 from msgbus_devtools.testkit.loop import BackgroundLoop
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 from receiver.app import create_app as receiver_app
 from receiver.service import ReceiverService
 
@@ -219,7 +219,7 @@ class RunningBus:
             health = httpx.get(f"{self.dispatcher_url}/health", timeout=5).json()
             return set(sub_ids) <= set(health["subscriptions"])
 
-        wait_until(ready, timeout_s, f"dispatcher workers for {sub_ids}")
+        eventually(ready, timeout_s, f"dispatcher workers for {sub_ids}")
 
     def wait_for_config(self, timeout_s: float = 30) -> None:
         """Until every service has read the configuration written before this call and acted
@@ -227,7 +227,7 @@ class RunningBus:
         since = time.monotonic()
         registries = [self.receiver_service.registry, self.dispatcher_service.registry,
                       self.compensator_service.registry]
-        wait_until(lambda: all(r.current_as_of > since for r in registries), timeout_s,
+        eventually(lambda: all(r.current_as_of > since for r in registries), timeout_s,
                    "every service to re-read the configuration")
 
     def query(self, coro: Any) -> Any:

@@ -28,12 +28,13 @@ from msgbus_devtools.testkit.client_load import ClientLoad
 from msgbus_devtools.testkit.deployment import SUBSCRIPTION, Deployment, Phases, Servers
 from msgbus_devtools.testkit.faults import FaultKind, FaultPlan, FaultRunner, PlannedFault
 from msgbus_devtools.testkit.procs import BusProcess, say
+from msgbus_devtools.testkit.waiting import NotInTime, Steady, eventually
 
 __all__ = ["ChaosConfig", "ChaosResult", "run_chaos"]
 
 SUBSCRIPTIONS = (SUBSCRIPTION, "audit")  # two per destination: "delivered to every subscriber"
 WARM_PUSHES = 10  # per subscription, before the first fault
-PROGRESS_EVERY_S = 5.0
+RECORDED_EVERY_S = 5.0  # how often the accounting reads every delivered id
 MAX_FAULT_OVERRUN_S = 120.0  # the load runs on this long at most, while faults are not over
 SETTLE_S = 3.0  # after the last delivery: no push for this long means no duplicate is on its way
 RESTART_DELAY_S = 1.0
@@ -168,7 +169,8 @@ def run_chaos(servers: Servers, work_dir: Path, config: ChaosConfig) -> ChaosRes
                 deployment.wait_warm(WARM_PUSHES)
             runner = _run_faults(deployment, compensators, plan, load, config, phases)
             with phases.phase("the rest of the load"):
-                _watch(load, runner, lambda: load_ended(load), load.duration_s)
+                _watch(load, runner, lambda: load_ended(load), load.duration_s,
+                       "the load to end")
                 load.join()
             say(f"load: {load.summary()}")
             quiet_after = _wait_quiet(deployment, load, config, phases)
@@ -189,7 +191,8 @@ def _run_faults(deployment: Deployment, compensators: list[BusProcess], plan: Fa
     runner = FaultRunner(plan, ChaosActions(deployment, compensators).table(), say=say)
     with phases.phase(f"faults ({len(plan.faults)}) under load"):
         runner.start()
-        _watch(load, runner, runner.done, plan.window_s + MAX_FAULT_OVERRUN_S)
+        _watch(load, runner, runner.done, plan.window_s + MAX_FAULT_OVERRUN_S,
+               "every fault to be over")
         runner.join(30)
     # the load goes on for tail_s after the last fault, however late that was
     load.end_after(max(config.duration_s, time.monotonic() - load.started_at + config.tail_s))
@@ -197,20 +200,15 @@ def _run_faults(deployment: Deployment, compensators: list[BusProcess], plan: Fa
 
 
 def _watch(load: ClientLoad, runner: FaultRunner, until: Callable[[], bool],
-           timeout_s: float) -> None:
-    """Print progress until `until()`; fail after `timeout_s`."""
-    began = time.monotonic()
-    next_note = began + PROGRESS_EVERY_S
-    while not until():
-        if time.monotonic() - began > timeout_s:
-            raise AssertionError(f"still under way after {timeout_s:.0f} s; faults not over: "
-                                 f"{runner.active()}")
-        time.sleep(0.2)
-        if time.monotonic() >= next_note:
-            next_note += PROGRESS_EVERY_S
-            active = runner.active()
-            say(f"  t={runner.now_s():.0f} s: {load.summary()}; "
+           timeout_s: float, what: str) -> None:
+    """Wait until `until()`, printing the load and the faults under way; fail after
+    `timeout_s`."""
+    def progress() -> str:
+        active = runner.active()
+        return (f"t={runner.now_s():.0f} s: {load.summary()}; "
                 f"down: {', '.join(active) if active else 'nothing'}")
+
+    eventually(until, timeout_s, what, interval_s=0.2, progress=progress)
 
 
 def _wait_quiet(deployment: Deployment, load: ClientLoad, config: ChaosConfig,
@@ -228,18 +226,22 @@ def _wait_quiet(deployment: Deployment, load: ClientLoad, config: ChaosConfig,
 
     with phases.phase(f"wait until {need} deliveries arrived (at most "
                       f"{config.quiet_timeout_s:.0f} s)"):
-        next_note = began + PROGRESS_EVERY_S
-        while (have := delivered()) < need or load.spooled():
-            if time.monotonic() - began > config.quiet_timeout_s:
-                say(f"  gave up waiting: {have} of {need} deliveries, "
-                    f"{load.spooled()} in the spool; {backlogs(deployment, states=True)}")
-                deployment.print_state()
-                break
-            if time.monotonic() >= next_note:
-                next_note += PROGRESS_EVERY_S
-                say(f"  waiting: {have} of {need} deliveries, {load.spooled()} in the spool; "
-                    f"{backlogs(deployment)}")
-            time.sleep(0.5)
+        have = 0
+
+        def quiet() -> bool:
+            nonlocal have
+            have = delivered()
+            return have >= need and not load.spooled()
+
+        try:
+            eventually(quiet, config.quiet_timeout_s, f"{need} deliveries, the spool empty",
+                       interval_s=0.5, progress=lambda: (
+                           f"{have} of {need} deliveries, {load.spooled()} in the spool; "
+                           f"{backlogs(deployment)}"))
+        except NotInTime:  # bounded, not a failure: the accounting says what is missing
+            say(f"  gave up waiting: {have} of {need} deliveries, "
+                f"{load.spooled()} in the spool; {backlogs(deployment, states=True)}")
+            deployment.print_state()
     quiet_after = time.monotonic() - began
     with phases.phase(f"settle: no push for {SETTLE_S:.0f} s"):
         _settle(deployment)
@@ -273,34 +275,35 @@ def backlogs(deployment: Deployment, *, states: bool = False) -> str:
 
 
 def _settle(deployment: Deployment, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    count = -1
-    while time.monotonic() < deadline:
-        now = sum(len(s.pushes) for s in deployment.subscriber_of.values())
-        if now == count:
-            return
-        count = now
-        time.sleep(SETTLE_S)
+    """Until no push came for SETTLE_S (bounded: pushes that go on are counted as they are)."""
+    pushes = Steady(lambda: sum(len(s.pushes) for s in deployment.subscriber_of.values()),
+                    SETTLE_S)
+    try:
+        eventually(pushes, timeout_s, f"no push for {SETTLE_S:.0f} s", interval_s=SETTLE_S)
+    except NotInTime:
+        say(f"  pushes still coming after {timeout_s:.0f} s ({pushes.last} so far)")
 
 
 def _recorded(deployment: Deployment, accounts: list[accounting.SubscriptionAccount],
               expected: dict[str, set[str]], timeout_s: float) -> None:
     """How many expected messages MongoDB marks delivered (waits, bounded, for the trace:
     outcomes reach MongoDB through the dispatcher's and compensators' local buffers)."""
-    deadline = time.monotonic() + timeout_s
-    next_note = time.monotonic() + PROGRESS_EVERY_S
-    while True:
+    have = need = 0
+
+    def all_recorded() -> bool:
+        nonlocal have, need
         for acc in accounts:
             acc.recorded_delivered = len(expected[acc.subscription]
                                          & deployment.delivered_ids(acc.subscription))
         have = sum(a.recorded_delivered or 0 for a in accounts)
         need = sum(a.delivered for a in accounts)
-        if have >= need or time.monotonic() > deadline:
-            return
-        if time.monotonic() >= next_note:
-            next_note += PROGRESS_EVERY_S
-            say(f"  {have} of {need} marked delivered; {backlogs(deployment)}")
-        time.sleep(PROGRESS_EVERY_S)  # each look reads every delivered id
+        return have >= need
+
+    # bounded, not a failure: the accounts hold what was recorded by then
+    with contextlib.suppress(NotInTime):
+        eventually(all_recorded, timeout_s, "every delivery marked delivered in MongoDB",
+                   interval_s=RECORDED_EVERY_S,
+                   progress=lambda: f"{have} of {need}; {backlogs(deployment)}")
 
 
 def _result(deployment: Deployment, load: ClientLoad, config: ChaosConfig, plan: FaultPlan,

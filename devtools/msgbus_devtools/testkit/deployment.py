@@ -39,7 +39,7 @@ from msgbus_devtools.testkit.loop import BackgroundLoop
 from msgbus_devtools.testkit.procs import BusProcess, RabbitNode, ServerSlot, say
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.tcp_gate import TcpGate, mongo_uri_through
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 T = TypeVar("T")
 KAFKA_BUCKET = "tansu"
@@ -167,18 +167,17 @@ class Phases:
 
 def wait_with_progress(what: str, have_need: Callable[[], tuple[int, int]],
                        timeout_s: float) -> None:
-    """Poll (via `wait_until`) until have >= need, printing the progress every few seconds."""
-    next_note = time.monotonic() + PROGRESS_EVERY_S
+    """`eventually` have >= need, with "have of need" printed every few seconds and in the
+    timeout error."""
+    last = (0, 0)
 
     def reached() -> bool:
-        nonlocal next_note
-        have, need = have_need()
-        if time.monotonic() >= next_note:
-            say(f"  waiting for {what}: {have} of {need}")
-            next_note += PROGRESS_EVERY_S
-        return have >= need
+        nonlocal last
+        last = have_need()
+        return last[0] >= last[1]
 
-    wait_until(reached, timeout_s, what, interval_s=0.5)
+    eventually(reached, timeout_s, what, interval_s=0.5,
+               progress=lambda: f"{last[0]} of {last[1]}")
 
 
 # ---- one test's bus ------------------------------------------------------------------------------
@@ -236,7 +235,7 @@ class Deployment:
             self.add_receiver(f"receiver-{index}").start()
         self.dispatcher.start()
         subscriptions = set(self.subscription_ids())
-        wait_until(lambda: subscriptions <= set(self._dispatcher_workers()), 60,
+        eventually(lambda: subscriptions <= set(self._dispatcher_workers()), 60,
                    f"dispatcher workers for {sorted(subscriptions)}", interval_s=0.2)
         # the bus's safety net, as in production: a push that failed is retried (after the
         # subscription's first retry delay, 10 s by default)

@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from msgbus import processes
 from msgbus_devtools import servers as services
 from msgbus_devtools.servers import HOST, Running, ServiceError
+from msgbus_devtools.testkit.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[3]  # the repository root
 RABBITMQ_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # runs as the calling user
@@ -63,7 +64,8 @@ def process_state(pid: int) -> str:
 def freeze(pid: int, name: str) -> None:
     """SIGSTOP `pid`, returning once the kernel reports every thread of it stopped."""
     os.kill(pid, signal.SIGSTOP)
-    services.wait_until(f"{name} (pid {pid}) to stop", lambda: process_state(pid) == "T", 5)
+    eventually(lambda: process_state(pid) == "T", 5, f"{name} (pid {pid}) to stop",
+               interval_s=0.1)
     say(f"{name} (pid {pid}) paused (SIGSTOP)")
 
 
@@ -114,7 +116,7 @@ class BusProcess:
         began = time.monotonic()
         self.process = self._spawn()
         try:
-            services.wait_until(f"{self.name} /health", self.healthy, timeout_s, self.process,
+            services.wait_ready(f"{self.name} /health", self.healthy, timeout_s, self.process,
                                 self.log_path)
         except BaseException:
             self.kill9()
@@ -293,7 +295,7 @@ class RabbitNode:
                                       self.log_path, die_with_parent=True, env=self._env())
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
-        services.wait_until(f"RabbitMQ node on {HOST}:{self.port}",
+        services.wait_ready(f"RabbitMQ node on {HOST}:{self.port}",
                             lambda: services.amqp_ready(port=self.port), timeout_s,
                             self.process, self.base_dir / "log")
         self.up = True
@@ -371,8 +373,8 @@ class RabbitNode:
         process.wait(10)
 
     def _closed(self, began: float, how: str) -> float:
-        services.wait_until(f"port {self.port} to close",
-                            lambda: not services.port_accepts(HOST, self.port), 30)
+        eventually(lambda: not services.port_accepts(HOST, self.port), 30,
+                   f"port {self.port} to close", interval_s=0.1)
         took = time.monotonic() - began
         say(f"RabbitMQ node {self.node} {how} in {took:.1f} s")
         return took

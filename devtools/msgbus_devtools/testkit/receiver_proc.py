@@ -16,7 +16,7 @@ from msgbus import processes
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.models import BrokerKind, Destination
 from msgbus.store import MongoStore
-from msgbus_devtools.testkit.waiting import wait_until
+from msgbus_devtools.testkit.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[3]  # the repository root
 HOST = "127.0.0.1"
@@ -79,7 +79,7 @@ class ReceiverProcess:
             except httpx.HTTPError:
                 return False
 
-        wait_until(healthy, timeout_s, f"the receiver on {self.url}", interval_s=0.1)
+        eventually(healthy, timeout_s, f"the receiver on {self.url}", interval_s=0.1)
 
     def kill(self) -> None:
         """kill -9: no shutdown, no cleanup."""
