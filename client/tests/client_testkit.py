@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import socket
 import threading
@@ -268,28 +269,41 @@ class StubReceiver:
         return [r.doc["message_id"] for r in self.received]
 
 
-def _polls(condition: Callable[[], bool], timeout_s: float, interval_s: float) -> Iterator[float]:
-    """The pauses between checks of `condition` until it holds; fails the test after
-    `timeout_s`. The sync and async waits below only sleep them."""
+# The repo's test kit has the one polling helper (msgbus_devtools.testkit.waiting): these two are
+# a copy of it with the same names and argument order, because the client's tests run with the
+# client package alone (`cd client && pytest`, deps in client/pyproject.toml's [test]).
+
+
+class NotInTime(AssertionError):
+    """The awaited condition did not hold within its time budget."""
+
+
+def _polls(condition: Callable[[], Any], timeout_s: float, what: str | None,
+           interval_s: float) -> Iterator[float]:
+    """The pauses between checks of `condition` until it holds; `NotInTime` after
+    `timeout_s`, naming `what` (or the condition's source line). The sync and async forms
+    below only sleep them."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
+            if what is None:
+                with contextlib.suppress(OSError, TypeError):
+                    what = inspect.getsource(condition).strip()
+            raise NotInTime(f"timed out after {timeout_s:g} s waiting for {what or condition}")
         yield interval_s
 
 
-def wait_until(
-    condition: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.01
-) -> None:
-    """Poll `condition` until it holds; fail the test after `timeout_s`."""
-    for pause in _polls(condition, timeout_s, interval_s):
+def eventually(condition: Callable[[], Any], timeout_s: float = 10.0, what: str | None = None,
+               *, interval_s: float = 0.01) -> None:
+    """Poll `condition` until it holds; `NotInTime` after `timeout_s`."""
+    for pause in _polls(condition, timeout_s, what, interval_s):
         time.sleep(pause)
 
 
-async def async_wait_until(
-    condition: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.01
-) -> None:
-    for pause in _polls(condition, timeout_s, interval_s):
+async def eventually_async(condition: Callable[[], Any], timeout_s: float = 10.0,
+                           what: str | None = None, *, interval_s: float = 0.01) -> None:
+    """`eventually` for tests on the event loop."""
+    for pause in _polls(condition, timeout_s, what, interval_s):
         await asyncio.sleep(pause)
 
 

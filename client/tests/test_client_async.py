@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client_testkit import API_KEY, FAST, StubReceiver, async_wait_until, free_port
+from client_testkit import API_KEY, FAST, StubReceiver, eventually_async, free_port
 
 from msgbus_client import AsyncMsgbusClient, ClientClosedError, InvalidMessageError
 
@@ -53,8 +53,8 @@ async def test_async_group_commit_many_concurrent_senders(
         assert len(set(ids)) == 200
         stats = await asyncio.to_thread(client.spool.stats)
         assert stats.commits < 200  # the senders shared commits
-        await async_wait_until(lambda: sorted(receiver.ids()) == sorted(ids))
-        await async_wait_until(lambda: client.spool.pending_count() == 0)
+        await eventually_async(lambda: sorted(receiver.ids()) == sorted(ids))
+        await eventually_async(lambda: client.spool.pending_count() == 0)
     assert any(a.endpoint == "batch" for a in receiver.attempts)
 
 
@@ -65,7 +65,7 @@ async def test_async_receiver_down_then_up(spool_dir: Path) -> None:
         ids = [await client.send("orders", n) for n in range(5)]
         assert await asyncio.to_thread(client.spool.pending_count) == 5
         await asyncio.to_thread(down.start)
-        await async_wait_until(lambda: sorted(down.ids()) == ids)
+        await eventually_async(lambda: sorted(down.ids()) == ids)
         assert await client.close(timeout_s=5) == 0
     finally:
         await client.close(timeout_s=0)
@@ -81,9 +81,9 @@ async def test_async_start_picks_up_leftovers_and_rejections(
 
     receiver.set_rule(lambda dest, doc: (422, {"error": "bad"}) if doc["body"] == -1 else None)
     async with make(receiver.url, spool_dir) as client:
-        await async_wait_until(lambda: receiver.ids() == [left_id])
+        await eventually_async(lambda: receiver.ids() == [left_id])
         bad = await client.send("orders", -1)
-        await async_wait_until(lambda: client.spool.rejected_count() == 1)
+        await eventually_async(lambda: client.spool.rejected_count() == 1)
         [rejected] = await client.list_rejected()
         assert (rejected.message_id, rejected.status, rejected.error) == (
             bad,
@@ -92,7 +92,7 @@ async def test_async_start_picks_up_leftovers_and_rejections(
         )
         receiver.set_rule(None)
         assert await client.resend_rejected(bad)
-        await async_wait_until(lambda: receiver.ids() == [left_id, bad])
+        await eventually_async(lambda: receiver.ids() == [left_id, bad])
         assert await client.purge_rejected() == 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from client_testkit import StubReceiver, free_port, wait_until
+from client_testkit import StubReceiver, eventually, free_port
 
 from msgbus_client import MsgbusClient, SpoolFullError
 
@@ -47,8 +47,8 @@ def test_many_threads_share_commits_and_all_messages_arrive_once(
     # resender's settles come on top; per-message mode would need at least `total`)
     assert commits < total
     # the resender delivers the groups in batches, each message once
-    wait_until(lambda: sorted(receiver.ids()) == sorted(ids))
-    wait_until(lambda: client.spool.pending_count() == 0)
+    eventually(lambda: sorted(receiver.ids()) == sorted(ids))
+    eventually(lambda: client.spool.pending_count() == 0)
     assert any(a.endpoint == "batch" for a in receiver.attempts)
     bodies = {(r.doc["body"]["worker"], r.doc["body"]["n"]) for r in receiver.received}
     assert len(bodies) == total
@@ -61,8 +61,8 @@ def test_group_commit_while_receiver_down(make_client: MakeClient) -> None:
     assert client.spool.pending_count() == THREADS * PER_THREAD
     down.start()
     try:
-        wait_until(lambda: sorted(down.ids()) == sorted(ids))
-        wait_until(lambda: client.spool.pending_count() == 0)
+        eventually(lambda: sorted(down.ids()) == sorted(ids))
+        eventually(lambda: client.spool.pending_count() == 0)
     finally:
         down.stop()
 

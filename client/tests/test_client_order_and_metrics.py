@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from client_testkit import API_KEY, StubReceiver, free_port, wait_until
+from client_testkit import API_KEY, StubReceiver, eventually, free_port
 
 from msgbus_client import InvalidMessageError, MsgbusClient, SpoolFullError
 from msgbus_client.metrics import PrometheusCollector, register_prometheus
@@ -28,11 +28,11 @@ def test_sends_during_and_after_an_outage_arrive_in_send_order(make_client: Make
     try:
         # keep sending while the resender drains the backlog: no new message may overtake it
         ids += [client.send("orders", {"n": n}) for n in range(40, 120)]
-        wait_until(lambda: set(receiver.ids()) == set(ids))
+        eventually(lambda: set(receiver.ids()) == set(ids))
         assert _first_seen(receiver.ids()) == ids
-        wait_until(lambda: client.spool.pending_count() == 0)
+        eventually(lambda: client.spool.pending_count() == 0)
         # once the backlog is gone, send() delivers inline again
-        wait_until(lambda: not client._backlog)
+        eventually(lambda: not client._backlog)
         before = len(receiver.attempts)
         last = client.send("orders", {"n": "inline"})
         assert receiver.ids()[-1] == last
@@ -63,7 +63,7 @@ def test_metrics_count_sends_resends_rejections_and_errors(
     receiver.set_rule(lambda _, doc: (400, {"error": "bad"}) if doc["body"] == {"n": 3} else None)
     receiver.start()
     try:
-        wait_until(lambda: client.metrics().pending == 0)
+        eventually(lambda: client.metrics().pending == 0)
         m = client.metrics()
         assert (m.rejected, m.oldest_age_s, m.backing_off) == (1, None, False)
         assert m.counters["acked"] == 4
@@ -121,7 +121,7 @@ def test_group_commit_lone_sender_bad_input_and_close(make_client: MakeClient) -
     receiver.start()
     try:
         with MsgbusClient(receiver.url, API_KEY, spool_dir=client.spool.path) as again:
-            wait_until(lambda: again.spool.pending_count() == 0)
+            eventually(lambda: again.spool.pending_count() == 0)
         assert _first_seen(receiver.ids())[0] == first
         assert set(receiver.ids()) == {first, *sent}
     finally:

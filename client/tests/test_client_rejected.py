@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from client_testkit import StubReceiver, free_port, wait_until
+from client_testkit import StubReceiver, eventually, free_port
 
 from msgbus_client import MsgbusClient
 
@@ -42,8 +42,8 @@ def test_invalid_message_is_rejected_then_resent_or_purged(
     # the receiver's rules changed: send it again, same id
     receiver.set_rule(None)
     assert client.spool.resend_rejected(bad)
-    wait_until(lambda: receiver.ids() == [good, bad])
-    wait_until(lambda: client.spool.pending_count() == 0)
+    eventually(lambda: receiver.ids() == [good, bad])
+    eventually(lambda: client.spool.pending_count() == 0)
     assert client.spool.list_rejected() == []
     assert not client.spool.resend_rejected(bad)
 
@@ -79,7 +79,7 @@ def test_batch_with_one_invalid_message(make_client: MakeClient) -> None:
     ids = [client.send("payments", {"amount": a}) for a in (1, -1, 2, 3)]
     down.start()
     try:
-        wait_until(lambda: client.spool.pending_count() == 0)
+        eventually(lambda: client.spool.pending_count() == 0)
         assert down.ids() == [ids[0], ids[2], ids[3]]
         assert [r.message_id for r in client.spool.list_rejected()] == [ids[1]]
         assert any(a.endpoint == "batch" for a in down.attempts)

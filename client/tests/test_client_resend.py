@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from client_testkit import API_KEY, StubReceiver, free_port, wait_until
+from client_testkit import API_KEY, StubReceiver, eventually, free_port
 
 from msgbus_client import MsgbusClient
 
@@ -29,8 +29,8 @@ def test_receiver_down_then_up_delivers_everything_in_batches(make_client: MakeC
 
     down.start()
     try:
-        wait_until(lambda: len(down.received) == 10)
-        wait_until(lambda: client.spool.pending_count() == 0)
+        eventually(lambda: len(down.received) == 10)
+        eventually(lambda: client.spool.pending_count() == 0)
         assert sorted(down.ids()) == ids
         assert down.ids() == ids  # oldest first
         assert {r.destination for r in down.received} == {"orders"}
@@ -49,10 +49,10 @@ def test_busy_receiver_retry_after_is_honoured(
     client = make_client(receiver.url)
     message_id = client.send("orders", {"n": 1})
     assert client.spool.pending_count() == 1
-    wait_until(lambda: len(receiver.attempts) >= 2)  # the resender tried again
+    eventually(lambda: len(receiver.attempts) >= 2)  # the resender tried again
     receiver.set_ready()
-    wait_until(lambda: receiver.ids() == [message_id])
-    wait_until(lambda: client.spool.pending_count() == 0)
+    eventually(lambda: receiver.ids() == [message_id])
+    eventually(lambda: client.spool.pending_count() == 0)
     attempts = receiver.attempts
     gaps = [b.at - a.at for a, b in itertools.pairwise(attempts)]
     assert min(gaps) >= 0.9  # never sooner than Retry-After: 1
@@ -62,9 +62,9 @@ def test_429_is_retried_not_rejected(receiver: StubReceiver, make_client: MakeCl
     receiver.set_busy(429, retry_after="0")
     client = make_client(receiver.url)
     message_id = client.send("orders", "x")
-    wait_until(lambda: len(receiver.attempts) >= 2)
+    eventually(lambda: len(receiver.attempts) >= 2)
     receiver.set_ready()
-    wait_until(lambda: receiver.ids() == [message_id])
+    eventually(lambda: receiver.ids() == [message_id])
     assert client.spool.rejected_count() == 0
 
 
@@ -92,7 +92,7 @@ def test_close_leaves_undeliverable_messages_for_the_next_client(
     assert time.monotonic() - started < 3
 
     make_client(receiver.url)  # same spool_dir: picks them up on start
-    wait_until(lambda: sorted(receiver.ids()) == ids)
+    eventually(lambda: sorted(receiver.ids()) == ids)
 
 
 def test_message_survives_kill_9_right_after_send(
@@ -120,11 +120,11 @@ def test_message_survives_kill_9_right_after_send(
     assert proc.returncode == -signal.SIGKILL
 
     client = make_client(receiver.url)  # the dir lock died with the child
-    wait_until(lambda: receiver.ids() == [message_id])
+    eventually(lambda: receiver.ids() == [message_id])
     [got] = receiver.received
     assert got.doc["body"] == {"important": True}
     assert got.doc["biz_id"] == "kill-9"
-    wait_until(lambda: client.spool.pending_count() == 0)
+    eventually(lambda: client.spool.pending_count() == 0)
 
 
 def test_inline_send_off_leaves_delivery_to_the_resender(
@@ -132,5 +132,5 @@ def test_inline_send_off_leaves_delivery_to_the_resender(
 ) -> None:
     client = make_client(receiver.url, inline_send=False, max_batch_messages=50)
     ids = [client.send("orders", n) for n in range(20)]
-    wait_until(lambda: sorted(receiver.ids()) == ids)
-    wait_until(lambda: client.spool.pending_count() == 0)
+    eventually(lambda: sorted(receiver.ids()) == ids)
+    eventually(lambda: client.spool.pending_count() == 0)

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from client_testkit import API_KEY, StubReceiver, wait_until
+from client_testkit import API_KEY, StubReceiver, eventually
 
 from msgbus_client import (
     ClientClosedError,
@@ -132,8 +132,8 @@ def test_wrong_api_key_keeps_messages_instead_of_rejecting_them(
 
     # fixed configuration: the next process delivers what the first one kept
     fixed = make_client(receiver.url)
-    wait_until(lambda: receiver.ids() == [message_id])
-    wait_until(lambda: fixed.spool.pending_count() == 0)
+    eventually(lambda: receiver.ids() == [message_id])
+    eventually(lambda: fixed.spool.pending_count() == 0)
 
 
 def test_context_manager_closes_and_frees_the_spool_dir(

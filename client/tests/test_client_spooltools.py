@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client_testkit import API_KEY, StubReceiver, free_port, wait_until
+from client_testkit import API_KEY, StubReceiver, eventually, free_port
 
 from msgbus_client import Spool, SpoolError, SpoolLockedError, SpoolNotIdleError, spooltools
 from msgbus_client.ids import uuid7_unix_ms
@@ -243,7 +243,7 @@ def test_drain_waits_out_a_busy_receiver(tmp_path: Path, receiver: StubReceiver)
     receiver.set_busy(503, retry_after="0.2")
 
     def recover() -> None:
-        wait_until(lambda: len(receiver.attempts) >= 2)
+        eventually(lambda: len(receiver.attempts) >= 2)
         receiver.set_ready()
 
     helper = threading.Thread(target=recover)
