@@ -50,7 +50,7 @@ RECEIVER = textwrap.dedent(
         print(envelope.message_id, flush=True)
     print(slot.path, flush=True)
     print("ready", flush=True)
-    time.sleep(120)
+    time.sleep(120)  # a pod that stays up until the test kills it
     """
 )
 

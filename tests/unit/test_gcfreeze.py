@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-import time
 import weakref
 from collections.abc import Iterator
 
@@ -62,25 +61,24 @@ async def test_serving_a_started_group_freezes_its_startup_objects() -> None:
 class SlowToFinalize:
     """Garbage whose finalizer lets other threads run while its collection is under way."""
 
-    def __init__(self, release: threading.Event) -> None:
-        self.me, self.release = self, release
+    def __init__(self, finalizing: threading.Event, release: threading.Event) -> None:
+        self.me, self.finalizing, self.release = self, finalizing, release
 
     def __del__(self) -> None:
+        self.finalizing.set()
         self.release.wait(5)
 
 
 def test_startup_garbage_is_freed_while_another_thread_is_collecting() -> None:
-    release, collecting = threading.Event(), threading.Event()
+    release, finalizing = threading.Event(), threading.Event()
 
     def collect_slowly() -> None:
-        SlowToFinalize(release)
-        collecting.set()
+        SlowToFinalize(finalizing, release)
         gc.collect()  # runs the finalizer: blocked until released
 
     other = threading.Thread(target=collect_slowly)
     other.start()
-    assert collecting.wait(5)
-    time.sleep(0.05)  # its collection is now under way
+    assert finalizing.wait(5)  # its collection is under way: in the finalizer
     threading.Timer(0.2, release.set).start()
     first, second = Node(), Node()
     first.other, second.other = second, first

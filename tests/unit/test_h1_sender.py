@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import ssl
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from msgbus_devtools.testkit.waiting import eventually_async
 
 from msgbus.delivery import h1_sender
 from msgbus.delivery.h1_sender import H1Sender, parse_target
@@ -54,6 +56,18 @@ async def _serve(script: Script, reader: asyncio.StreamReader,
         pass
     finally:
         writer.close()
+
+
+async def idle_past_the_keepalive(sender: H1Sender) -> None:
+    """Until no idle connection of `sender` may be reused any more and a prune of them is due
+    (both: older than the keep-alive)."""
+    def expired() -> bool:
+        now = time.monotonic()
+        return (not any(c.reusable(now) for cs in sender._idle.values() for c in cs)
+                and now - sender._pruned_at > h1_sender.KEEPALIVE_S)
+
+    await eventually_async(expired, 5, "the idle connections older than the keep-alive",
+                           interval_s=0.01)
 
 
 @pytest.fixture
@@ -157,7 +171,7 @@ async def test_idle_connections_older_than_the_keepalive_are_not_reused(
     script, url = server
     monkeypatch.setattr(h1_sender, "KEEPALIVE_S", 0.05)
     assert (await sender.push(envelope(), subscription(url), attempt=1)).ok
-    await asyncio.sleep(0.1)
+    await idle_past_the_keepalive(sender)
     assert (await sender.push(envelope(), subscription(url), attempt=1)).ok
     assert script.connections == 2
 
@@ -188,7 +202,7 @@ async def test_connections_to_an_origin_no_longer_pushed_to_are_closed_and_forgo
     other_url = f"http://{HOST}:{srv.sockets[0].getsockname()[1]}/gone"
     monkeypatch.setattr(h1_sender, "KEEPALIVE_S", 0.05)
     assert (await sender.push(envelope(), subscription(other_url), attempt=1)).ok
-    await asyncio.sleep(0.1)
+    await idle_past_the_keepalive(sender)
     assert (await sender.push(envelope(), subscription(url), attempt=1)).ok
     assert [origin.port for origin in sender._idle] == [parse_target(url).origin.port]
     srv.close()

@@ -101,7 +101,7 @@ async def test_append_new_skips_keys_seen_within_the_window(tmp_path: Path) -> N
 async def test_keys_are_forgotten_after_the_window(tmp_path: Path) -> None:
     queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8, dedupe_window_s=0.05)
     assert await queue.append_new([(b"id-1", [("q", b"one")])]) == [True]
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # the window passing is the scenario: nothing to poll
     await queue.append_new([(b"other", [("q", b"prunes the expired key")])])
     assert await queue.append_new([(b"id-1", [("q", b"one, much later")])]) == [True]
     queue.close()
@@ -175,7 +175,10 @@ async def test_one_process_appends_and_rings_while_another_drains(tmp_path: Path
 async def test_notify_appended_wakes_a_waiting_drainer(tmp_path: Path) -> None:
     queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8)
     waiting = asyncio.create_task(queue.wait_for_entries("q", timeout_s=30))
-    await asyncio.sleep(0)  # it starts waiting
+    # it waits (asyncio.Event's own list of waiters; Python 3.11's wait_for starts the wait
+    # in a task of its own, one loop turn later)
+    await eventually_async(lambda: queue._appended["q"]._waiters, 5, "the wait for entries",
+                           interval_s=0)
     queue.notify_appended()  # what the drain process does when the receiver rings
     await asyncio.wait_for(waiting, 5)
     queue.close()

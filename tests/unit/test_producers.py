@@ -49,16 +49,20 @@ def bearer(key: str) -> str:
 async def until_unauthorized(auth: ProducerAuthenticator, key: str) -> list[str]:
     """Authenticate until the key is refused with 401; returns the answers before that."""
     answers: list[str] = []
-    for _ in range(500):
+
+    async def refused() -> bool:
         try:
             await auth.authenticate(bearer(key))
             answers.append("ok")
         except Unauthorized:
-            return answers
+            return True
         except Unavailable:
             answers.append("503")
-        await asyncio.sleep(0.002)
-    raise AssertionError(f"{key} was never refused: {answers[-5:]}")
+        return False
+
+    await eventually_async(refused, 1, f"{key} refused with 401", interval_s=0.002,
+                           progress=lambda: f"last answers {answers[-5:]}")
+    return answers
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from msgbus_devtools.testkit.waiting import eventually_async
 
 from msgbus import tasks
 
@@ -91,10 +92,10 @@ def test_a_loop_that_lost_its_cancellation_in_wait_for_still_stops() -> None:
                 await asyncio.sleep(0.01)
 
         task = asyncio.create_task(refresh_loop())
-        await asyncio.sleep(0)
+        await eventually_async(lambda: answers, 5, "the loop's first call", interval_s=0)
         answers[-1].set_result(None)  # the call completes just as the close cancels
         task.cancel()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a window in which the task must NOT stop (on 3.11)
         still_running = not task.done()
         await asyncio.wait_for(tasks.cancel_and_wait(task, every_s=0.05), 5)
         return still_running, task.cancelled()
