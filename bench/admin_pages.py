@@ -40,9 +40,10 @@ from pydantic import HttpUrl
 from bench import cli
 from bench.dispatch_stack import wait_for
 from bench.ingest_stack import stop_process
-from bench.report import cell, out, out_json, out_lines, percentile, say, spread
+from bench.report import cell, out, out_json, out_lines, say, spread
 from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, BrokerKind, Destination, Envelope, Subscription, utcnow
+from msgbus.percentiles import nearest_rank
 from msgbus.store import MongoStore, pushstats
 from msgbus.store import documents as docs
 
@@ -148,9 +149,9 @@ class PageTimes:
     server_ms: list[float] = field(default_factory=list)
 
     def figures(self) -> dict[str, float]:
-        return {"client_p50_ms": percentile(self.client_ms, 50),
-                "server_p50_ms": percentile(self.server_ms, 50),
-                "server_p99_ms": percentile(self.server_ms, 99),
+        return {"client_p50_ms": nearest_rank(self.client_ms, 0.50),
+                "server_p50_ms": nearest_rank(self.server_ms, 0.50),
+                "server_p99_ms": nearest_rank(self.server_ms, 0.99),
                 "first_server_ms": self.first_server_ms}
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from msgbus_client import MsgbusClient
-from msgbus_devtools.testkit.delays import lateness_s, percentile
+from msgbus_devtools.testkit.delays import lateness_s
 from msgbus_devtools.testkit.loop import BackgroundLoop
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
@@ -25,6 +25,7 @@ from bench.dispatch_stack import HOST, DispatchStack, wait_for
 from bench.pipeline import SUBSCRIPTION, delete_rabbitmq_topology
 from bench.report import cell, say, spread
 from msgbus.models import BrokerKind
+from msgbus.percentiles import nearest_rank
 from msgbus.serving import ServerGroup, make_server
 
 BROKERS = ("kafka", "rabbitmq", "direct")
@@ -42,7 +43,7 @@ class BrokerLateness:
     pushes: int  # every push of these messages, duplicates included
 
     def quantile(self, q: float) -> float:
-        return percentile(self.lateness_s, q) if self.lateness_s else math.nan
+        return nearest_rank(self.lateness_s, q)  # nan when none was pushed
 
     @property
     def early(self) -> int:

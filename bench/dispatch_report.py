@@ -122,10 +122,10 @@ class RunFigures:
     def peak_concurrency(self) -> float:
         return float(self.replicas_peak)
 
-    p50_ms = percentile_of("latencies_ms", 50)
-    p99_ms = percentile_of("latencies_ms", 99)
-    answer_p50_ms = percentile_of("answer_ms", 50)
-    answer_p99_ms = percentile_of("answer_ms", 99)
+    p50_ms = percentile_of("latencies_ms", 0.50)
+    p99_ms = percentile_of("latencies_ms", 0.99)
+    answer_p50_ms = percentile_of("answer_ms", 0.50)
+    answer_p99_ms = percentile_of("answer_ms", 0.99)
 
     @property
     def max_ms(self) -> float:

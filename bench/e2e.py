@@ -57,8 +57,9 @@ from bench.e2e_report import (
     summarize,
     table,
 )
-from bench.report import out, out_json, out_lines, percentile, say
+from bench.report import out, out_json, out_lines, say
 from msgbus.models import BrokerKind
+from msgbus.percentiles import nearest_rank
 
 CLIENT_THREADS = 16
 DIRECT_CONCURRENCY = 64
@@ -235,7 +236,7 @@ class E2EBench:
                 parts["receiver→push"].append((pushed - received) * 1000)
                 parts["push→subscriber"].append((arrivals[n] - pushed) * 1000)
                 fig.inside_series.append((returned - result["started"], (pushed - received) * 1000))
-        return {name: percentile(values, 50) for name, values in parts.items()}
+        return {name: nearest_rank(values, 0.50) for name, values in parts.items()}
 
     def isolation(self, fig: E2ERun) -> None:
         figures = RunFigures(fig.run)

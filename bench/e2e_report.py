@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.report import cell, percentile, ratio_of, spread
+from bench.report import cell, ratio_of, spread
+from msgbus.percentiles import nearest_rank
 
 GOAL_MSGS_PER_S = 2000.0  # sustained end to end through Kafka, with MongoDB records
 GOAL_OVERHEAD_P50_MS = 20.0
@@ -61,22 +62,22 @@ class E2ERun:
     isolation_ratio_steady = ratio_of("with_neighbours_steady_per_s", "alone_steady_per_s")
 
     def figures(self) -> dict[str, float]:
-        bus_p50, base_p50 = percentile(self.bus_ms, 50), percentile(self.base_ms, 50)
+        bus_p50, base_p50 = nearest_rank(self.bus_ms, 0.50), nearest_rank(self.base_ms, 0.50)
         figures: dict[str, float] = {}
         for broker, cap in self.capacity.items():
             figures[f"{broker}_send_per_s"] = cap.send_per_s
             figures[f"{broker}_accepted_per_s"] = cap.accepted_per_s
             figures[f"{broker}_delivered_per_s"] = cap.delivered_per_s
             figures[f"{broker}_recorded_per_s"] = cap.recorded_per_s
-            figures[f"{broker}_saturated_p50_ms"] = percentile(cap.latencies_ms, 50)
+            figures[f"{broker}_saturated_p50_ms"] = nearest_rank(cap.latencies_ms, 0.50)
         figures |= {
             "latency_rate_per_s": self.latency_rate_per_s,
             "bus_p50_ms": bus_p50,
-            "bus_p95_ms": percentile(self.bus_ms, 95),
-            "bus_p99_ms": percentile(self.bus_ms, 99),
+            "bus_p95_ms": nearest_rank(self.bus_ms, 0.95),
+            "bus_p99_ms": nearest_rank(self.bus_ms, 0.99),
             "direct_p50_ms": base_p50,
-            "direct_p95_ms": percentile(self.base_ms, 95),
-            "direct_p99_ms": percentile(self.base_ms, 99),
+            "direct_p95_ms": nearest_rank(self.base_ms, 0.95),
+            "direct_p99_ms": nearest_rank(self.base_ms, 0.99),
             "overhead_p50_ms": bus_p50 - base_p50,
             **(self._mongo_stopped(bus_p50 - base_p50, base_p50) if self.mongo_stopped_ms
                else {}),
@@ -89,7 +90,7 @@ class E2ERun:
         return figures
 
     def _mongo_stopped(self, overhead_ms: float, base_p50: float) -> dict[str, float]:
-        stopped_ms = percentile(self.mongo_stopped_ms, 50) - base_p50
+        stopped_ms = nearest_rank(self.mongo_stopped_ms, 0.50) - base_p50
         return {"overhead_mongo_stopped_p50_ms": stopped_ms,
                 "mongo_stopped_overhead_ratio": stopped_ms / max(overhead_ms, 1e-9)}
 

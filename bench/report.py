@@ -3,9 +3,11 @@ min/median/max over runs, ratios against the direct-HTTP baseline of the same ru
 final JSON line.
 
 And what every benchmark's report uses: progress on stderr (`say`), results on stdout (`out`,
-`out_lines`, `out_json`), percentiles and min / median / max spreads (`percentile`, `spread`,
-`cell`), figures of a run's dataclass declared as a percentile of its samples or a ratio of two
-of its figures (`percentile_of`, `ratio_of`), and floats rounded for the JSON line (`rounded`)."""
+`out_lines`, `out_json`), min / median / max spreads (`spread`, `cell`), figures of a run's
+dataclass declared as a percentile of its samples (`percentile_of`, with the repository's one
+percentile function, `msgbus.percentiles.nearest_rank`, which the benchmarks call directly too)
+or a ratio of two of its figures (`ratio_of`), and floats rounded for the JSON line
+(`rounded`)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from admin.percentiles import nearest_rank
+from msgbus.percentiles import nearest_rank
 
 BASELINE = "direct-http"
 FIGURES = ("accepted_per_s", "delivered_per_s", "p50_ms", "p95_ms", "p99_ms")
@@ -44,11 +46,6 @@ def out_json(figures: dict[str, Any]) -> None:
     out(json.dumps(rounded(figures), separators=(",", ":")))
 
 
-def percentile(values: list[float], p: float) -> float:
-    """Nearest-rank percentile of `values` (nan when empty)."""
-    return nearest_rank(sorted(values), p / 100) if values else math.nan
-
-
 class Figure:
     """A figure of a run's dataclass computed from its other figures, read like a property (and,
     unlike a field, left out of `dataclasses.asdict`): made by `percentile_of` or `ratio_of`."""
@@ -64,9 +61,9 @@ class Figure:
         return self if run is None else self.compute(run)
 
 
-def percentile_of(samples: str, p: float) -> Figure:
-    """The nearest-rank percentile `p` of the run's list `samples` (nan when empty)."""
-    return Figure(lambda run: percentile(getattr(run, samples), p))
+def percentile_of(samples: str, q: float) -> Figure:
+    """The `q` quantile of the run's list `samples` (`nearest_rank`; nan when empty)."""
+    return Figure(lambda run: nearest_rank(getattr(run, samples), q))
 
 
 def ratio_of(numerator: str, denominator: str) -> Figure:
@@ -107,9 +104,9 @@ class Phase:
         span = self.last_arrival - self.first_sent
         return self.delivered / span if self.delivered and span > 0 else math.nan
 
-    p50_ms = percentile_of("latencies_ms", 50)
-    p95_ms = percentile_of("latencies_ms", 95)
-    p99_ms = percentile_of("latencies_ms", 99)
+    p50_ms = percentile_of("latencies_ms", 0.50)
+    p95_ms = percentile_of("latencies_ms", 0.95)
+    p99_ms = percentile_of("latencies_ms", 0.99)
 
     def line(self) -> str:
         text = (f"run {self.run} {self.target:<11} accepted {self.accepted_per_s:8.0f} msg/s"

@@ -51,7 +51,8 @@ import orjson
 from bench import cli
 from bench.load import own_cpu_s
 from bench.pipeline import figures_of, start_subscriber, stop_process
-from bench.report import cell, out, out_json, out_lines, percentile, say, spread
+from bench.report import cell, out, out_json, out_lines, say, spread
+from msgbus.percentiles import nearest_rank
 
 HOST = "127.0.0.1"
 TARGETS = ("raw", "aiohttp", "h1")
@@ -117,7 +118,7 @@ async def _phase(target: str, url: str, concurrency: int, warmup_s: float,
     cpu_s = cpu["end"] - cpu["start"]
     return {
         "target": target, "pushes_per_s": len(latencies_ms) / seconds,
-        "p50_ms": percentile(latencies_ms, 50), "p99_ms": percentile(latencies_ms, 99),
+        "p50_ms": nearest_rank(latencies_ms, 0.50), "p99_ms": nearest_rank(latencies_ms, 0.99),
         "cpu_util": cpu_s / seconds,
         "pushes_per_cpu_s": len(latencies_ms) / cpu_s if cpu_s > 0 else float("nan"),
         "ok_total": ok_total, "failed_in_window": failed_in_window, "errors": dict(stats),

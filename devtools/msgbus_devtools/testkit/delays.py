@@ -25,7 +25,3 @@ def lateness_s(pushes: list[Push], due: dict[str, datetime]) -> dict[str, float]
             first[push.message_id] = at
     return {m: (first[m] - due[m]).total_seconds() for m in first}
 
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -4,10 +4,10 @@ got pushed meanwhile, the receiver's answers and their latencies."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
+from msgbus.percentiles import nearest_rank
 from msgbus_devtools.testkit.deployment import Deployment, wait_with_progress
 from msgbus_devtools.testkit.load import Answer, SteadyLoad
 from msgbus_devtools.testkit.procs import say
@@ -81,18 +81,11 @@ def examples(answers: list[Answer], limit: int = 3) -> str:
     return "; ".join(f"{a.status} {a.error}" for a in answers[:limit])
 
 
-def quantile(sorted_values: list[float], q: float) -> float:
-    """The nearest-rank `q` quantile of `sorted_values`; 0.0 if there are none."""
-    if not sorted_values:
-        return 0.0
-    return sorted_values[max(1, math.ceil(q * len(sorted_values))) - 1]
-
-
 def spread(sorted_s: list[float]) -> str:
     """Median, p99 and max of sorted durations (seconds), in ms, for a report."""
     if not sorted_s:
         return "none"
-    median, p99, most = (quantile(sorted_s, q) * 1000 for q in (0.5, 0.99, 1.0))
+    median, p99, most = (nearest_rank(sorted_s, q) * 1000 for q in (0.5, 0.99, 1.0))
     return f"median {median:.0f} ms, p99 {p99:.0f} ms, max {most:.0f} ms"
 
 
@@ -102,7 +95,7 @@ def latencies_s(answers: list[Answer]) -> list[float]:
 
 
 def latency_quantile_s(answers: list[Answer], q: float) -> float:
-    return quantile(latencies_s(answers), q)
+    return nearest_rank(latencies_s(answers), q, empty=0.0)
 
 
 def latency(answers: list[Answer]) -> str:
