@@ -17,8 +17,8 @@ from pymongo.errors import PyMongoError
 
 from admin.outage import wait_while_mongo_answers
 from msgbus.errors import MongoUnavailable
-from msgbus.percentiles import nearest_rank
 from msgbus.models import DeliveryStatus, utcnow
+from msgbus.percentiles import nearest_rank
 from msgbus.store import MongoStore
 from msgbus.tasks import detached_task
 
