@@ -39,7 +39,7 @@ from pydantic import HttpUrl
 
 from bench import cli
 from bench.dispatch_stack import wait_for
-from bench.ingest_stack import stop_process
+from bench.procs import stop_process
 from bench.report import cell, out, out_json, out_lines, say, spread
 from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, BrokerKind, Destination, Envelope, Subscription, utcnow

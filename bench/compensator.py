@@ -60,8 +60,8 @@ from pydantic import HttpUrl
 
 from bench import cli
 from bench.delays import due_scan_lines, due_scan_runs, due_scan_summary
-from bench.dispatch_stack import process_cpu_s, wait_for, with_store
-from bench.ingest_stack import stop_process
+from bench.dispatch_stack import wait_for, with_store
+from bench.procs import process_cpu_s, stop_process
 from bench.report import cell, out, out_lines, say, spread
 from compensator.sweeper import Sweeper
 from msgbus.ids import uuid7

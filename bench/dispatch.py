@@ -61,7 +61,7 @@ from bench import cli, dispatch_load
 from bench.dispatch_report import RunFigures, json_figures, summarize, table
 from bench.dispatch_stack import DispatchStack, wait_for
 from bench.dispatch_subscriber import PACED_S
-from bench.ingest_stack import stop_process
+from bench.procs import stop_process
 from bench.report import out, out_json, out_lines, say
 from bench.tracing_cost import hook_costs_us
 

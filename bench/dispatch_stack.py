@@ -37,7 +37,7 @@ from msgbus_devtools import servers as services
 from pydantic import HttpUrl
 
 from bench.dispatch_load import body
-from bench.ingest_stack import stop_process
+from bench.procs import process_cpu_s, stop_process, tree_cpu_s
 from bench.report import say
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.ids import uuid7
@@ -48,7 +48,6 @@ HOST = "127.0.0.1"
 APP_NAME = "bench-dispatch"
 PRELOAD_BATCH = 500  # the receiver's max_batch_count
 PROGRESS_EVERY_S = 2.0
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 T = TypeVar("T")
 
@@ -64,35 +63,6 @@ def with_store(mongo_uri: str, mongo_db: str, work: Callable[[MongoStore], Await
             await store.close()
 
     return asyncio.run(run())
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None  # exited meanwhile
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of a process, its live descendants (the receiver's worker and drain
-    processes) and the children they have reaped."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))) is not None:
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        if (fields := _stat_fields(current)) is not None:
-            total += sum(int(f) for f in fields[11:15]) / _CLOCK_TICKS  # u, s, cu, cs
-        todo += children.get(current, [])
-    return total
 
 
 def wait_for(what: str, condition: Callable[[], bool], timeout_s: float,

@@ -38,8 +38,8 @@ from pydantic import HttpUrl
 from pymongo import MongoClient
 
 from bench.buffers import pending_entries
+from bench.procs import stop_process, tree_cpu_s
 from bench.report import say
-from msgbus import processes
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.brokers.base import consumer_name, topic_name
 from msgbus.models import BrokerKind, Destination, SchemaCompatibility, Subscription
@@ -50,7 +50,6 @@ from receiver.bufferslots import holder_of, slots
 HOST = "127.0.0.1"
 APP_NAME = "bench-ingest"
 SUBSCRIPTION = "sink"
-STOP_TIMEOUT_S = 30.0
 
 
 def _text(max_length: int, **more: Any) -> dict[str, Any]:
@@ -271,8 +270,6 @@ class IngestStack:
     def cpu_s(self, target: Target) -> float:
         """CPU seconds so far of a target's processes (a receiver: its workers and their
         drain processes)."""
-        from bench.dispatch_stack import tree_cpu_s  # it imports this module
-
         pid = next(p.pid for name, p, _ in self._processes if name == target.name)
         return tree_cpu_s(pid)
 
@@ -311,11 +308,3 @@ class IngestStack:
                     channel.close()
         finally:
             connection.close()
-
-
-def stop_process(process: subprocess.Popen[bytes], name: str) -> None:
-    """SIGTERM a process we started, SIGKILL it if it lingers."""
-    if process.poll() is not None:
-        return
-    say(f"stopping {name} (pid {process.pid})")
-    processes.stop_process(process, STOP_TIMEOUT_S)

@@ -40,7 +40,7 @@ from msgbus_devtools import servers as services
 from pymongo import UpdateOne
 
 from bench import cli
-from bench.dispatch_stack import process_cpu_s
+from bench.procs import process_cpu_s
 from bench.report import cell, out, rounded, say, spread
 from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, utcnow
