@@ -9,8 +9,9 @@ same run.
 - Each phase runs in a fresh spawned process with the dispatcher's own pieces: a
   `SubscriptionLimiter` (circuit breaker, `--concurrency` slots) and `H1Sender`.
   `single`: `--concurrency` pushers, each `acquire` + `push_through` + `outcome_of` in a loop,
-  as `SubscriptionWorker._pusher` does. `batch`: a `BatchCollector` (dispatcher/batching.py)
-  fed as fast as it takes messages, pushing batches of `--batch` in the same slots.
+  as `Pushers._pusher` (dispatcher/pushers.py) does. `batch`: a `BatchCollector`
+  (dispatcher/batching.py) fed as fast as it takes messages, pushing batches of `--batch` in
+  the same slots.
   Outcomes are computed for every message and then dropped: the broker's consume and the trace
   writes are left out (they are the same per message for both), so the figure is the push
   path's, not the whole dispatcher's.
