@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # One image for every msgbus service; the command picks it:
-#   msgbus receiver | dispatcher | compensator | admin | spool-drainer
+#   msgbus receiver | dispatcher | compensator | admin | node-rescuer
 # Settings come from MSGBUS_* environment variables (msgbus/settings.py).
 #
 #   docker build -t msgbus:0.1.0 .

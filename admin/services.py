@@ -43,8 +43,8 @@ def gate_view(state: Any) -> dict[str, Any] | None:
 
 
 def sees_unavailable(row: dict[str, Any]) -> bool:
-    """The process, or its receiver's drain process, sees MongoDB as unavailable."""
-    gates = [row.get("mongo"), (row.get("drainer") or {}).get("mongo")]
+    """The process, or its receiver's flush process, sees MongoDB as unavailable."""
+    gates = [row.get("mongo"), (row.get("flusher") or {}).get("mongo")]
     return any(g is not None and not g.get("available") for g in gates)
 
 
@@ -95,14 +95,14 @@ class ServiceDirectory(PeriodicWork):
     def _own_row(self) -> dict[str, Any]:
         return {"instance": self._own_instance, "component": "admin",
                 "health_url": self._own_health_url, "this_admin": True, "reachable": True,
-                "error": None, "mongo": gate_view(self._gate.state()), "drainer": None}
+                "error": None, "mongo": gate_view(self._gate.state()), "flusher": None}
 
     async def _poll(self, doc: dict[str, Any]) -> dict[str, Any]:
         url = doc.get("health_url")
         row: dict[str, Any] = {
             "instance": doc["_id"], "component": doc.get("component"), "health_url": url,
             "heartbeat_at": doc.get("heartbeat_at"), "lease_expires_at": doc.get("expires_at"),
-            "reachable": None, "error": None, "mongo": None, "drainer": None}
+            "reachable": None, "error": None, "mongo": None, "flusher": None}
         if not url:
             return row | {"error": "no health URL advertised"}
         try:
@@ -111,10 +111,11 @@ class ServiceDirectory(PeriodicWork):
             health = response.json()
         except (httpx.HTTPError, TimeoutError, ValueError) as exc:
             return row | {"reachable": False, "error": f"{type(exc).__name__}: {exc}"[:200]}
-        drainer = health.get("drainer")
-        if isinstance(drainer, dict):
-            drainer = {"mode": drainer.get("mode"), "pid": drainer.get("pid"),
-                       "mongo": gate_view(drainer.get("mongo_gate"))}
+        # "drainer": a receiver from before 0.2 (in a rolling upgrade)
+        flusher = health.get("flusher", health.get("drainer"))
+        if isinstance(flusher, dict):
+            flusher = {"mode": flusher.get("mode"), "pid": flusher.get("pid"),
+                       "mongo": gate_view(flusher.get("mongo_gate"))}
         return row | {"reachable": True, "mongo": gate_view(health.get("mongo_gate")),
-                      "drainer": drainer}
+                      "flusher": flusher}
 

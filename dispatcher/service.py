@@ -132,12 +132,12 @@ class DispatcherService:
         self.delivered.remember((o.result.subscription, o.result.message_id)
                                 for o in self.trace.waiting(REMEMBERED) if o.result.ok)
         if not await self.store.ping():
-            return  # MongoDB down: the drainer writes them once it is back
+            return  # MongoDB down: the trace's flusher writes them once it is back
         log.info("writing %d outcomes left by the previous run before starting the workers",
                  left)
         try:
             await asyncio.wait_for(self.trace.flush(), LEFTOVER_TRACE_WAIT_S)
-        except Exception as exc:  # MongoDB slow or down: the drainer goes on with the rest
+        except Exception as exc:  # MongoDB slow or down: the flusher goes on with the rest
             log.warning("the previous run's outcomes are not all written (%r); starting the "
                         "workers anyway", exc)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from msgbus.drain import Drainer
+from msgbus.flush import Flusher
 from msgbus.localqueue import LocalQueue
 from msgbus.models import AttemptResult, DeliveryOutcome
 from msgbus.store import MongoStore
@@ -52,14 +52,14 @@ class TraceWriter:
     def __init__(self, buffer: LocalQueue, store: MongoStore, *, batch_size: int) -> None:
         self._buffer = buffer
         self._store = store
-        self._drainer = Drainer(buffer, QUEUE, self._write, batch_size=batch_size,
+        self._flusher = Flusher(buffer, QUEUE, self._write, batch_size=batch_size,
                                 ready=store.gate.wait_available)
 
     def start(self) -> None:
-        self._drainer.start()
+        self._flusher.start()
 
     async def close(self) -> None:
-        await self._drainer.close()
+        await self._flusher.close()
 
     async def record(self, outcomes: list[DeliveryOutcome]) -> None:
         """Returns once the outcomes are durable locally: one write, its fsync shared with
@@ -74,7 +74,7 @@ class TraceWriter:
         return [decode_outcome(value) for _, value in self._buffer.read(QUEUE, limit)]
 
     async def flush(self) -> None:
-        while await self._drainer.drain_once():
+        while await self._flusher.flush_once():
             pass
 
     async def _write(self, entries: list[bytes]) -> None:

@@ -1,6 +1,6 @@
 """Prometheus metrics of every service. Names follow `msgbus_<what>_<unit>`.
 
-A service made of several processes (`msgbus receiver`: workers and their drain processes) sets
+A service made of several processes (`msgbus receiver`: workers and their flush processes) sets
 PROMETHEUS_MULTIPROC_DIR before anything imports prometheus_client: every process then writes
 its values there and /metrics of any of them reports all (prometheus_client's multiprocess mode;
 each gauge says how the processes' values combine).
@@ -228,11 +228,11 @@ RABBITMQ_QUEUE_COPIES_MISMATCH = Gauge(
     "subscription's quorum queue without single active consumer, or has quorum members "
     "offline", ["cluster", "subscription"], multiprocess_mode="livemax")
 
-# -- the node's spool drainer (`msgbus spool-drainer`, the DaemonSet) ------------------------------
+# -- the node rescuer (`msgbus node-rescuer`, the DaemonSet) ---------------------------------------
 NODE_QUEUES = Gauge(
     "msgbus_node_queues",
     "Local queues on the node by kind (receiver_buffer, client_spool) and state (held by a live "
-    "process, idle: unheld but written recently, orphaned: to drain)", ["kind", "state"])
+    "process, idle: unheld but written recently, orphaned: to rescue)", ["kind", "state"])
 NODE_ORPHAN_PENDING = Gauge(
     "msgbus_node_orphaned_messages",
     "Messages pending in the node's orphaned client spools at the last scan", ["kind"])
@@ -240,13 +240,13 @@ NODE_ORPHAN_OLDEST_AGE = Gauge(
     "msgbus_node_orphan_oldest_age_seconds",
     "Time since the longest-unwritten orphaned queue on the node was written (0: none)",
     ["kind"])
-ORPHANS_DRAINED = Counter(
-    "msgbus_orphans_drained_total",
-    "Orphaned queues the spool drainer handled, by kind and outcome (drained and removed, "
+ORPHANS_RESCUED = Counter(
+    "msgbus_orphans_rescued_total",
+    "Orphaned queues the node rescuer handled, by kind and outcome (rescued and removed, "
     "left: some messages stay in it, failed)", ["kind", "outcome"])
-DRAINER_LAST_SCAN = Gauge(
-    "msgbus_spool_drainer_last_scan_timestamp_seconds",
-    "When the spool drainer last finished a scan of its node's queues of a kind (Unix time); "
+RESCUER_LAST_SCAN = Gauge(
+    "msgbus_node_rescuer_last_scan_timestamp_seconds",
+    "When the node rescuer last finished a scan of its node's queues of a kind (Unix time); "
     "a receiver buffer waiting for MongoDB or a broker holds up its kind's next scan",
     ["kind"])
 

@@ -11,8 +11,13 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from msgbus.models import DEFAULT_CLUSTER, BrokerKind
 
@@ -117,7 +122,10 @@ class TracingSettings(BaseSettings):
 
 
 class ReceiverSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="MSGBUS_RECEIVER_", extra="ignore")
+    # A renamed setting lists its variables, the current name first, then the one before 0.2
+    # (docs/operations.md, "Renamed in 0.2"); in code it is given by its field name.
+    model_config = SettingsConfigDict(env_prefix="MSGBUS_RECEIVER_", extra="ignore",
+                                      validate_by_name=True)
 
     host: str = "127.0.0.1"
     port: int = 8080
@@ -147,13 +155,17 @@ class ReceiverSettings(BaseSettings):
     # messages go the direct path. librdkafka's message.timeout.ms; RabbitMQ's confirms.
     kafka_publish_timeout_ms: int = Field(default=30_000, ge=1000)
     rabbitmq_confirm_timeout_s: float = Field(default=10.0, gt=0)
-    # Where the buffer is drained into the brokers and MongoDB: "process" (a drain process
-    # beside each receiver process, so that drain work never delays an answer to a producer)
+    # Where the buffer is flushed into the brokers and MongoDB: "process" (a flush process
+    # beside each receiver process, so that flush work never delays an answer to a producer)
     # or "inline" (on the receiver's own event loop: one process, e.g. `msgbus up`).
-    drainer: Literal["process", "inline"] = "process"
-    # Added to the drain process's nice value: when CPU is short, answering producers comes
-    # first and the buffer absorbs the difference (the drain catches up when load drops).
-    drain_nice: int = Field(default=10, ge=0, le=19)
+    flusher: Literal["process", "inline"] = Field(
+        default="process",
+        validation_alias=AliasChoices("MSGBUS_RECEIVER_FLUSHER", "MSGBUS_RECEIVER_DRAINER"))
+    # Added to the flush process's nice value: when CPU is short, answering producers comes
+    # first and the buffer absorbs the difference (the flush catches up when load drops).
+    flush_nice: int = Field(
+        default=10, ge=0, le=19,
+        validation_alias=AliasChoices("MSGBUS_RECEIVER_FLUSH_NICE", "MSGBUS_RECEIVER_DRAIN_NICE"))
     # Where the direct path hands messages (a dispatcher's internal endpoint).
     dispatcher_url: str = "http://127.0.0.1:8081"
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
@@ -247,14 +259,20 @@ class AdminSettings(BaseSettings):
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 
 
-class SpoolDrainerSettings(BaseSettings):
-    """`msgbus spool-drainer`: one per node (the Kubernetes DaemonSet), over the node's root.
+FORMER_NODE_RESCUER_PREFIX = "MSGBUS_SPOOL_DRAINER_"  # before 0.2, still read
+
+
+class NodeRescuerSettings(BaseSettings):
+    """`msgbus node-rescuer`: one per node (the Kubernetes DaemonSet), over the node's root.
 
     Layout under `root`: `receiver-buffer/` is the receivers' shared buffer root (their
     MSGBUS_RECEIVER_BUFFER_DIR), `spool/` holds client spools, e.g. `spool/<app>/<pod>/`.
+    Until 0.2 it was `msgbus spool-drainer`: its MSGBUS_SPOOL_DRAINER_* variables are still
+    read, after these (docs/operations.md, "Renamed in 0.2").
     """
 
-    model_config = SettingsConfigDict(env_prefix="MSGBUS_SPOOL_DRAINER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="MSGBUS_NODE_RESCUER_", extra="ignore",
+                                      validate_by_name=True)
 
     host: str = "127.0.0.1"
     port: int = 8085  # /health and /metrics
@@ -268,4 +286,16 @@ class SpoolDrainerSettings(BaseSettings):
     receiver_url: str = ""
     api_key: SecretStr = SecretStr("")
     api_keys_dir: Path | None = None
-    drain_timeout_s: float = Field(default=300.0, gt=0)  # per client spool
+    rescue_timeout_s: float = Field(  # per client spool
+        default=300.0, gt=0,
+        validation_alias=AliasChoices("MSGBUS_NODE_RESCUER_RESCUE_TIMEOUT_S",
+                                      "MSGBUS_SPOOL_DRAINER_DRAIN_TIMEOUT_S"))
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        former = EnvSettingsSource(settings_cls, env_prefix=FORMER_NODE_RESCUER_PREFIX)
+        return init_settings, env_settings, former, dotenv_settings, file_secret_settings

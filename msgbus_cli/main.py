@@ -21,10 +21,11 @@ from msgbus.processes import pid_alive
 from msgbus.serving import ServerGroup, reuse_port_socket
 from msgbus.settings import TracingSettings
 from msgbus_cli.access_cmd import USERS_API_COMMANDS, apps, audit, tokens, whoami
+from msgbus_cli.aliases import former_name
 from msgbus_cli.analytics_cmd import analytics
 from msgbus_cli.config_cmd import destination, subscription
-from msgbus_cli.drainer_cmd import spool_drainer
 from msgbus_cli.messages_cmd import invalid_docs, messages, runtime
+from msgbus_cli.node_rescuer_cmd import node_rescuer
 from msgbus_cli.ops_cmd import parked, replay, scheduled
 from msgbus_cli.spool_cmd import spool
 from msgbus_cli.stack import (
@@ -178,7 +179,7 @@ def _service_command(name: str) -> click.Command:
               help="Listen with SO_REUSEPORT (what each worker of --workers N does).")
 def receiver(state_dir: Path, workers: int, reuse_port: bool) -> None:
     """Run the receiver alone (settings from MSGBUS_* variables)."""
-    _share_metrics_between_processes()  # its workers and drain processes: before any import
+    _share_metrics_between_processes()  # its workers and flush processes: before any import
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     if workers == 1:
         _serve("receiver", state_dir, reuse_port=reuse_port)
@@ -192,7 +193,7 @@ def receiver(state_dir: Path, workers: int, reuse_port: bool) -> None:
 
 
 def _share_metrics_between_processes() -> None:
-    """Let every process of this receiver (workers, drain processes) report its metrics on the
+    """Let every process of this receiver (workers, flush processes) report its metrics on the
     /metrics of each: prometheus_client's multiprocess mode, in a directory of this receiver's
     own (a parent's, when this is one of its workers), removed when it exits. Directories that
     receivers killed with -9 left behind (their pid is in the name) are removed here."""
@@ -214,7 +215,8 @@ def _share_metrics_between_processes() -> None:
 for _name in ("dispatcher", "compensator", "admin"):
     main.add_command(_service_command(_name))
 main.add_command(spool)
-main.add_command(spool_drainer)
+main.add_command(node_rescuer)
+main.add_command(former_name(node_rescuer, "spool-drainer"))
 main.add_command(replay)
 main.add_command(parked)
 main.add_command(scheduled)

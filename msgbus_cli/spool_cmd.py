@@ -1,9 +1,10 @@
-"""`msgbus spool ...`: look into client spool dirs, drain the ones processes left behind, and
+"""`msgbus spool ...`: look into client spool dirs, rescue the ones processes left behind, and
 deal with messages the receiver rejected.
 
-The work is done by `msgbus_client.spooltools`, the same code the Kubernetes DaemonSet runs to
-drain orphaned spools on a node, so the CLI and the DaemonSet agree on what "orphaned" means.
-Errors print one line and exit 1.
+The work is done by `msgbus_client.spooltools`, the same code the Kubernetes DaemonSet
+(`msgbus node-rescuer`) runs to rescue orphaned spools on a node, so the CLI and the DaemonSet
+agree on what "orphaned" means. Errors print one line and exit 1. `msgbus spool drain` and
+`orphans --drain`, the names before 0.2, still work (hidden).
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ from msgbus_client import MsgbusClientError, Spool
 from msgbus_client.spool import RejectedMessage
 from msgbus_client.spooltools import (
     DEFAULT_ORPHAN_IDLE_S,
-    DrainReport,
+    RescueReport,
     SpoolReport,
-    drain_spool,
     find_orphans,
     find_spools,
     inspect_spool,
     list_rejected,
     open_for_maintenance,
+    rescue_spool,
 )
+
+from msgbus_cli.aliases import former_name
 
 if TYPE_CHECKING:
     from click._termui_impl import ProgressBar  # what click.progressbar() returns
@@ -62,7 +65,7 @@ def one_line_errors() -> Iterator[None]:
 
 @click.group()
 def spool() -> None:
-    """Inspect, drain and repair client spool dirs (the LMDB queues of msgbus_client)."""
+    """Inspect, rescue and repair client spool dirs (the LMDB queues of msgbus_client)."""
 
 
 @spool.command()
@@ -87,8 +90,8 @@ def inspect(path: Path, as_json: bool, min_idle_s: float) -> None:
 @min_idle_option(0.0)
 @TIMEOUT
 @KEEP
-def drain(path: Path, receiver_url: str | None, api_key: str | None, min_idle_s: float,
-          timeout_s: float, keep: bool) -> None:
+def rescue(path: Path, receiver_url: str | None, api_key: str | None, min_idle_s: float,
+           timeout_s: float, keep: bool) -> None:
     """Send everything pending in the spool at PATH to the receiver, then remove the dir.
 
     Refused while a live process holds the spool. Rejected messages stay in the dir (see
@@ -96,42 +99,51 @@ def drain(path: Path, receiver_url: str | None, api_key: str | None, min_idle_s:
     """
     url, key = require_target(receiver_url, api_key)
     with one_line_errors():
-        report = drain_with_progress(path, url, key, min_idle_s, timeout_s, keep)
-    echo_drained(report)
+        report = rescue_with_progress(path, url, key, min_idle_s, timeout_s, keep)
+    echo_rescued(report)
     exit_if_left([report])
+
+
+spool.add_command(former_name(rescue, "drain"))
 
 
 @spool.command()
 @click.argument("root", type=click.Path(file_okay=False, path_type=Path))
 @min_idle_option(DEFAULT_ORPHAN_IDLE_S)
-@click.option("--drain", "and_drain", is_flag=True, help="Drain (and remove) each orphan.")
+@click.option("--rescue", "and_rescue", is_flag=True, help="Rescue (and remove) each orphan.")
+@click.option("--drain", "and_drain", is_flag=True, hidden=True,
+              help="--rescue, under its name before 0.2.")
 @RECEIVER
 @API_KEY
 @TIMEOUT
 @KEEP
 @JSON_OUT
-def orphans(root: Path, min_idle_s: float, and_drain: bool, receiver_url: str | None,
-            api_key: str | None, timeout_s: float, keep: bool, as_json: bool) -> None:
+def orphans(root: Path, min_idle_s: float, and_rescue: bool, and_drain: bool,
+            receiver_url: str | None, api_key: str | None, timeout_s: float, keep: bool,
+            as_json: bool) -> None:
     """List the orphaned spools under ROOT: no live process holds them and they have not been
-    written for --min-idle seconds. With --drain, send each one's messages and remove it."""
-    target = require_target(receiver_url, api_key) if and_drain else None
+    written for --min-idle seconds. With --rescue, send each one's messages and remove it."""
+    if and_drain:
+        click.echo("DeprecationWarning: --drain is --rescue since 0.2.", err=True)
+    target = require_target(receiver_url, api_key) if and_rescue or and_drain else None
     with one_line_errors():
         found = find_orphans(root, min_idle_s)
     if target is None:
         print_reports(found, min_idle_s, as_json)
         return
-    drained: list[DrainReport] = []
+    rescued: list[RescueReport] = []
     for report in found:  # one spool failing (e.g. its owner came back) does not stop the rest
         try:
-            drained.append(drain_with_progress(report.path, *target, min_idle_s, timeout_s, keep))
+            rescued.append(rescue_with_progress(report.path, *target, min_idle_s, timeout_s,
+                                                keep))
         except MsgbusClientError as exc:
             click.echo(f"Error: {exc}", err=True)
             continue
-        echo_drained(drained[-1])
-    click.echo(f"{len(drained)} of {len(found)} orphaned spool(s) drained under {root}")
-    if len(drained) < len(found):
+        echo_rescued(rescued[-1])
+    click.echo(f"{len(rescued)} of {len(found)} orphaned spool(s) rescued under {root}")
+    if len(rescued) < len(found):
         sys.exit(1)
-    exit_if_left(drained)
+    exit_if_left(rescued)
 
 
 @spool.group()
@@ -163,7 +175,7 @@ def list_command(path: Path, as_json: bool) -> None:
 def resend(path: Path, message_ids: tuple[str, ...], all_: bool) -> None:
     """Move rejected messages (MESSAGE_ID... or --all) of the spool at PATH back to pending.
 
-    They go out with `msgbus spool drain PATH` or the next client on that dir. Needs the spool:
+    They go out with `msgbus spool rescue PATH` or the next client on that dir. Needs the spool:
     refused while a live client holds it.
     """
     require_ids(message_ids, all_)
@@ -173,7 +185,7 @@ def resend(path: Path, message_ids: tuple[str, ...], all_: bool) -> None:
         else:
             moved = count_found(path, message_ids, spool.resend_rejected)
     click.echo(f"{moved} message(s) moved back to pending in {path}; "
-               f"`msgbus spool drain {path}` sends them")
+               f"`msgbus spool rescue {path}` sends them")
 
 
 @rejected.command()
@@ -197,22 +209,22 @@ def purge(path: Path, message_ids: tuple[str, ...], all_: bool) -> None:
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def drain_with_progress(path: Path, receiver_url: str, api_key: str, min_idle_s: float,
-                        timeout_s: float, keep: bool) -> DrainReport:
-    """drain_spool() with a progress bar on stderr (stdout keeps the summary). The bar starts
-    with the first batch, so a refused drain prints nothing but its error."""
+def rescue_with_progress(path: Path, receiver_url: str, api_key: str, min_idle_s: float,
+                         timeout_s: float, keep: bool) -> RescueReport:
+    """rescue_spool() with a progress bar on stderr (stdout keeps the summary). The bar starts
+    with the first batch, so a refused rescue prints nothing but its error."""
     with contextlib.ExitStack() as stack:
         bars: list[ProgressBar[int]] = []
 
         def advance(done: int, total: int) -> None:
             if not bars:
                 bars.append(stack.enter_context(click.progressbar(
-                    length=max(total, 1), label=f"draining {path}", file=sys.stderr,
+                    length=max(total, 1), label=f"rescuing {path}", file=sys.stderr,
                     show_pos=True)))
             bars[0].update(done - bars[0].pos)
 
-        return drain_spool(path, receiver_url, api_key, min_idle_s=min_idle_s,
-                           timeout_s=timeout_s, remove=not keep, progress=advance)
+        return rescue_spool(path, receiver_url, api_key, min_idle_s=min_idle_s,
+                            timeout_s=timeout_s, remove=not keep, progress=advance)
 
 
 @contextlib.contextmanager
@@ -241,18 +253,18 @@ def require_ids(message_ids: tuple[str, ...], all_: bool) -> None:
 
 def require_target(receiver_url: str | None, api_key: str | None) -> tuple[str, str]:
     if not receiver_url:
-        raise click.UsageError("--receiver (or MSGBUS_RECEIVER_URL) is required to drain")
+        raise click.UsageError("--receiver (or MSGBUS_RECEIVER_URL) is required to rescue")
     if not api_key:
-        raise click.UsageError("--api-key (or MSGBUS_API_KEY) is required to drain")
+        raise click.UsageError("--api-key (or MSGBUS_API_KEY) is required to rescue")
     return receiver_url, api_key
 
 
-def exit_if_left(reports: list[DrainReport]) -> None:
+def exit_if_left(reports: list[RescueReport]) -> None:
     if any(r.left or r.rejected for r in reports):
         sys.exit(1)
 
 
-def echo_drained(r: DrainReport) -> None:
+def echo_rescued(r: RescueReport) -> None:
     fate = "removed" if r.removed else "kept"
     click.echo(f"{r.path}: {r.delivered} delivered, {r.rejected} rejected (kept), "
                f"{r.left} left pending; dir {fate} ({r.seconds:.1f}s)")

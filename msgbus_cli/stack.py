@@ -58,17 +58,17 @@ class ServiceApps:
     host: str = "127.0.0.1"
     ports: dict[str, int] = field(default_factory=dict)
 
-    def receiver(self, dispatcher_url: str | None = None, *, inline_drainer: bool = False) -> Any:
-        """`inline_drainer`: drain the buffer on the receiver's own event loop (one process,
-        as `msgbus up` runs everything) instead of a drain process."""
+    def receiver(self, dispatcher_url: str | None = None, *, inline_flusher: bool = False) -> Any:
+        """`inline_flusher`: flush the buffer on the receiver's own event loop (one process,
+        as `msgbus up` runs everything) instead of a flush process."""
         from receiver.app import create_app
         from receiver.service import ReceiverService
 
         settings = ReceiverSettings(connections=self.conn)
         if dispatcher_url:
             settings.dispatcher_url = dispatcher_url
-        if inline_drainer:
-            settings.drainer = "inline"
+        if inline_flusher:
+            settings.flusher = "inline"
         return create_app(ReceiverService(settings)), settings
 
     def dispatcher(self) -> Any:

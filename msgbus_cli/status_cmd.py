@@ -9,7 +9,7 @@ import click
 
 from msgbus_cli.admin_client import AdminClient, admin_options
 
-COLUMNS = ("component", "instance", "reachable", "mongo", "drain_process")
+COLUMNS = ("component", "instance", "reachable", "mongo", "flush_process")
 
 
 def _gate(gate: dict[str, Any] | None) -> str:
@@ -21,12 +21,12 @@ def _gate(gate: dict[str, Any] | None) -> str:
 
 
 def _row(service: dict[str, Any]) -> dict[str, Any]:
-    drainer = service.get("drainer") or {}
+    flusher = service.get("flusher") or {}
     mongo = _gate(service.get("mongo")) if service.get("reachable") else service.get("error")
     return {"component": service.get("component"), "instance": service.get("instance"),
             "reachable": service.get("reachable"), "mongo": mongo,
-            "drain_process": _gate(drainer.get("mongo")) if drainer.get("mode") == "process"
-            else drainer.get("mode")}
+            "flush_process": _gate(flusher.get("mongo")) if flusher.get("mode") == "process"
+            else flusher.get("mode")}
 
 
 @click.command("status")

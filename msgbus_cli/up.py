@@ -81,7 +81,7 @@ async def _run(conn: ConnectionSettings, servers: EmbeddedServers, demo: bool,
         dispatcher_app, d_settings = apps.dispatcher()
         await group.start(server(dispatcher_app, d_settings.host, d_settings.port), "dispatcher")
         urls["dispatcher"] = f"http://{d_settings.host}:{d_settings.port}"
-        receiver_app, r_settings = apps.receiver(urls["dispatcher"], inline_drainer=True)
+        receiver_app, r_settings = apps.receiver(urls["dispatcher"], inline_flusher=True)
         await group.start(server(receiver_app, r_settings.host, r_settings.port), "receiver")
         urls["receiver"] = f"http://{r_settings.host}:{r_settings.port}"
         stored.write(conn.state_dir / RECEIVER_URL_FILE, urls["receiver"])

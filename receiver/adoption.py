@@ -1,9 +1,9 @@
-"""`OrphanAdopter`: drains the buffers that receivers left behind.
+"""`OrphanAdopter`: flushes the buffers that receivers left behind.
 
 A receiver killed with -9 (or stopped while its buffer still held entries) leaves its buffer slot
 unlocked under the shared buffer root (receiver/bufferslots.py). A live receiver looks for such
 slots when it starts and then every `scan_s`; it locks one, opens it with `open_buffer` and
-drains it with a second ingest pipeline from `make_pipeline` (the same class as its own, on that
+flushes it with a second ingest pipeline from `make_pipeline` (the same class as its own, on that
 buffer) until every queue is empty, then removes the slot. The pipeline's sinks are idempotent,
 so whatever the dead receiver had already published or recorded may safely go again.
 """
@@ -40,13 +40,13 @@ class OrphanAdopter:
         self._poll_s = poll_s
         self._progress_every_s = progress_every_s
         self._task: asyncio.Task[None] | None = None
-        self.adopted = 0  # slots drained and removed by this adopter
+        self.adopted = 0  # slots flushed and removed by this adopter
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="adopt-orphaned-buffers")
 
     async def close(self) -> None:
-        """Stop; a slot being drained is released as it is, for the next adopter."""
+        """Stop; a slot being flushed is released as it is, for the next adopter."""
         await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
@@ -60,46 +60,46 @@ class OrphanAdopter:
             await asyncio.sleep(self._scan_s)
 
     async def scan_once(self) -> int:
-        """Adopt every orphan found now, one after the other; returns how many were drained."""
+        """Adopt every orphan found now, one after the other; returns how many were flushed."""
         sweep_removed(self.root)
-        drained = 0
+        flushed = 0
         for slot in find_orphans(self.root, self._min_idle_s):
             claimed = claim_path(slot)
             if claimed is None:  # a starting receiver or another adopter took it meanwhile
                 continue
             try:
-                await self._drain(claimed)
+                await self._flush(claimed)
             finally:
                 claimed.release()  # no-op after remove()
-            drained += 1
-        return drained
+            flushed += 1
+        return flushed
 
-    async def _drain(self, slot: ClaimedSlot) -> None:
+    async def _flush(self, slot: ClaimedSlot) -> None:
         buffer = self._open_buffer(slot.path)
         try:
             pipeline = self._make_pipeline(buffer)
             waiting = {queue: depth for queue, depth in pipeline.depths().items() if depth}
             if waiting:
-                log.warning("adopting the orphaned receiver buffer %s: entries to drain per "
+                log.warning("adopting the orphaned receiver buffer %s: entries to flush per "
                             "queue: %s", slot.path, waiting)
-                await self._drain_with(pipeline, slot)
+                await self._flush_with(pipeline, slot)
         finally:
             buffer.close()
         slot.remove()
         self.adopted += 1
         if waiting:
-            log.warning("orphaned receiver buffer %s: drained (%s) and removed", slot.path,
+            log.warning("orphaned receiver buffer %s: flushed (%s) and removed", slot.path,
                         waiting)
         else:
             log.info("removed the empty orphaned receiver buffer %s", slot.path)
 
-    async def _drain_with(self, pipeline: IngestPipeline, slot: ClaimedSlot) -> None:
+    async def _flush_with(self, pipeline: IngestPipeline, slot: ClaimedSlot) -> None:
         pipeline.start()
         try:
             next_note = time.monotonic() + self._progress_every_s
             while depths := {q: d for q, d in pipeline.depths().items() if d}:
                 if time.monotonic() >= next_note:
-                    log.info("draining the orphaned buffer %s: %s left", slot.path, depths)
+                    log.info("flushing the orphaned buffer %s: %s left", slot.path, depths)
                     next_note += self._progress_every_s
                 await asyncio.sleep(self._poll_s)
         finally:

@@ -347,8 +347,8 @@ async def _service(request: Request) -> ReceiverService:
 probes = APIRouter()
 
 
-def drainer_state(service: ReceiverService) -> dict[str, Any]:
-    process = service.drain_process
+def flusher_state(service: ReceiverService) -> dict[str, Any]:
+    process = service.flush_process
     if process is None:
         return {"mode": "inline"}
     return {"mode": "process", "pid": process.pid, "restarts": process.restarts,
@@ -359,15 +359,15 @@ def drainer_state(service: ReceiverService) -> dict[str, Any]:
 async def health(service: Annotated[ReceiverService, Depends(_service)]) -> dict[str, Any]:
     return {"status": "ok", "mongo": await service.store.ping(),
             "mongo_gate": service.store.gate.state(),
-            "buffer": service.intake.depths(), "drainer": drainer_state(service)}
+            "buffer": service.intake.depths(), "flusher": flusher_state(service)}
 
 
 async def _readiness(service: ReceiverService) -> dict[str, bool]:
     buffer = service.buffer
     checks = {"buffer_has_room": buffer.used_bytes < buffer.max_bytes,
               "mongo": await service.store.ping()}  # not required: the buffer absorbs it
-    if service.drain_process is not None:
-        checks["drainer_running"] = service.drain_process.pid is not None
+    if service.flush_process is not None:
+        checks["flusher_running"] = service.flush_process.pid is not None
     return checks
 
 

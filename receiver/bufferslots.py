@@ -7,7 +7,7 @@
 A process owns a slot while it holds an exclusive flock on the slot's lock file; the kernel drops
 the lock when the process exits, even on kill -9. A slot nobody holds that still has an LMDB
 environment is an orphan: `find_orphans` lists them, another process claims one with
-`claim_path` and drains it (receiver/adoption.py), then `ClaimedSlot.remove()`s it.
+`claim_path` and flushes it (receiver/adoption.py), then `ClaimedSlot.remove()`s it.
 flock() needs a local filesystem (not NFS).
 """
 

@@ -2,8 +2,8 @@
 
 `accept()` writes each message to two queues of the local LMDB buffer in one fsync'd
 transaction: "publish" (to the destination's broker) and "record" (to MongoDB), both partitioned
-by destination. Draining them is the ingest pipeline's job (receiver/pipeline.py), in this
-process or in a drain process of its own (receiver/drain_process.py).
+by destination. Flushing them is the ingest pipeline's job (receiver/pipeline.py), in this
+process or in a flush process of its own (receiver/flush_process.py).
 """
 
 from __future__ import annotations

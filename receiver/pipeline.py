@@ -1,8 +1,8 @@
 """From the receiver's buffer to broker and MongoDB.
 
 `Intake.accept()` (receiver/intake.py) wrote each message to two queues of the local LMDB
-buffer. Two drainers empty them independently:
-- "publish" (partitioned by destination, each drained by a task of its own, so that a broker
+buffer. Two flushers empty them independently:
+- "publish" (partitioned by destination, each flushed by a task of its own, so that a broker
   that is down never holds back the destinations on other brokers): claims their ids against
   the other receivers' (`receiver.dedupe`, one write per batch), sends messages to their
   destination's broker; what the broker refuses goes the
@@ -22,8 +22,8 @@ from msgbus import telemetry
 from msgbus.brokers.base import Publisher
 from msgbus.codec import decode_cooperatively
 from msgbus.delivery.filters import subscription_receives
-from msgbus.drain import PartitionedDrainer
 from msgbus.errors import NotFound
+from msgbus.flush import PartitionedFlusher
 from msgbus.localqueue import LocalQueue
 from msgbus.metrics import DIRECT_FALLBACKS, PUBLISH_LATENCY, PUBLISHED, RECORD_RATE_LIMIT
 from msgbus.models import BrokerKind, Destination, Envelope, Subscription, utcnow
@@ -54,8 +54,8 @@ class IngestPipeline:
         # what the buffer held before this pipeline existed a predecessor may have published
         self._opened_at = utcnow()
         self._topology_done: set[tuple[str, BrokerKind, str, tuple[str, ...]]] = set()
-        self._drainers = [
-            PartitionedDrainer(buffer, PUBLISH_QUEUE, self._publish,
+        self._flushers = [
+            PartitionedFlusher(buffer, PUBLISH_QUEUE, self._publish,
                                batch_size=publish_batch),
             RecordWriter(buffer, RECORD_QUEUE, self._record, batch_size=record_batch,
                          global_rate=self.global_record_rate, rate_of=self.record_rate_of,
@@ -64,8 +64,8 @@ class IngestPipeline:
 
     def start(self) -> None:
         self._registry.on_change(self.prepare_topology)
-        for drainer in self._drainers:
-            drainer.start()
+        for flusher in self._flushers:
+            flusher.start()
 
     async def prepare_topology(self) -> None:
         """Create topics, exchanges and subscription queues as soon as a destination or
@@ -82,11 +82,11 @@ class IngestPipeline:
 
     async def close(self) -> None:
         self._registry.remove_listener(self.prepare_topology)
-        for drainer in self._drainers:
-            await drainer.close()
+        for flusher in self._flushers:
+            await flusher.close()
 
     def depths(self) -> dict[str, int]:
-        """Entries waiting per queue of the buffer this pipeline drains."""
+        """Entries waiting per queue of the buffer this pipeline flushes."""
         return queue_depths(self._buffer)
 
     # --- record rates (runtime settings, then this receiver's default) -------------------

@@ -1,4 +1,4 @@
-"""`RecordWriter`: drains the receiver's record queue into MongoDB in batches, each destination
+"""`RecordWriter`: flushes the receiver's record queue into MongoDB in batches, each destination
 at its own rate and all destinations under a global rate; both can change at any moment.
 
 The record queue is partitioned by destination, so a destination held back by its rate never
@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from msgbus.drain import Drainer, Ready, Sink
+from msgbus.flush import Flusher, Ready, Sink
 from msgbus.localqueue import LocalQueue
 from msgbus.ratelimit import TokenBucket
 
 RateOf = Callable[[str], float]  # destination -> records/s, 0: unlimited
 
 
-class RecordWriter(Drainer):
+class RecordWriter(Flusher):
     def __init__(
         self, queue: LocalQueue, name: str, sink: Sink, *, batch_size: int,
         global_rate: Callable[[], float], rate_of: RateOf, idle_wait_s: float = 0.5,
@@ -39,7 +39,7 @@ class RecordWriter(Drainer):
         bucket.set_rate(self._rate_of(destination))
         return bucket
 
-    async def drain_once(self) -> int:
+    async def flush_once(self) -> int:
         self._throttled_for_s = 0.0
         destinations = self._queue.partitions(self.name)
         if not destinations:

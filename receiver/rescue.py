@@ -1,11 +1,11 @@
-"""`BufferRescuer`: drains receiver buffers left on a node where no receiver runs any more.
+"""`BufferRescuer`: rescues receiver buffers left on a node where no receiver runs any more.
 
 A live receiver adopts the orphaned slots under its own buffer root (receiver/adoption.py). When
-the receivers of a node moved away, nobody is left to do that: the node's spool drainer
-(`msgbus spool-drainer`, the Kubernetes DaemonSet) runs a rescuer instead. It is the adoption
-code with publishers, a registry and a MongoDB store of its own and no buffer of its own: each
-orphan (no live process holds its slot lock, untouched for `min_idle_s`) is locked, drained into
-the brokers and MongoDB, and removed. A slot a live process holds is never opened.
+the receivers of a node moved away, nobody is left to do that: the node rescuer
+(`msgbus node-rescuer`, the Kubernetes DaemonSet) runs a buffer rescuer instead. It is the
+adoption code with publishers, a registry and a MongoDB store of its own and no buffer of its
+own: each orphan (no live process holds its slot lock, untouched for `min_idle_s`) is locked,
+flushed into the brokers and MongoDB, and removed. A slot a live process holds is never opened.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from msgbus.registry import Registry
 from msgbus.settings import ReceiverSettings
 from msgbus.store import MongoStore
 from receiver.adoption import OrphanAdopter
-from receiver.draining import make_pipeline, open_buffer
+from receiver.flushing import make_pipeline, open_buffer
 from receiver.pipeline import IngestPipeline
 from receiver.publishers import PublisherSet, build_publishers
 
@@ -30,13 +30,13 @@ class BufferRescuer:
         conn = settings.connections
         self.settings = settings
         self.min_idle_s = min_idle_s
-        self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="spool-drainer")
+        self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="node-rescuer")
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
         self.publishers = PublisherSet(build_publishers(settings))
         self._started = False
 
     async def start(self) -> None:
-        """Starts even while MongoDB or a broker is down; a drain then waits for them."""
+        """Starts even while MongoDB or a broker is down; a rescue then waits for them."""
         await self.publishers.start()
         await self.registry.start()
         self._started = True
@@ -48,7 +48,7 @@ class BufferRescuer:
         await self.store.close()
 
     async def rescue(self, root: Path) -> int:
-        """Drain and remove every orphaned buffer slot under `root` now; returns how many."""
+        """Flush and remove every orphaned buffer slot under `root` now; returns how many."""
         adopter = OrphanAdopter(root, self._open, self._pipeline_on, scan_s=0,
                                 min_idle_s=self.min_idle_s)
         return await adopter.scan_once()

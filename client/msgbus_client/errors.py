@@ -11,7 +11,7 @@ Tree::
     │   ├── SpoolFullError         max_spool_bytes reached; nothing was written
     │   ├── SpoolDiskFullError     the disk (or quota, or file size limit) is full; nothing was
     │   │                          written, what was spooled before is intact
-    │   ├── SpoolNotIdleError      spooltools: the spool was written too recently to be drained
+    │   ├── SpoolNotIdleError      spooltools: the spool was written too recently to be rescued
     │   └── SpoolFormatError       the dir holds a spool this version cannot read
     └── WebhookVerificationError   verify_push(): the push is not authentic or too old
 
@@ -86,7 +86,7 @@ class SpoolDiskFullError(SpoolError):
 
 
 class SpoolNotIdleError(SpoolError):
-    """The spool was written too recently to count as orphaned; it is not drained."""
+    """The spool was written too recently to count as orphaned; it is not rescued."""
 
 
 class SpoolFormatError(SpoolError):

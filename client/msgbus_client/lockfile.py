@@ -4,7 +4,7 @@ The kernel releases the lock when the owner exits, even on kill -9, so a new pro
 over a dir left behind. flock() needs a local filesystem (not NFS).
 
 The owner writes "pid=... host=..." into the lock file, so `is_held()` (used by the spool tools
-and the orphan-draining DaemonSet) can say who holds a spool without owning it.
+and the node rescuer DaemonSet) can say who holds a spool without owning it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ LOCK_FILE_NAME = "spool.lock"
 # the microseconds between flock() and writing its name: wait a little before giving up.
 _UNNAMED_RETRIES = 5
 _UNNAMED_RETRY_S = 0.01
-_MAX_ATTEMPTS = 100  # lock files replaced under us (a drained spool removed) before giving up
+_MAX_ATTEMPTS = 100  # lock files replaced under us (a rescued spool removed) before giving up
 
 
 class LockFileReplaced(Exception):
@@ -36,7 +36,7 @@ def take_lock(lock_path: Path) -> int | str:
     name into it: returns the locked descriptor; or, when a live process holds it, that
     holder's name ("" when it has not written one). Closing the descriptor drops the lock.
 
-    Whoever removes the dir (a drain, an adopter) does so holding the lock; a process that
+    Whoever removes the dir (a rescue, an adopter) does so holding the lock; a process that
     opened the old lock file meanwhile must not keep a lock on a file that is no longer there,
     so it tries again (`LockFileReplaced` after many times).
     """

@@ -482,7 +482,7 @@ def format_error(path: Path, found: bytes | None) -> SpoolFormatError:
     """The error for a spool whose recorded format is not the one this version reads."""
     return SpoolFormatError(
         f"spool {path} has format {found!r}; this msgbus_client reads {FORMAT_VERSION!r}. "
-        "Drain it with the version that wrote it."
+        "Send what it holds with the version that wrote it."
     )
 
 

@@ -1,19 +1,22 @@
-"""Spool dirs seen from outside their owner: inspect them, find orphans, drain them.
+"""Spool dirs seen from outside their owner: inspect them, find orphans, rescue them.
 
-These are what `msgbus spool ...` and the Kubernetes DaemonSet (which drains the spools that
-pods left behind on a node) run, so both behave the same.
+These are what `msgbus spool ...` and the Kubernetes DaemonSet (`msgbus node-rescuer`, which
+rescues the spools that pods left behind on a node) run, so both behave the same.
 
 * `inspect_spool()` reads a spool without taking it over: it never takes the dir lock and opens
   LMDB read-only (a reader slot in lock.mdb, as any LMDB reader), so it works while a live client
   writes, and changes nothing.
 * A spool is **orphaned** when no live process holds its lock and data.mdb has not been written
   for `min_idle_s`. The idle time covers a process that is about to restart on its dir.
-* `drain_spool()` takes the lock (no client can open the spool meanwhile), delivers everything
+* `rescue_spool()` takes the lock (no client can open the spool meanwhile), delivers everything
   with the client's own delivery code (`Deliverer`: batches, backoff, Retry-After, rejected
   messages moved aside), and removes the dir when nothing is left in it.
 
 Open at most one view of a spool per process: LMDB (and py-lmdb >= 3 enforces it) must not open
 the same environment twice in one process, so a spool this process owns is refused here.
+
+`drain_spool` and `DrainReport` are the names of `rescue_spool` and `RescueReport` before 0.2,
+deprecated: they go in the next release.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import contextlib
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from os import PathLike
@@ -59,7 +63,7 @@ log = logging.getLogger("msgbus_client")
 DEFAULT_ORPHAN_IDLE_S = 600.0
 MAX_SEARCH_DEPTH = 3
 
-Progress = Callable[[int, int], None]  # (messages settled so far, messages to drain)
+Progress = Callable[[int, int], None]  # (messages settled so far, messages to rescue)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +79,14 @@ class SpoolReport:
     held_by: str | None  # "pid=... host=..." of the live owner, None when nobody holds it
 
     def orphaned(self, min_idle_s: float = DEFAULT_ORPHAN_IDLE_S) -> bool:
-        """No live owner, and not written for `min_idle_s`: safe to drain and remove."""
+        """No live owner, and not written for `min_idle_s`: safe to rescue and remove."""
         return self.held_by is None and self.last_write_age_s >= min_idle_s
 
 
 @dataclass(frozen=True, slots=True)
-class DrainReport:
+class RescueReport:
     path: Path
-    delivered: int  # acknowledged by the receiver during this drain
+    delivered: int  # acknowledged by the receiver during this rescue
     rejected: int  # in the spool's rejected area at the end (refused as invalid)
     left: int  # still pending at the end (receiver unreachable until the timeout)
     removed: bool  # the spool dir was deleted
@@ -170,7 +174,7 @@ def open_for_maintenance(path: str | PathLike[str]) -> Spool:
         ) from exc
 
 
-def drain_spool(
+def rescue_spool(
     path: str | PathLike[str],
     receiver_url: str,
     api_key: str,
@@ -180,14 +184,14 @@ def drain_spool(
     remove: bool = True,
     progress: Progress | None = None,
     transport: httpx.BaseTransport | None = None,
-) -> DrainReport:
+) -> RescueReport:
     """Send everything pending in the orphaned spool at `path` to the receiver, oldest first.
 
     Refuses (SpoolLockedError) a spool a live process holds, and (SpoolNotIdleError) one written
     less than `min_idle_s` ago. Holds the spool's lock while it runs. Stops when nothing is
     pending or after `timeout_s`; calls `progress(settled, total)` after each batch. Rejected
     messages go to the rejected area as usual. With `remove`, the dir is deleted when nothing
-    is left in it (pending or rejected); otherwise it is kept for a later drain or the CLI.
+    is left in it (pending or rejected); otherwise it is kept for a later rescue or the CLI.
     """
     started = time.monotonic()
     base = Path(path)
@@ -195,7 +199,7 @@ def drain_spool(
     settings = ClientSettings(
         receiver_url=receiver_url, spool_dir=base, max_spool_bytes=_max_bytes(base)
     )
-    spool, sender, health = _open_for_drain(base, settings, api_key, transport)
+    spool, sender, health = _open_for_rescue(base, settings, api_key, transport)
     try:
         _refuse_if_written(base, min_idle_s)  # again, now that nobody else can write it
         deliverer = Deliverer(spool, sender, health)
@@ -207,9 +211,30 @@ def drain_spool(
     finally:
         sender.close()
         spool.close()
-    report = DrainReport(base, delivered, rejected, left, removed, time.monotonic() - started)
-    log.info("msgbus_client: drained %s: %s", base, report)
+    report = RescueReport(base, delivered, rejected, left, removed, time.monotonic() - started)
+    log.info("msgbus_client: rescued %s: %s", base, report)
     return report
+
+
+def drain_spool(
+    path: str | PathLike[str],
+    receiver_url: str,
+    api_key: str,
+    *,
+    min_idle_s: float = 0,
+    timeout_s: float = 300,
+    remove: bool = True,
+    progress: Progress | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> RescueReport:
+    """Deprecated: `rescue_spool` (its name before 0.2; it goes in the next release)."""
+    warnings.warn("msgbus_client.spooltools.drain_spool is deprecated: use rescue_spool",
+                  DeprecationWarning, stacklevel=2)
+    return rescue_spool(path, receiver_url, api_key, min_idle_s=min_idle_s, timeout_s=timeout_s,
+                        remove=remove, progress=progress, transport=transport)
+
+
+DrainReport = RescueReport  # deprecated: its name before 0.2
 
 
 # -- internals ----------------------------------------------------------------------------------
@@ -228,7 +253,7 @@ def _deliver_all(
     receiver's backoff (our own, or its Retry-After) like the resender. Returns how many the
     receiver acknowledged."""
     delivered = settled = 0
-    total = spool.pending_count()  # nobody adds messages: the drain holds the spool's lock
+    total = spool.pending_count()  # nobody adds messages: the rescue holds the spool's lock
     while batch := spool.oldest(settings.max_batch_messages, settings.max_batch_bytes):
         wait_s = flush_wait_s(health, deadline)
         if wait_s is None:
@@ -242,7 +267,7 @@ def _deliver_all(
     return delivered
 
 
-def _open_for_drain(
+def _open_for_rescue(
     path: Path, settings: ClientSettings, api_key: str, transport: httpx.BaseTransport | None
 ) -> tuple[Spool, HttpSender, ReceiverHealth]:
     if not api_key:
@@ -270,14 +295,14 @@ def _refuse_if_written(path: Path, min_idle_s: float, age_s: float | None = None
     if age_s < min_idle_s:
         raise SpoolNotIdleError(
             f"spool {path} was written {age_s:.0f} s ago, less than the {min_idle_s:.0f} s it "
-            "must be idle to count as orphaned (its process may be restarting); not drained"
+            "must be idle to count as orphaned (its process may be restarting); not rescued"
         )
 
 
 def _held_error(path: Path, held_by: str | None) -> SpoolLockedError:
     return SpoolLockedError(
         f"spool {path} is held by {held_by or 'a live process'}: it is not orphaned, and its "
-        "own client delivers it; not drained"
+        "own client delivers it; not rescued"
     )
 
 

@@ -26,7 +26,7 @@ def test_sends_during_and_after_an_outage_arrive_in_send_order(make_client: Make
     ids = [client.send("orders", {"n": n}) for n in range(40)]
     receiver.start()
     try:
-        # keep sending while the resender drains the backlog: no new message may overtake it
+        # keep sending while the resender works off the backlog: no new message may overtake it
         ids += [client.send("orders", {"n": n}) for n in range(40, 120)]
         eventually(lambda: set(receiver.ids()) == set(ids))
         assert _first_seen(receiver.ids()) == ids

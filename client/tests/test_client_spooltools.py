@@ -1,4 +1,4 @@
-"""Spool tools (inspect, orphans, drain), slots for several processes on one root, and the
+"""Spool tools (inspect, orphans, rescue), slots for several processes on one root, and the
 non-owning lock probe. Owners run in child processes, as they do on a real node."""
 
 from __future__ import annotations
@@ -160,10 +160,10 @@ def test_find_orphans_skips_held_and_recently_written_spools(
     assert {r.path for r in spooltools.find_orphans(root, min_idle_s=0)} == {recent, idle}
 
 
-# -- drain --------------------------------------------------------------------------------------
+# -- rescue -------------------------------------------------------------------------------------
 
 
-def test_drain_delivers_everything_in_order_then_removes_the_dir(
+def test_rescue_delivers_everything_in_order_then_removes_the_dir(
     tmp_path: Path, receiver: StubReceiver
 ) -> None:
     path = tmp_path / "left-behind"
@@ -171,7 +171,7 @@ def test_drain_delivers_everything_in_order_then_removes_the_dir(
     make_idle(path)
     seen: list[tuple[int, int]] = []
 
-    report = spooltools.drain_spool(
+    report = spooltools.rescue_spool(
         path, receiver.url, API_KEY, min_idle_s=60, progress=lambda n, t: seen.append((n, t))
     )
 
@@ -182,62 +182,74 @@ def test_drain_delivers_everything_in_order_then_removes_the_dir(
     assert seen == [(100, 250), (200, 250), (250, 250)]  # one step per batch
 
 
-def test_drain_keeps_the_dir_while_rejected_messages_remain(
+def test_rescue_keeps_the_dir_while_rejected_messages_remain(
     tmp_path: Path, receiver: StubReceiver
 ) -> None:
     path = tmp_path / "spool"
     ids = make_spool(path, 4)
     receiver.set_rule(lambda dest, doc: (422, {"error": "bad"}) if doc["body"]["n"] == 2 else None)
 
-    report = spooltools.drain_spool(path, receiver.url, API_KEY)
+    report = spooltools.rescue_spool(path, receiver.url, API_KEY)
     assert (report.delivered, report.rejected, report.left, report.removed) == (3, 1, 0, False)
     assert receiver.ids() == [ids[0], ids[1], ids[3]]
     [rejected] = spooltools.list_rejected(path)
     assert (rejected.message_id, rejected.status, rejected.error) == (ids[2], 422, {"error": "bad"})
     assert spooltools.inspect_spool(path).rejected == 1
 
-    # fixed on the receiver: re-queue it, drain again, and the dir goes
+    # fixed on the receiver: re-queue it, rescue again, and the dir goes
     receiver.set_rule(None)
     spool = spooltools.open_for_maintenance(path)
     assert spool.resend_all_rejected() == 1
     spool.close()
-    report = spooltools.drain_spool(path, receiver.url, API_KEY)
+    report = spooltools.rescue_spool(path, receiver.url, API_KEY)
     assert (report.delivered, report.rejected, report.removed) == (1, 0, True)
     assert receiver.ids()[-1] == ids[2]
     assert not path.exists()
 
 
-def test_drain_refuses_a_held_spool(
+def test_rescue_refuses_a_held_spool(
     tmp_path: Path, receiver: StubReceiver, owners: list[Owner]
 ) -> None:
     owner = Owner("dir", tmp_path / "spool", 2)
     owners.append(owner)
     with pytest.raises(SpoolLockedError, match=f"held by pid={owner.proc.pid} "):
-        spooltools.drain_spool(owner.path, receiver.url, API_KEY)
+        spooltools.rescue_spool(owner.path, receiver.url, API_KEY)
     with pytest.raises(SpoolLockedError, match="held by"):
         spooltools.open_for_maintenance(owner.path)
     assert receiver.received == []
     assert owner.spool_one_more() == 3  # untouched, still its owner's
 
 
-def test_drain_refuses_a_recently_written_spool(tmp_path: Path, receiver: StubReceiver) -> None:
+def test_rescue_refuses_a_recently_written_spool(tmp_path: Path, receiver: StubReceiver) -> None:
     path = tmp_path / "spool"
     make_spool(path, 1)
     with pytest.raises(SpoolNotIdleError, match="written"):
-        spooltools.drain_spool(path, receiver.url, API_KEY, min_idle_s=3600)
+        spooltools.rescue_spool(path, receiver.url, API_KEY, min_idle_s=3600)
     assert receiver.received == [] and spooltools.inspect_spool(path).pending == 1
 
 
-def test_drain_stops_at_its_timeout_and_keeps_what_is_left(tmp_path: Path) -> None:
+def test_rescue_stops_at_its_timeout_and_keeps_what_is_left(tmp_path: Path) -> None:
     path = tmp_path / "spool"
     make_spool(path, 3)
     dead_url = f"http://127.0.0.1:{free_port()}"
-    report = spooltools.drain_spool(path, dead_url, API_KEY, timeout_s=0.5)
+    report = spooltools.rescue_spool(path, dead_url, API_KEY, timeout_s=0.5)
     assert (report.delivered, report.left, report.removed) == (0, 3, False)
     assert spooltools.inspect_spool(path).pending == 3
 
 
-def test_drain_waits_out_a_busy_receiver(tmp_path: Path, receiver: StubReceiver) -> None:
+def test_drain_spool_is_a_deprecated_alias_of_rescue_spool(
+    tmp_path: Path, receiver: StubReceiver
+) -> None:
+    """Its name before 0.2 (docs/operations.md, "Renamed in 0.2"), for one more release."""
+    path = tmp_path / "spool"
+    ids = make_spool(path, 2)
+    with pytest.warns(DeprecationWarning, match="rescue_spool"):
+        report = spooltools.drain_spool(path, receiver.url, API_KEY)
+    assert isinstance(report, spooltools.DrainReport) and report.removed
+    assert receiver.ids() == ids
+
+
+def test_rescue_waits_out_a_busy_receiver(tmp_path: Path, receiver: StubReceiver) -> None:
     path = tmp_path / "spool"
     ids = make_spool(path, 5)
     receiver.set_busy(503, retry_after="0.2")
@@ -248,7 +260,7 @@ def test_drain_waits_out_a_busy_receiver(tmp_path: Path, receiver: StubReceiver)
 
     helper = threading.Thread(target=recover)
     helper.start()
-    report = spooltools.drain_spool(path, receiver.url, API_KEY, timeout_s=20)
+    report = spooltools.rescue_spool(path, receiver.url, API_KEY, timeout_s=20)
     helper.join()
     assert receiver.ids() == ids and report.removed
     assert [a.status for a in receiver.attempts][:2] == [503, 503]

@@ -2,7 +2,7 @@
 process advertises its /health in its heartbeat, and the admin shows which of them see MongoDB
 as unavailable. A receiver and a dispatcher reach MongoDB through a TcpGate that the test
 freezes; a compensator and the admin reach it directly: only the first two (and the receiver's
-drain process) turn unavailable, and available again once the gate thaws. The receiver,
+flush process) turn unavailable, and available again once the gate thaws. The receiver,
 dispatcher and compensator are separate OS processes (the admin runs in the test's, which saves
 a process start of several seconds). Named `admin` so that `pytest -k admin` selects them."""
 
@@ -49,11 +49,11 @@ def _by_instance(admin_url: str) -> dict[str, dict[str, Any]]:
 
 
 def _gates(row: dict[str, Any]) -> list[bool | None]:
-    """Whether the process (and a receiver's drain process) sees MongoDB as available; None
+    """Whether the process (and a receiver's flush process) sees MongoDB as available; None
     while unknown."""
     seen = [(row.get("mongo") or {}).get("available")]
     if row.get("component") == "receiver":
-        seen.append(((row.get("drainer") or {}).get("mongo") or {}).get("available"))
+        seen.append(((row.get("flusher") or {}).get("mongo") or {}).get("available"))
     return seen
 
 
@@ -85,7 +85,7 @@ def test_admin_services_shows_which_processes_see_mongodb_unavailable(
     rows = _by_instance(admin_url)
     for name, url in urls.items():
         assert rows[name]["health_url"] == f"{url}/health"
-    assert rows[f"receiver:{host}-{receiver.pid}"]["drainer"]["mode"] == "process"
+    assert rows[f"receiver:{host}-{receiver.pid}"]["flusher"]["mode"] == "process"
 
     mongo_gate.freeze()
 
@@ -95,7 +95,7 @@ def test_admin_services_shows_which_processes_see_mongodb_unavailable(
             _gates(rows[name]) == [True] for name in instances - frozen)
 
     eventually(only_frozen_unavailable, SEES_IT_S,
-               "the receiver, its drain process and the dispatcher to see MongoDB unavailable")
+               "the receiver, its flush process and the dispatcher to see MongoDB unavailable")
     down = _by_instance(admin_url)["dispatcher:dispatcher-gated"]["mongo"]
     assert down["since"] and down["closed_by"] and down["reason"]
 

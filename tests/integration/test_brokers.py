@@ -316,14 +316,14 @@ async def test_a_rebalance_waits_for_what_was_handed_out_so_nobody_gets_it_again
             first.ack(received)
         rest: list[Received] = []
 
-        async def drained() -> bool:
+        async def received_all() -> bool:
             for consumer in (first, second):
                 for received in await consumer.receive(100, 0.2):
                     consumer.ack(received)
                     rest.append(received)
             return len(held) + len(rest) >= len(sent)
 
-        await eventually_async(drained, timeout_s=30)
+        await eventually_async(received_all, timeout_s=30)
         assert_same_messages(sent, held + rest)  # none twice: the held ones were committed
         assert second.assignments >= 1
     finally:

@@ -201,10 +201,10 @@ def test_cli_status_lists_each_service_and_how_it_sees_mongodb(bus: RunningBus,
     rows = polled()
     assert {rows[url]["component"] for url in urls} == {"receiver", "dispatcher", "compensator"}
     assert all(rows[url]["mongo"]["available"] for url in urls)
-    assert rows[bus.receiver_url]["drainer"]["mode"] == "inline"
+    assert rows[bus.receiver_url]["flusher"]["mode"] == "inline"
     table = _ok(_run("status", *admin))
     assert table.splitlines()[0].split() == ["COMPONENT", "INSTANCE", "REACHABLE", "MONGO",
-                                             "DRAIN_PROCESS"]
+                                             "FLUSH_PROCESS"]
     assert "available" in table and "(this admin)" not in table
 
 def test_cli_takes_the_admin_url_and_token_from_flag_env_config_then_state_dir(

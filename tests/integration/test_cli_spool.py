@@ -1,5 +1,5 @@
 """`msgbus spool ...` as an operator (or the node DaemonSet) runs it, against the real receiver:
-a spool that a killed producer left behind is inspected, drained into the bus and removed; a
+a spool that a killed producer left behind is inspected, rescued into the bus and removed; a
 spool holding a message the receiver rejected is listed, re-sent and purged."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def recorded_ids(bus: RunningBus, destination: str) -> set[str]:
     return {str(d["_id"]) for d in docs}
 
 
-def test_spool_of_a_killed_producer_is_inspected_drained_into_the_bus_and_removed(
+def test_spool_of_a_killed_producer_is_inspected_rescued_into_the_bus_and_removed(
         bus: RunningBus, api_key: str, unique: str, tmp_path: Path,
         children: ScriptChildren) -> None:
     destination = f"left-{unique}"
@@ -64,13 +64,13 @@ def test_spool_of_a_killed_producer_is_inspected_drained_into_the_bus_and_remove
     spool_dir = root / "shop" / "pod-7"
     producer = start_producer(children, api_key, spool_dir, destination, 30)
 
-    # while the producer lives: visible, but neither drained nor changed
+    # while the producer lives: visible, but neither rescued nor changed
     table = ok(msgbus("inspect", str(root)))
     assert f"held by pid={producer.proc.pid} " in table and str(spool_dir) in table
     assert table.splitlines()[1].split()[:2] == ["30", "0"]
-    error = failed(msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url,
+    error = failed(msgbus("rescue", str(spool_dir), "--receiver", bus.receiver_url,
                           api_key=api_key))
-    assert f"held by pid={producer.proc.pid} " in error and "not drained" in error
+    assert f"held by pid={producer.proc.pid} " in error and "not rescued" in error
     error = failed(msgbus("rejected", "purge", str(spool_dir), "--all"))
     assert "stop the process" in error
 
@@ -82,14 +82,14 @@ def test_spool_of_a_killed_producer_is_inspected_drained_into_the_bus_and_remove
     assert "orphaned" in orphans and str(spool_dir) in orphans
     assert "no spools to show" in ok(msgbus("orphans", str(root), "--min-idle", "3600"))
 
-    drained = msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key)
-    summary = ok(drained)
+    rescued = msgbus("rescue", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key)
+    summary = ok(rescued)
     assert "30 delivered, 0 rejected (kept), 0 left pending; dir removed" in summary
-    assert f"draining {spool_dir}" in drained.stderr  # the progress bar's label
+    assert f"rescuing {spool_dir}" in rescued.stderr  # the progress bar's label
     assert not spool_dir.exists()
     eventually(lambda: recorded_ids(bus, destination) == set(producer.lines), 30,
-               "the drained messages in MongoDB")
-    doc = bus.query(bus.store.get_message(producer.lines[7]))
+               "the rescued messages in MongoDB")
+    doc = bus.query(bus.store.traces.get_message(producer.lines[7]))
     assert doc["biz_id"] == "left-7"
 
 
@@ -108,10 +108,10 @@ def test_rejected_message_is_listed_resent_and_purged(
     assert entry["message"]["body"] == {"lost": "way"} and entry["error"]["field"] == "destination"
     assert f"{bad}  {unknown}  HTTP 404" in ok(msgbus("rejected", "list", str(spool_dir)))
 
-    # what is left in the spool keeps the dir after a drain; the exit status says so
-    drained = msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key)
-    failed(drained)
-    assert "0 delivered, 1 rejected (kept), 0 left pending; dir kept" in drained.stdout
+    # what is left in the spool keeps the dir after a rescue; the exit status says so
+    rescued = msgbus("rescue", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key)
+    failed(rescued)
+    assert "0 delivered, 1 rejected (kept), 0 left pending; dir kept" in rescued.stdout
     assert spool_dir.exists()
 
     # still unknown: re-sent, rejected again
@@ -119,7 +119,7 @@ def test_rejected_message_is_listed_resent_and_purged(
                                                              str(spool_dir), bad))
     [report] = json.loads(ok(msgbus("inspect", str(spool_dir), "--json")))
     assert (report["pending"], report["rejected"]) == (1, 0)
-    failed(msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key))
+    failed(msgbus("rescue", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key))
 
     # errors are one line, with the usage error's own status
     assert "MESSAGE_ID... or --all" in failed(msgbus("rejected", "purge", str(spool_dir)), 2)
@@ -131,7 +131,10 @@ def test_rejected_message_is_listed_resent_and_purged(
 
     assert "1 rejected message(s) purged" in ok(msgbus("rejected", "purge", str(spool_dir), bad))
     assert "no rejected messages" in ok(msgbus("rejected", "list", str(spool_dir)))
-    ok(msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key))
+    # `drain`, its name before 0.2, still works (hidden) and says the new name
+    drained = msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url, api_key=api_key)
+    ok(drained)
+    assert "`rescue` since 0.2" in drained.stderr
     assert not spool_dir.exists()
     assert recorded_ids(bus, unknown) == set()
     eventually(lambda: recorded_ids(bus, known) == {good}, 30, "the good message in MongoDB")
@@ -146,14 +149,14 @@ def test_resent_message_goes_out_once_its_destination_exists(
     assert client.close(10) == 0
     bus.create_destination(destination, "direct")
 
-    def resend_and_drain() -> bool:
+    def resend_and_rescue() -> bool:
         """The receiver may still remember the destination as unknown for a moment."""
         ok(msgbus("rejected", "resend", str(spool_dir), "--all"))
-        drained = msgbus("drain", str(spool_dir), "--receiver", bus.receiver_url,
+        rescued = msgbus("rescue", str(spool_dir), "--receiver", bus.receiver_url,
                          api_key=api_key)
-        return drained.returncode == 0 and "1 delivered" in drained.stdout
+        return rescued.returncode == 0 and "1 delivered" in rescued.stdout
 
-    eventually(resend_and_drain, 30, "the re-sent message to be accepted")
+    eventually(resend_and_rescue, 30, "the re-sent message to be accepted")
     assert not spool_dir.exists()
     eventually(lambda: recorded_ids(bus, destination) == {message_id}, 30, "MongoDB record")
 

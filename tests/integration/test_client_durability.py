@@ -173,7 +173,7 @@ def test_outage_then_recovery_delivers_everything_in_send_order(
         assert gate.refused > 0 and gate.forwarded == 0  # the receiver really was unreachable
 
         gate.open()
-        eventually(lambda: client.spool.pending_count() == 0, 60, "the spool to drain")
+        eventually(lambda: client.spool.pending_count() == 0, 60, "the spool to empty")
         assert client.spool.rejected_count() == 0
         assert client.close(10) == 0
 

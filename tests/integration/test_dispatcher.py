@@ -316,7 +316,7 @@ def test_a_message_the_broker_hands_out_again_after_delivery_is_not_pushed_again
         bus: RunningBus, api_key: str, unique: str, broker: str, kafka_bootstrap: str,
         rabbitmq_url: str) -> None:
     """What a broker hands out again (here: the same envelopes published once more, flagged as
-    a receiver draining a dead predecessor's buffer flags them) is acked without a push when
+    a receiver flushing a dead predecessor's buffer flags them) is acked without a push when
     it was delivered already; new messages are pushed."""
     from msgbus.brokers.kafka import KafkaPublisher
     from msgbus.brokers.rabbitmq import RabbitPublisher

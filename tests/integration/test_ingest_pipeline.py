@@ -26,7 +26,7 @@ from msgbus.models import BrokerKind, Destination, Envelope, utcnow
 from msgbus.registry import Registry
 from msgbus.settings import ConnectionSettings, ReceiverSettings
 from msgbus.store import MongoStore
-from receiver.draining import open_buffer
+from receiver.flushing import open_buffer
 from receiver.intake import PUBLISH_QUEUE, Intake
 from receiver.pipeline import IngestPipeline
 from receiver.publishers import PublisherSet, build_publishers
@@ -64,11 +64,11 @@ def published_flags(bootstrap: str, destination: str, expected: int) -> dict[str
 
 
 class Parts:
-    """What a pipeline drains into: a Kafka destination, MongoDB, the registry, publishers."""
+    """What a pipeline flushes into: a Kafka destination, MongoDB, the registry, publishers."""
 
     def __init__(self, mongo_uri: str, mongo_db: str, kafka_bootstrap: str,
                  tmp_path: Path) -> None:
-        self.settings = ReceiverSettings(drainer="inline", connections=ConnectionSettings(
+        self.settings = ReceiverSettings(flusher="inline", connections=ConnectionSettings(
             mongo_uri=mongo_uri, mongo_db=mongo_db, kafka_bootstrap=kafka_bootstrap,
             internal_token=SecretStr("t"), state_dir=tmp_path / "state"))
         self.code = f"pipeline-{uuid.uuid4().hex[:8]}"
@@ -103,24 +103,24 @@ async def parts(mongo_uri: str, mongo_db_name: str, kafka_bootstrap: str,
     await running.close()
 
 
-async def drained(pipeline: IngestPipeline) -> None:
+async def flushed(pipeline: IngestPipeline) -> None:
     await eventually_async(lambda: not any(pipeline.depths().values()), 30,
-                           "the pipeline's buffer to drain", interval_s=0.1)
+                           "the pipeline's buffer to be flushed", interval_s=0.1)
 
 
 async def test_a_buffers_inherited_messages_are_published_flagged_redelivered(
         parts: Parts, kafka_bootstrap: str) -> None:
     code = parts.code
     left_behind = accepted(code, 20)
-    await Intake(parts.buffer).accept(left_behind)  # by a receiver that died before draining
+    await Intake(parts.buffer).accept(left_behind)  # by a receiver that died before flushing
     pipeline = parts.pipeline()
     pipeline.start()
     try:
         await eventually_async(lambda: pipeline.depths()[PUBLISH_QUEUE] == 0, 30,
                                "the inherited messages published", interval_s=0.01)
         fresh = accepted(code, 20)
-        await Intake(parts.buffer).accept(fresh)  # by the receiver this pipeline drains for
-        await drained(pipeline)
+        await Intake(parts.buffer).accept(fresh)  # by the receiver this pipeline flushes for
+        await flushed(pipeline)
         flags = await asyncio.to_thread(published_flags, kafka_bootstrap, code, 40)
     finally:
         await pipeline.close()

@@ -155,7 +155,7 @@ def full_receiver(bus: RunningBus, tmp_path_factory: pytest.TempPathFactory) -> 
     connections = bus.connections.model_copy(update={
         "kafka_bootstrap": "", "rabbitmq_url": "",
         "state_dir": Path(tmp_path_factory.mktemp("full-receiver"))})
-    service = ReceiverService(ReceiverSettings(port=0, buffer_max_bytes=0, drainer="inline",
+    service = ReceiverService(ReceiverSettings(port=0, buffer_max_bytes=0, flusher="inline",
                                                dispatcher_url=bus.dispatcher_url,
                                                connections=connections))
     group = ServerGroup()

@@ -96,7 +96,7 @@ def test_the_record_rate_can_be_changed_at_runtime_per_destination_and_globally(
     assert bus.receiver_metric("msgbus_record_rate_limit_per_second", destination=slow) == 2
 
     bus.create_destination(slow, "direct", record_rate_per_s=0)  # lifted at runtime
-    eventually(lambda: _recorded(bus, slow) == 200, 30, "the backlog to drain once lifted")
+    eventually(lambda: _recorded(bus, slow) == 200, 30, "the backlog to be flushed once lifted")
 
     bus.admin.patch("/v1/runtime", json={"record_rate_per_s": 3}).raise_for_status()
     bus.wait_for_config()

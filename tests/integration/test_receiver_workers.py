@@ -1,13 +1,13 @@
 """Receivers sharing one buffer root and one port, as real `msgbus receiver` processes on real
 tansu and SecantusDB:
 
-- what a receiver killed with -9 had accepted but not yet recorded is drained into MongoDB by
+- what a receiver killed with -9 had accepted but not yet recorded is flushed into MongoDB by
   another receiver, which then removes the dead one's buffer slot;
 - `--workers 2` serves one port from two processes, both accept messages, and a worker that
   dies is replaced;
-- each receiver process drains its buffer in a drain process of its own: one killed with -9 is
+- each receiver process flushes its buffer in a flush process of its own: one killed with -9 is
   replaced and nothing it left is lost, and it never outlives its receiver;
-- /metrics of any worker shows the counts of every worker and drain process.
+- /metrics of any worker shows the counts of every worker and flush process.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def send(setup: Setup, port: int, count: int, workers: list[int] | None = None,
     return served_by
 
 
-def test_a_killed_receivers_buffer_is_drained_by_another_and_removed(setup: Setup) -> None:
+def test_a_killed_receivers_buffer_is_flushed_by_another_and_removed(setup: Setup) -> None:
     survivor = setup.receiver("survivor", MSGBUS_RECEIVER_ORPHAN_SCAN_S="0.5",
                               MSGBUS_RECEIVER_ORPHAN_MIN_IDLE_S="0")
     survivor.wait_healthy()
@@ -121,7 +121,7 @@ def test_a_killed_receivers_buffer_is_drained_by_another_and_removed(setup: Setu
         victim.kill()
 
     eventually(lambda: not victim_slot.exists(), 60,
-               f"the survivor to drain and remove {victim_slot.name}\n{survivor.log()}")
+               f"the survivor to flush and remove {victim_slot.name}\n{survivor.log()}")
     assert setup.recorded() == 51
     assert "adopting the orphaned receiver buffer" in survivor.log()  # and said so
     assert sorted(p.name for p in setup.buffer_root.iterdir()) == ["slot-0"]  # its own
@@ -154,15 +154,15 @@ def test_two_workers_share_one_port_and_a_dead_one_is_replaced(setup: Setup) -> 
     assert not any(processes.pid_alive(pid) for pid in replaced)
 
 
-def drain_pid(receiver: ReceiverProcess) -> int | None:
-    """The pid of the receiver's drain process, as its /health reports it."""
+def flush_pid(receiver: ReceiverProcess) -> int | None:
+    """The pid of the receiver's flush process, as its /health reports it."""
     try:
         health = httpx.get(f"{receiver.url}/health", timeout=5).json()
     except httpx.HTTPError:
         return None
-    drainer = health["drainer"]
-    assert drainer["mode"] == "process"
-    return drainer["pid"]
+    flusher = health["flusher"]
+    assert flusher["mode"] == "process"
+    return flusher["pid"]
 
 
 def gone(pid: int) -> bool:
@@ -174,12 +174,12 @@ def gone(pid: int) -> bool:
     return "\nState:\tZ" in status
 
 
-def test_a_killed_drain_process_is_replaced_and_what_it_left_is_recorded(setup: Setup) -> None:
+def test_a_killed_flush_process_is_replaced_and_what_it_left_is_recorded(setup: Setup) -> None:
     mongo_port = int(setup.mongo_uri.rsplit(":", 1)[1])
     with TcpGate(HOST, mongo_port) as gate:
         receiver = setup.receiver("receiver", MSGBUS_MONGO_URI=f"mongodb://{HOST}:{gate.port}")
         receiver.wait_healthy()
-        first = eventually(lambda: drain_pid(receiver), what="the drain process")
+        first = eventually(lambda: flush_pid(receiver), what="the flush process")
         assert first in procnet.children_of(receiver.pid)
         send(setup, receiver.port, 1)
         eventually(lambda: setup.recorded() == 1, what="the first message in MongoDB")
@@ -187,26 +187,26 @@ def test_a_killed_drain_process_is_replaced_and_what_it_left_is_recorded(setup: 
         gate.close()  # what the receiver accepts now waits in its buffer
         send(setup, receiver.port, 50)
         os.kill(first, signal.SIGKILL)
-        second = eventually(lambda: (pid := drain_pid(receiver)) != first and pid,
-                            30, f"a new drain process\n{receiver.log()}")
+        second = eventually(lambda: (pid := flush_pid(receiver)) != first and pid,
+                            30, f"a new flush process\n{receiver.log()}")
         send(setup, receiver.port, 50)  # the receiver never stopped answering
         gate.open()
         eventually(lambda: setup.recorded() == 101, 60,
                    f"101 messages in MongoDB\n{receiver.log()}")
 
-    assert "receiver drain process (pid" in receiver.log()  # the restart is logged
-    receiver.kill()  # kill -9: its drain process must not outlive it
-    eventually(lambda: gone(second), 10, f"drain process {second} to exit")
+    assert "receiver flush process (pid" in receiver.log()  # the restart is logged
+    receiver.kill()  # kill -9: its flush process must not outlive it
+    eventually(lambda: gone(second), 10, f"flush process {second} to exit")
 
 
-def test_metrics_of_every_worker_and_drain_process_show_on_any_worker(setup: Setup) -> None:
+def test_metrics_of_every_worker_and_flush_process_show_on_any_worker(setup: Setup) -> None:
     parent = setup.receiver("workers", workers=2)
     parent.wait_healthy()
     eventually(lambda: len(procnet.children_of(parent.pid)) == 2, 60, "two workers")
     send(setup, parent.port, 40)
     eventually(lambda: setup.recorded() == 40, what="40 messages in MongoDB")
 
-    def published() -> float:  # by the workers' drain processes
+    def published() -> float:  # by the workers' flush processes
         text = httpx.get(f"{parent.url}/metrics", timeout=5).text
         return sample_value(text, "msgbus_published_total", {"broker": "kafka", "outcome": "ok"})
 

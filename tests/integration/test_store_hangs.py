@@ -1,9 +1,9 @@
 """A MongoDB that stops answering (a hung server, a half-open connection) makes the store's
-calls fail after its socket timeout instead of waiting forever: the drainers that call it (the
+calls fail after its socket timeout instead of waiting forever: the flushers that call it (the
 dispatcher's outcomes, the receiver's records) log, back off and try again.
 
 Found by the chaos suite: a SecantusDB restart left one of the dispatcher's pooled connections
-open with a request never answered, and with no socket timeout its outcome drainer waited on it
+open with a request never answered, and with no socket timeout its outcome flusher waited on it
 for good; MongoDB never learned what was delivered and the compensators' sweeps pushed it all
 again.
 """

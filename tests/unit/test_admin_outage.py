@@ -128,8 +128,10 @@ async def test_admin_services_reads_each_health_and_marks_what_it_cannot_reach()
     down = {"available": False, "since": "2026-01-01T10:00:00+00:00", "closed_by": "claims",
             "reason": "NetworkTimeout: timed out"}
     answers = {
-        "http://r:1/health": {"mongo_gate": {"available": True}, "drainer": {
+        "http://r:1/health": {"mongo_gate": {"available": True}, "flusher": {
             "mode": "process", "pid": 7, "mongo_gate": down}},
+        # a receiver from before 0.2 called its flusher "drainer"
+        "http://o:1/health": {"mongo_gate": {"available": True}, "drainer": {"mode": "inline"}},
         "http://d:1/health": {"mongo_gate": {"available": True}},
     }
 
@@ -148,6 +150,8 @@ async def test_admin_services_reads_each_health_and_marks_what_it_cannot_reach()
                          "health_url": "http://d:1/health"},
         "receiver:r": {"_id": "receiver:r", "component": "receiver",
                        "health_url": "http://r:1/health"},
+        "receiver:o": {"_id": "receiver:o", "component": "receiver",
+                       "health_url": "http://o:1/health"},
         "compensator:gone": {"_id": "compensator:gone", "component": "compensator",
                              "health_url": "http://gone:1/health"},
         "compensator:old": {"_id": "compensator:old", "component": "compensator"},
@@ -161,8 +165,9 @@ async def test_admin_services_reads_each_health_and_marks_what_it_cannot_reach()
         await store.close()
     rows = {row["instance"]: row for row in answer["services"]}
     assert [row["component"] for row in answer["services"]] == [
-        "receiver", "dispatcher", "compensator", "compensator", "admin"]
-    assert rows["receiver:r"]["drainer"] == {"mode": "process", "pid": 7, "mongo": down}
+        "receiver", "receiver", "dispatcher", "compensator", "compensator", "admin"]
+    assert rows["receiver:r"]["flusher"] == {"mode": "process", "pid": 7, "mongo": down}
+    assert rows["receiver:o"]["flusher"] == {"mode": "inline", "pid": None, "mongo": None}
     assert rows["admin:me"]["this_admin"] and rows["admin:me"]["mongo"]["available"] is False
     assert answer["unavailable"] == ["receiver:r", "admin:me"]
     assert answer["unreachable"] == ["compensator:gone"]

@@ -1,7 +1,7 @@
 """deploy/k8s and the Dockerfile: each overlay renders with kustomize (kubectl's), every object
 passes the Kubernetes schemas (kubernetes-validate, strict, oldest and newest supported
 versions), the manifests keep the promises of issue 9 (probes, resources, PDBs, HPAs, non-root,
-the node root shared by receivers and the spool drainer), and name only settings, commands and
+the node root shared by receivers and the node rescuer), and name only settings, commands and
 ports that msgbus has. yamllint passes on deploy/."""
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def test_deploy_overlay_has_every_part_of_the_deployment(overlay: str) -> None:
     scalers = {kind for kind, name in kinds if name == "msgbus-dispatcher"
                and kind in ("ScaledObject", "HorizontalPodAutoscaler")}
     assert scalers == {"ScaledObject" if overlay == "prod" else "HorizontalPodAutoscaler"}
-    assert ("DaemonSet", "msgbus-spool-drainer") in kinds
+    assert ("DaemonSet", "msgbus-node-rescuer") in kinds
     assert ("ServiceMonitor", "msgbus") in kinds
     assert any(kind == "NetworkPolicy" for kind, _ in kinds)
     assert any(kind == "ConfigMap" and name.startswith("msgbus-config") for kind, name in kinds)
@@ -141,10 +141,10 @@ def test_deploy_workloads_are_probed_limited_non_root_and_graceful(overlay: str)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_deploy_receivers_and_the_spool_drainer_share_the_node_root(overlay: str) -> None:
+def test_deploy_receivers_and_the_node_rescuer_share_the_node_root(overlay: str) -> None:
     config = next(iter(of_kind(overlay, "ConfigMap").values()))["data"]
     assert config["MSGBUS_RECEIVER_BUFFER_DIR"] == f"{NODE_ROOT_MOUNT}/receiver-buffer"
-    assert config["MSGBUS_SPOOL_DRAINER_ROOT"] == NODE_ROOT_MOUNT
+    assert config["MSGBUS_NODE_RESCUER_ROOT"] == NODE_ROOT_MOUNT
     paths = {}
     for name, workload in {**of_kind(overlay, "Deployment"),
                            **of_kind(overlay, "DaemonSet")}.items():
@@ -153,13 +153,13 @@ def test_deploy_receivers_and_the_spool_drainer_share_the_node_root(overlay: str
         for mount in pod["containers"][0]["volumeMounts"]:
             if mount["mountPath"] == NODE_ROOT_MOUNT:
                 paths[name] = volumes[mount["name"]]["hostPath"]["path"]
-    assert set(paths) == {"msgbus-receiver", "msgbus-spool-drainer"}
+    assert set(paths) == {"msgbus-receiver", "msgbus-node-rescuer"}
     assert len(set(paths.values())) == 1
-    drainer = of_kind(overlay, "DaemonSet")["msgbus-spool-drainer"]["spec"]["template"]["spec"]
-    assert {"operator": "Exists"} in drainer["tolerations"]  # every node
-    # a client spool drain under way at SIGTERM ends by its timeout, within the grace period
-    assert float(config["MSGBUS_SPOOL_DRAINER_DRAIN_TIMEOUT_S"]) < \
-        drainer["terminationGracePeriodSeconds"]
+    rescuer = of_kind(overlay, "DaemonSet")["msgbus-node-rescuer"]["spec"]["template"]["spec"]
+    assert {"operator": "Exists"} in rescuer["tolerations"]  # every node
+    # a client spool rescue under way at SIGTERM ends by its timeout, within the grace period
+    assert float(config["MSGBUS_NODE_RESCUER_RESCUE_TIMEOUT_S"]) < \
+        rescuer["terminationGracePeriodSeconds"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -239,7 +239,7 @@ def test_deploy_servicemonitor_scrapes_every_service_port() -> None:
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint["path"] == "/metrics"
     services = of_kind("prod", "Service")
-    assert len(services) == len(SERVICES) + 1  # and the spool drainer's
+    assert len(services) == len(SERVICES) + 1  # and the node rescuer's
     for service in services.values():
         assert selector.items() <= service["metadata"]["labels"].items()
         assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}

@@ -79,7 +79,7 @@ def test_alerts_cover_what_operators_must_hear_about() -> None:
                    "msgbus_parked_deliveries",
                    "msgbus_local_buffer_oldest_age_seconds", "msgbus_local_buffer_bytes",
                    "msgbus_client_spool_oldest_message_age_seconds",
-                   "msgbus_node_orphan_oldest_age_seconds", "msgbus_orphans_drained_total",
+                   "msgbus_node_orphan_oldest_age_seconds", "msgbus_orphans_rescued_total",
                    "msgbus_broker_up", "msgbus_mongo_available",
                    "msgbus_rabbitmq_node_memory_alarm",
                    "msgbus_rabbitmq_flow_controlled_connections",

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from msgbus_devtools.testkit.waiting import eventually_async
 
-from msgbus.drain import Drainer
 from msgbus.errors import BufferFull
+from msgbus.flush import Flusher
 from msgbus.localqueue import Item, LocalQueue
 
 
@@ -56,7 +56,7 @@ async def test_full_buffer_refuses_appends_with_a_clear_error(tmp_path: Path) ->
     queue.close()
 
 
-async def test_drainer_retries_a_failing_sink_without_losing_entries(tmp_path: Path) -> None:
+async def test_flusher_retries_a_failing_sink_without_losing_entries(tmp_path: Path) -> None:
     queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8)
     received: list[bytes] = []
     failures = 2
@@ -68,15 +68,15 @@ async def test_drainer_retries_a_failing_sink_without_losing_entries(tmp_path: P
             raise ConnectionError("sink down")
         received.extend(entries)
 
-    drainer = Drainer(queue, "q", flaky, batch_size=7, idle_wait_s=0.05, max_backoff_s=0.2)
-    drainer.start()
+    flusher = Flusher(queue, "q", flaky, batch_size=7, idle_wait_s=0.05, max_backoff_s=0.2)
+    flusher.start()
     await queue.append([("q", b"%d" % i) for i in range(50)])
-    # drained: handed to the sink, then removed from the queue (a moment later)
+    # flushed: handed to the sink, then removed from the queue (a moment later)
     await eventually_async(lambda: len(received) == 50 and queue.depth("q") == 0, 10,
-                           "the queue to drain", interval_s=0.01)
-    await drainer.close()
+                           "the queue to be flushed", interval_s=0.01)
+    await flusher.close()
     assert received == [b"%d" % i for i in range(50)]
-    assert drainer.failures == 2
+    assert flusher.failures == 2
     queue.close()
 
 
@@ -136,7 +136,7 @@ async def test_partitions_are_fifo_of_their_own_and_survive_reopen(tmp_path: Pat
     reopened.close()
 
 
-def _drain_in_another_process(path: str) -> int:
+def _flush_in_another_process(path: str) -> int:
     """Runs in a child process: delete every entry of queue "q"; returns how many."""
     queue = LocalQueue(Path(path), ("q",), max_bytes=10**8)
     try:
@@ -147,9 +147,9 @@ def _drain_in_another_process(path: str) -> int:
         queue.close()
 
 
-async def test_one_process_appends_and_rings_while_another_drains(tmp_path: Path) -> None:
-    """The receiver/drain-process split: the appender's on_commit hook runs once per durable
-    commit, and a full buffer accepts again once another process drained it."""
+async def test_one_process_appends_and_rings_while_another_flushes(tmp_path: Path) -> None:
+    """The receiver/flush-process split: the appender's on_commit hook runs once per durable
+    commit, and a full buffer accepts again once another process flushed it."""
     rung = 0
 
     def ring() -> None:
@@ -165,20 +165,20 @@ async def test_one_process_appends_and_rings_while_another_drains(tmp_path: Path
     assert rung == queue.depth("q") > 0  # one ring per commit, after the commit
     with concurrent.futures.ProcessPoolExecutor(
             1, mp_context=multiprocessing.get_context("spawn")) as other:
-        drained = await asyncio.get_running_loop().run_in_executor(
-            other, _drain_in_another_process, str(tmp_path))
-    assert drained == rung and queue.depth("q") == 0
+        flushed = await asyncio.get_running_loop().run_in_executor(
+            other, _flush_in_another_process, str(tmp_path))
+    assert flushed == rung and queue.depth("q") == 0
     await queue.append([("q", b"accepted again")])  # no stale "full"
     queue.close()
 
 
-async def test_notify_appended_wakes_a_waiting_drainer(tmp_path: Path) -> None:
+async def test_notify_appended_wakes_a_waiting_flusher(tmp_path: Path) -> None:
     queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8)
     waiting = asyncio.create_task(queue.wait_for_entries("q", timeout_s=30))
     # it waits (asyncio.Event's own list of waiters; Python 3.11's wait_for starts the wait
     # in a task of its own, one loop turn later)
     await eventually_async(lambda: queue._appended["q"]._waiters, 5, "the wait for entries",
                            interval_s=0)
-    queue.notify_appended()  # what the drain process does when the receiver rings
+    queue.notify_appended()  # what the flush process does when the receiver rings
     await asyncio.wait_for(waiting, 5)
     queue.close()

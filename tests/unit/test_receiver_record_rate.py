@@ -14,14 +14,14 @@ from receiver.service import ReceiverService
 def test_the_receiver_setting_is_the_default_and_the_runtime_setting_overrides_it(
         tmp_path: Path) -> None:
     settings = ReceiverSettings(
-        record_rate_per_s=7, drainer="inline",
+        record_rate_per_s=7, flusher="inline",
         connections=ConnectionSettings(internal_token=SecretStr("t"), state_dir=tmp_path))
     service = ReceiverService(settings)  # nothing connects before start()
-    assert service.drains is not None
+    assert service.flush_service is not None
     try:
-        assert service.drains.pipeline.global_record_rate() == 7
+        assert service.flush_service.pipeline.global_record_rate() == 7
         service.registry._runtime = RuntimeConfig(record_rate_per_s=0)
-        assert service.drains.pipeline.global_record_rate() == 0  # 0 = unlimited, at runtime
+        assert service.flush_service.pipeline.global_record_rate() == 0  # 0 = unlimited, at runtime
     finally:
         service.buffer.close()
         service.slot.release()

@@ -1,4 +1,4 @@
-"""The receiver's record writer drains each destination at its own rate, so one destination
+"""The receiver's record writer flushes each destination at its own rate, so one destination
 held back by its limit never holds back the others, and a new rate applies at once."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ async def test_a_slow_destination_does_not_hold_back_the_others(tmp_path: Path) 
         slow_order = [v for v in written if v.startswith(b"slow")]
         assert slow_order == sorted(slow_order, key=lambda v: int(v.split(b"-")[1]))
 
-        rates["slow"] = 0.0  # lifted at runtime: the backlog drains
+        rates["slow"] = 0.0  # lifted at runtime: the backlog is flushed
         await eventually_async(lambda: len(written) == 600, 15)
         await eventually_async(lambda: buffer.depth(QUEUE) == 0, 15)
     finally:

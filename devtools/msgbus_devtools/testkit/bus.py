@@ -119,7 +119,7 @@ class RunningBus:
         self.dispatcher_service.shares.health_url = f"{self.dispatcher_url}/health"
         self.receiver_service = ReceiverService(
             ReceiverSettings(port=0, dispatcher_url=self.dispatcher_url, connections=conn,
-                             drainer="inline"))  # in-process, so tests read its metrics
+                             flusher="inline"))  # in-process, so tests read its metrics
         receiver = await self._group.start(
             make_server(receiver_app(self.receiver_service), HOST, 0), "receiver")
         self.receiver_url = f"http://{HOST}:{receiver.port}"

@@ -1,7 +1,7 @@
-"""`DrainService`: everything that empties receiver buffers into the brokers and MongoDB — the
+"""`FlushService`: everything that flushes receiver buffers into the brokers and MongoDB — the
 publishers, the ingest pipeline of one buffer, and the adopter of buffers that dead receivers
-left behind. It runs inside the receiver (`drainer="inline"`) or in a drain process of its own
-(receiver/drain_process.py), where its CPU never delays an answer to a producer."""
+left behind. It runs inside the receiver (`flusher="inline"`) or in a flush process of its own
+(receiver/flush_process.py), where its CPU never delays an answer to a producer."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def make_pipeline(settings: ReceiverSettings, store: MongoStore, registry: Regis
     )
 
 
-class DrainService:
+class FlushService:
     def __init__(self, settings: ReceiverSettings, store: MongoStore, registry: Registry,
                  buffer: LocalQueue, buffer_root: Path) -> None:
         self.settings = settings
@@ -54,7 +54,7 @@ class DrainService:
                                      min_idle_s=settings.orphan_min_idle_s)
 
     def pipeline_on(self, buffer: LocalQueue) -> IngestPipeline:
-        """The ingest pipeline that drains `buffer` (the receiver's, or an adopted one)."""
+        """The ingest pipeline that flushes `buffer` (the receiver's, or an adopted one)."""
         return make_pipeline(self.settings, self._store, self._registry, self.publishers,
                              buffer)
 
@@ -64,7 +64,7 @@ class DrainService:
         self.pipeline.start()
         await self.pipeline.prepare_topology()
         self.adopter.start()
-        log.info("receiver drains ready (publishers: %s)", ", ".join(self.publishers.kinds()))
+        log.info("receiver flush ready (publishers: %s)", ", ".join(self.publishers.kinds()))
 
     async def close(self) -> None:
         await self.adopter.close()

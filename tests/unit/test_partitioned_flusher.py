@@ -1,4 +1,4 @@
-"""`PartitionedDrainer`: one partition whose sink is stuck or failing never holds back the
+"""`PartitionedFlusher`: one partition whose sink is stuck or failing never holds back the
 others, and nothing is lost or reordered within a partition."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from msgbus_devtools.testkit.waiting import eventually_async
 
-from msgbus.drain import PartitionedDrainer
+from msgbus.flush import PartitionedFlusher
 from msgbus.localqueue import LocalQueue, Target
 
 
@@ -24,19 +24,19 @@ async def test_a_stuck_partition_does_not_hold_back_the_others(tmp_path: Path) -
             await released.wait()  # a broker that does not answer
         received[partition].extend(entries)
 
-    drainer = PartitionedDrainer(queue, "q", sink, batch_size=5, idle_wait_s=0.05)
-    drainer.start()
+    flusher = PartitionedFlusher(queue, "q", sink, batch_size=5, idle_wait_s=0.05)
+    flusher.start()
     await queue.append([(("q", "stuck"), b"stuck:%d" % i) for i in range(12)])
     await queue.append([(("q", "free"), b"free:%d" % i) for i in range(30)])
-    # drained: handed to the sink, then removed from the queue and no longer busy
-    await eventually_async(lambda: len(received["free"]) == 30 and drainer.busy_partitions() == [
-        "stuck"], 10, "the free partition to drain", interval_s=0.01)
+    # flushed: handed to the sink, then removed from the queue and no longer busy
+    await eventually_async(lambda: len(received["free"]) == 30 and flusher.busy_partitions() == [
+        "stuck"], 10, "the free partition to be flushed", interval_s=0.01)
     assert received["stuck"] == []
 
     released.set()
     await eventually_async(lambda: len(received["stuck"]) == 12 and queue.depth("q") == 0, 10,
-                           "the stuck partition to drain", interval_s=0.01)
-    await drainer.close()
+                           "the stuck partition to be flushed", interval_s=0.01)
+    await flusher.close()
     assert received["stuck"] == [b"stuck:%d" % i for i in range(12)]
     assert received["free"] == [b"free:%d" % i for i in range(30)]
     queue.close()
@@ -54,31 +54,31 @@ async def test_a_failing_partition_is_retried_while_the_others_move(tmp_path: Pa
             raise ConnectionError("broker down")
         received.extend(entries)
 
-    drainer = PartitionedDrainer(queue, "q", sink, batch_size=4, idle_wait_s=0.05,
+    flusher = PartitionedFlusher(queue, "q", sink, batch_size=4, idle_wait_s=0.05,
                                  max_backoff_s=0.2)
-    drainer.start()
+    flusher.start()
     entries: list[tuple[Target, bytes]] = [(("q", p), b"%s:%d" % (p.encode(), i))
                                            for i in range(10) for p in ("bad", "good")]
     await queue.append(entries)
-    # drained: handed to the sink, then removed from the queue (a moment later)
+    # flushed: handed to the sink, then removed from the queue (a moment later)
     await eventually_async(lambda: len(received) == 20 and queue.depth("q") == 0, 10,
-                           "both partitions to drain", interval_s=0.01)
-    await drainer.close()
+                           "both partitions to be flushed", interval_s=0.01)
+    await flusher.close()
     assert [e for e in received if e.startswith(b"bad")] == [b"bad:%d" % i for i in range(10)]
-    assert drainer.failures == 3
+    assert flusher.failures == 3
     queue.close()
 
 
-async def test_drain_once_moves_a_batch_of_every_partition(tmp_path: Path) -> None:
+async def test_flush_once_moves_a_batch_of_every_partition(tmp_path: Path) -> None:
     queue = LocalQueue(tmp_path, ("q",), max_bytes=10**8)
     batches: list[list[bytes]] = []
 
     async def sink(entries: list[bytes]) -> None:
         batches.append(entries)
 
-    drainer = PartitionedDrainer(queue, "q", sink, batch_size=3)
+    flusher = PartitionedFlusher(queue, "q", sink, batch_size=3)
     await queue.append([(("q", p), b"%s%d" % (p.encode(), i)) for p in "ab" for i in range(4)])
-    assert await drainer.drain_once() == 6
+    assert await flusher.flush_once() == 6
     assert batches == [[b"a0", b"a1", b"a2"], [b"b0", b"b1", b"b2"]]
     assert queue.depth("q") == 2
     queue.close()

@@ -1,11 +1,11 @@
-"""`Drainer`: moves entries of a durable local queue into a sink (MongoDB, a broker), in batches.
+"""`Flusher`: moves entries of a durable local queue into a sink (MongoDB, a broker), in batches.
 
 An entry is deleted only after the sink took it, so a crash anywhere re-delivers the batch to
 the sink; sinks are idempotent. A failing sink is retried with backoff: the loop never dies. A
 sink that depends on MongoDB gives its gate's `wait_available` as `ready`: during an outage the
 entries wait in the queue without a try per backoff step, and move as soon as the gate opens.
 
-`PartitionedDrainer` drains each partition of a partitioned queue (e.g. one per destination) in
+`PartitionedFlusher` flushes each partition of a partitioned queue (e.g. one per destination) in
 a task of its own, so that a sink that is slow or failing for one partition (its broker is
 down) never holds back the others.
 """
@@ -30,7 +30,7 @@ Sink = Callable[[list[bytes]], Awaitable[None]]
 Ready = Callable[[], Awaitable[None]]  # returns once the sink can be tried
 
 
-class Drainer:
+class Flusher:
     def __init__(
         self, queue: LocalQueue, name: str, sink: Sink, *, batch_size: int,
         idle_wait_s: float = 0.5, max_backoff_s: float = 5.0, ready: Ready | None = None,
@@ -46,12 +46,12 @@ class Drainer:
         self.failures = 0
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"drain-{self.name}")
+        self._task = asyncio.create_task(self._run(), name=f"flush-{self.name}")
 
     async def close(self) -> None:
         await cancel_and_wait(self._task)
 
-    async def drain_once(self) -> int:
+    async def flush_once(self) -> int:
         """Move one batch; returns how many entries moved."""
         return await self._move_batch()
 
@@ -77,17 +77,17 @@ class Drainer:
             except Exception as exc:
                 self.failures += 1
                 if self._ready is not None and isinstance(exc, MongoUnavailable):
-                    log.warning("draining %s waits for MongoDB (%s)", what, exc)
+                    log.warning("flushing %s waits for MongoDB (%s)", what, exc)
                     continue  # `ready` waits until the gate opens
                 failures += 1
                 delay = backoff_s(failures=failures, first_s=RETRY_FIRST_S,
                                   max_s=self._max_backoff_s)
-                log.warning("draining %s failed (%s); retrying in %.1fs", what, exc, delay)
+                log.warning("flushing %s failed (%s); retrying in %.1fs", what, exc, delay)
                 await asyncio.sleep(delay)
 
     async def _run(self) -> None:
         while True:
-            moved = await self._until_moved(self.drain_once, self.name)
+            moved = await self._until_moved(self.flush_once, self.name)
             if moved < self._batch_size:
                 await self._idle()
 
@@ -96,8 +96,8 @@ class Drainer:
         await self._queue.wait_for_entries(self.name, self._idle_wait_s)
 
 
-class PartitionedDrainer(Drainer):
-    """A `Drainer` of a partitioned queue: every partition that holds entries gets a task of
+class PartitionedFlusher(Flusher):
+    """A `Flusher` of a partitioned queue: every partition that holds entries gets a task of
     its own, which moves batches of that partition only (so each batch the sink gets belongs
     to one partition) and ends when the partition is empty. One partition's failing sink is
     retried with its own backoff while the other partitions keep moving."""
@@ -110,7 +110,7 @@ class PartitionedDrainer(Drainer):
                          max_backoff_s=max_backoff_s, ready=ready)
         self._partition_tasks: dict[str, asyncio.Task[None]] = {}
 
-    async def drain_once(self) -> int:
+    async def flush_once(self) -> int:
         """Move one batch of every partition, one after the other; returns how many moved."""
         moved = 0
         for partition in self._queue.partitions(self.name):
@@ -118,7 +118,7 @@ class PartitionedDrainer(Drainer):
         return moved
 
     def busy_partitions(self) -> list[str]:
-        """Partitions being drained right now."""
+        """Partitions being flushed right now."""
         return sorted(p for p, task in self._partition_tasks.items() if not task.done())
 
     async def _run(self) -> None:
@@ -128,8 +128,8 @@ class PartitionedDrainer(Drainer):
                     task = self._partition_tasks.get(partition)
                     if task is None or task.done():
                         self._partition_tasks[partition] = asyncio.create_task(
-                            self._drain_partition(partition),
-                            name=f"drain-{self.name}-{partition}")
+                            self._flush_partition(partition),
+                            name=f"flush-{self.name}-{partition}")
                 await self._idle()
         finally:
             tasks = list(self._partition_tasks.values())
@@ -138,7 +138,7 @@ class PartitionedDrainer(Drainer):
             await asyncio.gather(*tasks, return_exceptions=True)
             self._partition_tasks.clear()
 
-    async def _drain_partition(self, partition: str) -> None:
+    async def _flush_partition(self, partition: str) -> None:
         move = functools.partial(self._move_batch, partition)
         while await self._until_moved(move, f"{self.name}/{partition}"):
             pass

@@ -1,6 +1,6 @@
-"""The node spool drainer (`msgbus spool-drainer`, the Kubernetes DaemonSet) on real queues:
+"""The node rescuer (`msgbus node-rescuer`, the Kubernetes DaemonSet) on real queues:
 on one node root, a receiver buffer and a client spool whose processes were killed (-9) are
-drained into the real bus (Kafka, MongoDB records, pushed to a subscriber) and deleted, while a
+rescued into the real bus (Kafka, MongoDB records, pushed to a subscriber) and deleted, while a
 receiver buffer and a client spool that live processes hold are left exactly as they are; queues
 written more recently than --min-idle are left too."""
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 # A receiver pod: claims a buffer slot on the node root and buffers COUNT messages (as its
-# intake does on a 202), then waits to be killed before anything drained them.
+# intake does on a 202), then waits to be killed before anything flushed them.
 RECEIVER = textwrap.dedent(
     """
     import asyncio, sys, time, uuid
@@ -38,7 +38,7 @@ RECEIVER = textwrap.dedent(
     from receiver.bufferslots import claim_slot
     from msgbus.models import Envelope
     from msgbus.settings import ReceiverSettings
-    from receiver.draining import open_buffer
+    from receiver.flushing import open_buffer
     from receiver.intake import Intake
     root, destination, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     slot = claim_slot(root)
@@ -63,8 +63,8 @@ def start_pod(children: ScriptChildren, script: str, *args: str) -> ScriptChild:
     return pod
 
 
-def drainer(bus: RunningBus, root: Path, state: Path, keys: Path, *args: str,
-            ) -> subprocess.CompletedProcess[str]:
+def node_rescuer(bus: RunningBus, root: Path, state: Path, keys: Path, *args: str,
+                 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
     env.update({
         "MSGBUS_STATE_DIR": str(state),
@@ -74,11 +74,11 @@ def drainer(bus: RunningBus, root: Path, state: Path, keys: Path, *args: str,
         "MSGBUS_RABBITMQ_URL": bus.connections.rabbitmq_url,
         "MSGBUS_INTERNAL_TOKEN": bus.connections.internal_token.get_secret_value(),
         "MSGBUS_RECEIVER_DISPATCHER_URL": bus.dispatcher_url,
-        "MSGBUS_SPOOL_DRAINER_RECEIVER_URL": bus.receiver_url,
-        "MSGBUS_SPOOL_DRAINER_API_KEY": "not-a-key",  # the app's own key must be used
-        "MSGBUS_SPOOL_DRAINER_API_KEYS_DIR": str(keys),
+        "MSGBUS_NODE_RESCUER_RECEIVER_URL": bus.receiver_url,
+        "MSGBUS_NODE_RESCUER_API_KEY": "not-a-key",  # the app's own key must be used
+        "MSGBUS_NODE_RESCUER_API_KEYS_DIR": str(keys),
     })
-    return subprocess.run([sys.executable, "-m", "msgbus_cli", "spool-drainer", "--root",
+    return subprocess.run([sys.executable, "-m", "msgbus_cli", "node-rescuer", "--root",
                            str(root), *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=120)
 
@@ -88,7 +88,7 @@ def recorded(bus: RunningBus, destination: str) -> set[str]:
     return {str(d["_id"]) for d in docs}
 
 
-def test_drainer_drains_orphans_into_the_bus_and_never_touches_held_queues(
+def test_node_rescuer_rescues_orphans_into_the_bus_and_never_touches_held_queues(
         bus: RunningBus, api_key: str, tmp_path: Path, children: ScriptChildren) -> None:
     destination = f"node-{uuid.uuid4().hex[:8]}"
     bus.create_destination(destination, "kafka")
@@ -110,16 +110,16 @@ def test_drainer_drains_orphans_into_the_bus_and_never_touches_held_queues(
     gone_producer.kill()
 
     # written just now: a pod restarting on its node would take them back, so they wait
-    done = drainer(bus, root, tmp_path / "state", keys, "--once", "--min-idle", "3600")
+    done = node_rescuer(bus, root, tmp_path / "state", keys, "--once", "--min-idle", "3600")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "receiver_buffer: 1 held, 1 idle, 0 orphaned; 0 drained" in done.stdout
-    assert "client_spool: 1 held, 1 idle, 0 orphaned; 0 drained" in done.stdout
+    assert "receiver_buffer: 1 held, 1 idle, 0 orphaned; 0 rescued" in done.stdout
+    assert "client_spool: 1 held, 1 idle, 0 orphaned; 0 rescued" in done.stdout
     assert not recorded(bus, destination)
 
-    done = drainer(bus, root, tmp_path / "state", keys, "--once", "--min-idle", "0")
+    done = node_rescuer(bus, root, tmp_path / "state", keys, "--once", "--min-idle", "0")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "receiver_buffer: 1 held, 0 idle, 1 orphaned; 1 drained and removed" in done.stdout
-    assert "client_spool: 1 held, 0 idle, 1 orphaned; 1 drained and removed" in done.stdout
+    assert "receiver_buffer: 1 held, 0 idle, 1 orphaned; 1 rescued and removed" in done.stdout
+    assert "client_spool: 1 held, 0 idle, 1 orphaned; 1 rescued and removed" in done.stdout
 
     expected = set(gone_receiver.lines[:-1]) | set(gone_producer.lines)
     live = set(live_receiver.lines[:-1]) | set(live_producer.lines)
@@ -136,7 +136,7 @@ def test_drainer_drains_orphans_into_the_bus_and_never_touches_held_queues(
     assert (live_spool.pending, live_spool.held_by is not None) == (7, True)
 
 
-def test_drainer_serves_health_and_node_metrics_and_stops_on_sigterm(
+def test_node_rescuer_serves_health_and_node_metrics_and_stops_on_sigterm(
         bus: RunningBus, tmp_path: Path) -> None:
     root = tmp_path / "node"
     (root / "spool").mkdir(parents=True)
@@ -145,9 +145,9 @@ def test_drainer_serves_health_and_node_metrics_and_stops_on_sigterm(
     env.update({"MSGBUS_STATE_DIR": str(tmp_path / "state"),
                 "MSGBUS_MONGO_URI": bus.connections.mongo_uri,
                 "MSGBUS_MONGO_DB": bus.connections.mongo_db,
-                "MSGBUS_SPOOL_DRAINER_PORT": str(port),
-                "MSGBUS_SPOOL_DRAINER_SCAN_INTERVAL_S": "0.2"})
-    process = subprocess.Popen([sys.executable, "-m", "msgbus_cli", "spool-drainer", "--root",
+                "MSGBUS_NODE_RESCUER_PORT": str(port),
+                "MSGBUS_NODE_RESCUER_SCAN_INTERVAL_S": "0.2"})
+    process = subprocess.Popen([sys.executable, "-m", "msgbus_cli", "node-rescuer", "--root",
                                 str(root)], cwd=REPO, env=env, stderr=subprocess.PIPE,
                                text=True)
     try:
@@ -159,13 +159,13 @@ def test_drainer_serves_health_and_node_metrics_and_stops_on_sigterm(
             last = health["last_scan"]
             return last if {"receiver_buffer", "client_spool"} <= set(last) else None
 
-        last = eventually(scanned, 30, "the drainer's first scans")
+        last = eventually(scanned, 30, "the node rescuer's first scans")
         assert json.dumps(last)
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert sample_value(metrics, "msgbus_node_queues",
                             {"kind": "client_spool", "state": "orphaned"}) == 0
         for kind in ("receiver_buffer", "client_spool"):
-            assert sample_value(metrics, "msgbus_spool_drainer_last_scan_timestamp_seconds",
+            assert sample_value(metrics, "msgbus_node_rescuer_last_scan_timestamp_seconds",
                                 {"kind": kind}) > 0
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
