@@ -35,10 +35,10 @@ from urllib.parse import quote
 
 import httpx
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.waiting import eventually
 from pydantic import HttpUrl
 
 from bench import cli
-from bench.dispatch_stack import wait_for
 from bench.procs import stop_process
 from bench.report import cell, out, out_json, out_lines, say, spread
 from msgbus.ids import uuid7
@@ -211,7 +211,7 @@ class PagesBench:
                 return client.get("/health").status_code == 200
             return False
 
-        wait_for("admin start", up, 60)
+        eventually(up, 60, "admin start", interval_s=0.1)
 
     def _get(self, label: str, path: str) -> tuple[float, float]:
         assert self.client is not None

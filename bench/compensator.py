@@ -56,11 +56,12 @@ from typing import Any
 import httpx
 import orjson
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.waiting import eventually
 from pydantic import HttpUrl
 
 from bench import cli
 from bench.delays import due_scan_lines, due_scan_runs, due_scan_summary
-from bench.dispatch_stack import wait_for, with_store
+from bench.dispatch_stack import with_store
 from bench.procs import process_cpu_s, stop_process
 from bench.report import cell, out, out_lines, say, spread
 from compensator.sweeper import Sweeper
@@ -203,11 +204,10 @@ class CompensatorBench:
             self.check_alive()
             return self._pushed(run)[0] >= n
 
-        wait_for(f"run {run} claims", pushed_all, self.args.timeout,
-                 lambda: f"{self._pushed(run)[0]:,}/{n:,} pushed", interval_s=1.0)
-        wait_for(f"run {run} trace", lambda: self.run(
-            lambda store: self._recorded(store, subs)) >= n, self.args.timeout,
-            interval_s=0.5)
+        eventually(pushed_all, self.args.timeout, f"run {run} claims", interval_s=1.0,
+                   progress=lambda: f"{self._pushed(run)[0]:,}/{n:,} pushed")
+        eventually(lambda: self.run(lambda store: self._recorded(store, subs)) >= n,
+                   self.args.timeout, f"run {run} trace", interval_s=0.5)
         elapsed = time.monotonic() - began
         unique, duplicates = self._pushed(run)
         figures = {

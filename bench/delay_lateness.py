@@ -19,9 +19,10 @@ from msgbus_client import MsgbusClient
 from msgbus_devtools.testkit.delays import lateness_s
 from msgbus_devtools.testkit.loop import BackgroundLoop
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.waiting import NotInTime, eventually
 
 from bench import cli
-from bench.dispatch_stack import HOST, DispatchStack, wait_for
+from bench.dispatch_stack import HOST, DispatchStack
 from bench.pipeline import SUBSCRIPTION, delete_rabbitmq_topology
 from bench.report import cell, say, spread
 from msgbus.models import BrokerKind
@@ -115,8 +116,8 @@ class LatenessBench:
                             [self.codes["rabbitmq"]])
         self.stack.set_paused(sub_ids, False)
         # a RabbitMQ queue exists once its worker runs (e2e.py says why that matters)
-        wait_for("the dispatcher's workers", lambda: set(sub_ids) <= self.stack.running_workers(),
-                 START_TIMEOUT_S, interval_s=0.2)
+        eventually(lambda: set(sub_ids) <= self.stack.running_workers(), START_TIMEOUT_S,
+                   "the dispatcher's workers", interval_s=0.2)
         self._warm_up()
 
     def _serve(self, subscriber: RecordingSubscriber) -> str:
@@ -140,8 +141,8 @@ class LatenessBench:
 
     def _wait_for_push(self, broker: str, message_id: str) -> None:
         subscriber = self.subscribers[broker]
-        wait_for(f"{broker} warm-up", lambda: message_id in subscriber.message_ids(),
-                 START_TIMEOUT_S, interval_s=0.1)
+        eventually(lambda: message_id in subscriber.message_ids(), START_TIMEOUT_S,
+                   f"{broker} warm-up", interval_s=0.1)
 
     def run_once(self, run: int) -> LatenessRun:
         rng = random.Random(run)  # the same delays in every invocation
@@ -174,9 +175,9 @@ class LatenessBench:
         expected = sum(len(d) for d in due.values())
         last_due = max(at for d in due.values() for at in d.values())
         timeout_s = (last_due - datetime.now(UTC)).total_seconds() + self.args.timeout
-        with contextlib.suppress(TimeoutError):  # what is missing is reported
-            wait_for(f"run {run} pushes", lambda: pushed() >= expected, timeout_s,
-                     lambda: f"{pushed():,}/{expected:,} pushed", interval_s=0.25)
+        with contextlib.suppress(NotInTime):  # what is missing is reported
+            eventually(lambda: pushed() >= expected, timeout_s, f"run {run} pushes",
+                       interval_s=0.25, progress=lambda: f"{pushed():,}/{expected:,} pushed")
 
 
 def lateness_runs(args: argparse.Namespace, workdir: Path,

@@ -57,9 +57,11 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+from msgbus_devtools.testkit.waiting import NotInTime, eventually
+
 from bench import cli, dispatch_load
 from bench.dispatch_report import RunFigures, json_figures, summarize, table
-from bench.dispatch_stack import DispatchStack, wait_for
+from bench.dispatch_stack import DispatchStack
 from bench.dispatch_subscriber import PACED_S
 from bench.procs import stop_process
 from bench.report import out, out_json, out_lines, say
@@ -118,7 +120,8 @@ class DispatchBench:
                 seen["t1"], seen["cpu1"] = time.monotonic(), self.s.dispatcher_cpu_s()
             return got >= count
 
-        wait_for(what, done, self.args.timeout, lambda: f"{seen.get('got', 0)}/{count} delivered")
+        eventually(done, self.args.timeout, what, interval_s=0.1,
+                   progress=lambda: f"{seen.get('got', 0)}/{count} delivered")
         return seen
 
     # ---- phases ---------------------------------------------------------------------------
@@ -146,7 +149,8 @@ class DispatchBench:
         cpu_start, stack_start = self.s.dispatcher_cpu_s(), self.s.stack_cpu_s()
         self.s.set_paused(sub_ids, False)
         seen = self.wait_delivered(f"run {fig.run} dispatcher", label, n)
-        wait_for("trace", lambda: self.s.trace_backlog() == 0, self.args.timeout)
+        eventually(lambda: self.s.trace_backlog() == 0, self.args.timeout, "trace",
+                   interval_s=0.1)
         cpu_end, stack_end = self.s.dispatcher_cpu_s(), self.s.stack_cpu_s()
         fig.stack_cpu_ms_by_role = {role: (stack_end[role] - stack_start[role]) * 1e6 / n
                                     for role in stack_start}
@@ -232,9 +236,10 @@ class DispatchBench:
         def delivered() -> int:
             return self.s.count(self.s.sub_url, label, lo, lo + count)["unique"]
 
-        with contextlib.suppress(TimeoutError):
-            wait_for(f"run {fig.run} latency delivery", lambda: delivered() >= len(accepted),
-                     self.args.timeout, lambda: f"{delivered()}/{len(accepted)} delivered")
+        with contextlib.suppress(NotInTime):
+            eventually(lambda: delivered() >= len(accepted), self.args.timeout,
+                       f"run {fig.run} latency delivery", interval_s=0.1,
+                       progress=lambda: f"{delivered()}/{len(accepted)} delivered")
         self.s.set_paused(sub_ids, True)
         arrivals = {n: a for n, _, a in self.s.records(self.s.sub_url, label, lo, lo + count)}
         fig.latencies_ms = [(arrivals[n] - t) * 1000 for n, t in accepted.items()

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 import httpx
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.waiting import eventually
 from pydantic import HttpUrl
 
 from bench.dispatch_load import body
@@ -47,7 +48,6 @@ from msgbus.store import MongoStore
 HOST = "127.0.0.1"
 APP_NAME = "bench-dispatch"
 PRELOAD_BATCH = 500  # the receiver's max_batch_count
-PROGRESS_EVERY_S = 2.0
 
 T = TypeVar("T")
 
@@ -63,23 +63,6 @@ def with_store(mongo_uri: str, mongo_db: str, work: Callable[[MongoStore], Await
             await store.close()
 
     return asyncio.run(run())
-
-
-def wait_for(what: str, condition: Callable[[], bool], timeout_s: float,
-             progress: Callable[[], str] | None = None, interval_s: float = 0.1) -> float:
-    """Poll `condition` until true; returns the seconds waited. Raises after `timeout_s`."""
-    began = time.monotonic()
-    next_note = began + PROGRESS_EVERY_S
-    while not condition():
-        now = time.monotonic()
-        if now - began > timeout_s:
-            raise TimeoutError(f"{what}: not done after {timeout_s:.0f} s"
-                               + (f" ({progress()})" if progress else ""))
-        if progress is not None and now >= next_note:
-            say(f"  {what}: {progress()} ({now - began:.0f} s)")
-            next_note += PROGRESS_EVERY_S
-        time.sleep(interval_s)
-    return time.monotonic() - began
 
 
 class DispatchStack:
@@ -200,8 +183,9 @@ class DispatchStack:
                 return self.http.get(f"{url}/health").status_code == 200
             return False
 
-        waited = wait_for(f"{name} start", healthy, timeout_s)
-        say(f"{name} ready on {url} after {waited:.1f} s")
+        began = time.monotonic()
+        eventually(healthy, timeout_s, f"{name} start", interval_s=0.1)
+        say(f"{name} ready on {url} after {time.monotonic() - began:.1f} s")
 
     # ---- MongoDB: the app, destinations, subscriptions ------------------------------------
 
@@ -264,9 +248,9 @@ class DispatchStack:
         return set(self.http.get(f"{self.dispatcher_url}/health").json()["subscriptions"])
 
     def wait_workers_stopped(self, sub_ids: list[str], timeout_s: float = 60) -> None:
-        wait_for("stopping workers", lambda: not self.running_workers() & set(sub_ids),
-                 timeout_s, lambda: f"running {sorted(self.running_workers() & set(sub_ids))}",
-                 interval_s=0.2)
+        eventually(lambda: not self.running_workers() & set(sub_ids), timeout_s,
+                   "stopping workers", interval_s=0.2,
+                   progress=lambda: f"running {sorted(self.running_workers() & set(sub_ids))}")
 
     # ---- the receiver ---------------------------------------------------------------------
 
@@ -295,11 +279,12 @@ class DispatchStack:
         """Wait until the receiver has published and recorded everything it accepted and the
         dispatcher has written its trace to MongoDB, so one phase's background writes do not
         slow the next. Returns the seconds waited."""
-        return wait_for(
-            f"{what}: settling", lambda: self.receiver_buffered() == 0
-            and self.trace_backlog() == 0, timeout_s,
-            lambda: (f"receiver buffer {self.receiver_buffered()}, dispatcher trace backlog "
-                     f"{self.trace_backlog()}"), interval_s=0.25)
+        began = time.monotonic()
+        eventually(lambda: self.receiver_buffered() == 0 and self.trace_backlog() == 0,
+                   timeout_s, f"{what}: settling", interval_s=0.25,
+                   progress=lambda: (f"receiver buffer {self.receiver_buffered()}, dispatcher "
+                                     f"trace backlog {self.trace_backlog()}"))
+        return time.monotonic() - began
 
     # ---- the subscribers ------------------------------------------------------------------
 

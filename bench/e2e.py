@@ -44,10 +44,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from msgbus_devtools.testkit.waiting import NotInTime, eventually
+
 from bench import cli, e2e_load
 from bench.dispatch import DispatchBench
 from bench.dispatch_report import RunFigures
-from bench.dispatch_stack import DispatchStack, wait_for
+from bench.dispatch_stack import DispatchStack
 from bench.e2e_report import (
     Capacity,
     E2ERun,
@@ -82,8 +84,8 @@ class E2EBench:
         self.s.set_paused(subs, False)
         # a RabbitMQ queue exists once its worker runs: sooner, a message is unroutable, takes
         # the direct path, finds no worker either and waits for the compensator's sweep
-        wait_for(f"the dispatcher's worker for {subs}", lambda: set(subs) <=
-                 self.s.running_workers(), self.args.timeout, interval_s=0.2)
+        eventually(lambda: set(subs) <= self.s.running_workers(), self.args.timeout,
+                   f"the dispatcher's worker for {subs}", interval_s=0.2)
         return code
 
     def send(self, code: str, first: int, count: int, rate: float,
@@ -92,8 +94,9 @@ class E2EBench:
             e2e_load.client_send, receiver_url=self.s.receiver_url, api_key=self.s.api_key,
             spool_dir=str(self.s.workdir / "spools" / spool), destination=code, first=first,
             count=count, rate_per_s=rate, threads=CLIENT_THREADS, timeout_s=self.args.timeout)
-        wait_for(f"sending {count} to {code}", future.done,
-                 count / rate + self.args.timeout + 30, lambda: "the load process is sending")
+        eventually(future.done, count / rate + self.args.timeout + 30,
+                   f"sending {count} to {code}", interval_s=0.1,
+                   progress=lambda: "the load process is sending")
         return future.result()
 
     def wait_arrived(self, what: str, label: str, lo: int, hi: int, expected: int) -> None:
@@ -101,9 +104,9 @@ class E2EBench:
             self.s.check_alive()
             return self.s.count(self.s.sub_url, label, lo, hi)["unique"]
 
-        with contextlib.suppress(TimeoutError):
-            wait_for(what, lambda: arrived() >= expected, self.args.timeout,
-                     lambda: f"{arrived()}/{expected} delivered", interval_s=0.25)
+        with contextlib.suppress(NotInTime):
+            eventually(lambda: arrived() >= expected, self.args.timeout, what, interval_s=0.25,
+                       progress=lambda: f"{arrived()}/{expected} delivered")
 
     # ---- phases ---------------------------------------------------------------------------
 

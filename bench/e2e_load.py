@@ -17,6 +17,7 @@ records by `n` with its arrival time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -25,6 +26,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from msgbus_devtools.testkit.waiting import NotInTime, eventually
 
 from bench.dispatch_load import body
 from bench.load import client_session, own_cpu_s, pacer, post, run_loop
@@ -71,9 +73,9 @@ def client_send(receiver_url: str, api_key: str, spool_dir: str, destination: st
     for worker in workers:
         worker.join()
     sent_by = time.time()
-    deadline = time.monotonic() + timeout_s
-    while client.spool.pending_count() and time.monotonic() < deadline:
-        time.sleep(DRAIN_POLL_S)
+    with contextlib.suppress(NotInTime):  # what is left is reported: left_in_spool
+        eventually(lambda: not client.spool.pending_count(), timeout_s, "the spool empty",
+                   interval_s=DRAIN_POLL_S)
     drained_at = time.time()
     left = client.close(timeout_s=5.0)
     return {"returned_at": returned_at, "message_ids": message_ids, "errors": dict(errors),

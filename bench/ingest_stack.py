@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.waiting import NotInTime, eventually
 from pydantic import HttpUrl
 from pymongo import MongoClient
 
@@ -203,20 +204,18 @@ class IngestStack:
 
     def _wait_healthy(self, name: str, url: str, also: Callable[[], bool] | None = None,
                       timeout_s: float = 60) -> None:
-        began = time.monotonic()
-        while True:
+        def healthy() -> bool:
             for proc_name, process, log_path in self._processes:
                 if process.poll() is not None:
                     raise RuntimeError(f"{proc_name} exited with code {process.returncode}"
                                        + services.log_tail(log_path))
             with contextlib.suppress(httpx.HTTPError):
-                if (self.http.get(f"{url}/health").status_code == 200
-                        and (also is None or also())):
-                    break
-            if time.monotonic() - began > timeout_s:
-                raise RuntimeError(f"{name} not ready after {timeout_s:.0f} s (logs in "
-                                   f"{self.logs})")
-            time.sleep(0.1)
+                return (self.http.get(f"{url}/health").status_code == 200
+                        and (also is None or also()))
+            return False
+
+        began = time.monotonic()
+        eventually(healthy, timeout_s, f"{name} start (logs in {self.logs})", interval_s=0.1)
         say(f"{name} ready on {url} after {time.monotonic() - began:.1f} s")
 
     async def _prepare_store(self, subscriber_url: str) -> None:
@@ -254,18 +253,19 @@ class IngestStack:
         """Wait until the target's buffers are empty (everything accepted was published and
         recorded), so that one phase's background writes do not slow the next.
         Returns (entries left, seconds waited)."""
-        assert target.buffer_root is not None
-        began = time.monotonic()
-        next_note = began + 10
-        while True:
-            left = pending_entries(target.buffer_root)
-            now = time.monotonic()
-            if left == 0 or now - began > timeout_s:
-                return left, now - began
-            if now >= next_note:
-                say(f"  draining {target.name}: {left} buffer entries left")
-                next_note += 10
-            time.sleep(0.25)
+        root = target.buffer_root
+        assert root is not None
+        began, left = time.monotonic(), 0
+
+        def empty() -> bool:
+            nonlocal left
+            left = pending_entries(root)
+            return left == 0
+
+        with contextlib.suppress(NotInTime):  # what is left is reported
+            eventually(empty, timeout_s, f"draining {target.name}", interval_s=0.25,
+                       progress=lambda: f"{left} buffer entries left")
+        return left, time.monotonic() - began
 
     def cpu_s(self, target: Target) -> float:
         """CPU seconds so far of a target's processes (a receiver: its workers and their

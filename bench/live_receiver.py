@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.waiting import NotInTime, eventually
 from pymongo import MongoClient
 
 from bench.report import say
@@ -96,17 +97,8 @@ class LiveReceiver:
         self.url = f"http://{HOST}:{port}"
         self._http = httpx.Client(base_url=self.url, timeout=5)
         self.stack.callback(self._http.close)
-        began = time.monotonic()
-        while not self._healthy():
-            if self._process.poll() is not None:
-                raise RuntimeError(f"the receiver exited with code {self._process.returncode}"
-                                   + services.log_tail(log_path))
-            if time.monotonic() - began > timeout_s:
-                raise RuntimeError(f"the receiver was not ready after {timeout_s:.0f} s"
-                                   + services.log_tail(log_path))
-            time.sleep(0.1)
-        say(f"receiver ready on {self.url} (pid {self._process.pid}) after "
-            f"{time.monotonic() - began:.1f} s")
+        services.wait_ready(f"the receiver on {self.url} (pid {self._process.pid})",
+                            self._healthy, timeout_s, self._process, log_path)
 
     async def _prepare_store(self) -> None:
         store = MongoStore(self.mongo_uri, self.mongo_db)
@@ -139,17 +131,17 @@ class LiveReceiver:
         `destination`, so one repetition's background writes do not slow the next.
         Returns (recorded, seconds waited)."""
         began = time.monotonic()
-        next_note = began + 2
-        while True:
-            buffered, recorded = self.buffered(), self.recorded(destination)
-            now = time.monotonic()
-            if (buffered == 0 and recorded >= expected) or now - began > timeout_s:
-                return recorded, now - began
-            if now >= next_note:
-                say(f"waiting for the receiver to record: {recorded}/{expected} in MongoDB, "
-                    f"{buffered} buffered")
-                next_note += 2
-            time.sleep(0.1)
+        seen = {"buffered": 0, "recorded": 0}
+
+        def settled() -> bool:
+            seen["buffered"], seen["recorded"] = self.buffered(), self.recorded(destination)
+            return seen["buffered"] == 0 and seen["recorded"] >= expected
+
+        with contextlib.suppress(NotInTime):  # the caller reports what was recorded
+            eventually(settled, timeout_s, "the receiver to record", interval_s=0.1,
+                       progress=lambda: (f"{seen['recorded']}/{expected} in MongoDB, "
+                                         f"{seen['buffered']} buffered"))
+        return seen["recorded"], time.monotonic() - began
 
     def _stop_process(self) -> None:
         if self._process.poll() is None:

@@ -8,8 +8,8 @@ measured in the same run.
 Starts its own tansu and SecantusDB on free ports (and uses the machine's RabbitMQ), runs the
 bus in-process, the subscriber and the producer in processes of their own (spawn), and stops
 everything it started by PID at the end, also on Ctrl-C or an error. Each run sends N messages
-to the baseline and to each broker in turn; progress goes to stderr every 2 s; figures go to
-stdout, and the last line is one JSON object. Everything targets 127.0.0.1.
+to the baseline and to each broker in turn; progress goes to stderr every few seconds; figures
+go to stdout, and the last line is one JSON object. Everything targets 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import Any
 
 import httpx
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.waiting import NotInTime, eventually
 
 from bench import cli, load, producer, subscriber
 from bench.report import BASELINE, Phase, out, out_json, out_lines, say, summarize, table
 
 HOST = "127.0.0.1"
 BROKERS = ("kafka", "rabbitmq", "direct")
-PROGRESS_EVERY_S = 2.0
 SUBSCRIPTION = "rec"
 
 
@@ -159,21 +159,18 @@ class PipelineBench:
     def _wait_for_workers(self, sub_ids: set[str], timeout_s: float = 60) -> None:
         began = time.monotonic()
         say("waiting for the dispatcher's workers (a Kafka group join takes a few seconds)")
-        next_note = began + PROGRESS_EVERY_S
-        while True:
+        running: set[str] = set()
+
+        def ready() -> bool:
             health = self.http.get(f"{self.bus.dispatcher_url}/health").json()
-            running = sub_ids & set(health["subscriptions"])
-            now = time.monotonic()
-            if running == sub_ids:
-                say(f"dispatcher workers ready after {now - began:.1f} s")
-                return
-            if now - began > timeout_s:
-                raise RuntimeError(f"dispatcher workers not ready after {timeout_s:.0f} s: "
-                                   f"missing {sorted(sub_ids - running)}")
-            if now >= next_note:
-                say(f"{len(running)}/{len(sub_ids)} dispatcher workers ready ({now - began:.0f} s)")
-                next_note += PROGRESS_EVERY_S
-            time.sleep(0.1)
+            running.clear()
+            running.update(sub_ids & set(health["subscriptions"]))
+            return running == sub_ids
+
+        eventually(ready, timeout_s, "the dispatcher's workers", interval_s=0.1,
+                   progress=lambda: (f"{len(running)}/{len(sub_ids)} ready, missing "
+                                     f"{sorted(sub_ids - running)}"))
+        say(f"dispatcher workers ready after {time.monotonic() - began:.1f} s")
 
     def _tell_producer_to_exit(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -195,32 +192,31 @@ class PipelineBench:
         self.conn.send({"url": url, "api_key": key, "start": lo, "count": count,
                         "concurrency": self.args.concurrency, "deadline": time.time() + timeout_s})
         label = f"run {run} {target}" if run else f"warm-up {target}"
-        result: dict[str, Any] | None = None
-        accepted = delivered = 0
-        next_note = began + PROGRESS_EVERY_S
-        while True:
-            if result is None and self.conn.poll(0.2):
+        # the producer's progress and result, and how many of the messages arrived
+        seen: dict[str, Any] = {"result": None, "accepted": 0, "delivered": 0}
+
+        def all_delivered() -> bool:
+            # before the result, a wait of 0.1 s on the pipe too: a look every 0.2 s, as after
+            if seen["result"] is None and self.conn.poll(0.1):
                 kind, payload = self.conn.recv()
                 if kind == "progress":
-                    accepted = payload
+                    seen["accepted"] = payload
                 else:
-                    result, accepted = payload, payload["accepted"]
-            elif result is not None:
-                time.sleep(0.1)
-            if result is None and not self.producer.is_alive():
+                    seen["result"], seen["accepted"] = payload, payload["accepted"]
+            if seen["result"] is None and not self.producer.is_alive():
                 raise RuntimeError(f"the producer process died (exit {self.producer.exitcode})")
-            delivered = self._count(target, lo, hi)["unique"]
-            now = time.monotonic()
-            if result is not None and delivered >= count:
-                break
-            if now - began > timeout_s + load.REQUEST_TIMEOUT_S:
-                say(f"{label}: gave up after {now - began:.0f} s with {count - delivered} "
-                    "messages missing")
-                break
-            if now >= next_note:
-                say(f"{label}: accepted {accepted}/{count}, delivered {delivered}/{count}"
-                    f" ({now - began:.0f} s)")
-                next_note += PROGRESS_EVERY_S
+            seen["delivered"] = self._count(target, lo, hi)["unique"]
+            return seen["result"] is not None and seen["delivered"] >= count
+
+        try:
+            eventually(all_delivered, timeout_s + load.REQUEST_TIMEOUT_S,
+                       f"{label}: every message delivered", interval_s=0.1,
+                       progress=lambda: (f"accepted {seen['accepted']}/{count}, "
+                                         f"delivered {seen['delivered']}/{count}"))
+        except NotInTime:
+            say(f"{label}: gave up after {time.monotonic() - began:.0f} s with "
+                f"{count - seen['delivered']} messages missing")
+        result: dict[str, Any] | None = seen["result"]
         assert result is not None
         records = self.http.get(f"{self.sub_url}/_records/{target}",
                                 params={"lo": lo, "hi": hi}).json()
@@ -246,25 +242,28 @@ class PipelineBench:
 
         sub_id = f"{self.destinations[broker]}/{SUBSCRIPTION}"
         began = time.monotonic()
-        next_note = began + PROGRESS_EVERY_S
-        while True:
-            traced = self.bus.query(self.bus.store.count_deliveries(sub_id,
-                                                                    DeliveryStatus.DELIVERED))
-            buffered = sum(self.http.get(f"{self.bus.receiver_url}/health").json()["buffer"]
-                           .values())
-            backlog = self.http.get(f"{self.bus.dispatcher_url}/health").json()["trace_backlog"]
-            now = time.monotonic()
-            if traced >= expected and buffered == 0 and backlog == 0:
-                return now - began
-            if now - began > self.args.settle_timeout:
-                say(f"{label}: trace not settled after {now - began:.0f} s (traced {traced}/"
-                    f"{expected}, receiver buffer {buffered}, trace backlog {backlog}); going on")
-                return now - began
-            if now >= next_note:
-                say(f"{label}: waiting for the trace: {traced}/{expected} deliveries in MongoDB,"
-                    f" receiver buffer {buffered}, trace backlog {backlog}")
-                next_note += PROGRESS_EVERY_S
-            time.sleep(0.25)
+        seen = {"traced": 0, "buffered": 0, "backlog": 0}
+
+        def settled() -> bool:
+            seen["traced"] = self.bus.query(self.bus.store.count_deliveries(
+                sub_id, DeliveryStatus.DELIVERED))
+            seen["buffered"] = sum(self.http.get(f"{self.bus.receiver_url}/health").json()
+                                   ["buffer"].values())
+            seen["backlog"] = self.http.get(f"{self.bus.dispatcher_url}/health").json()[
+                "trace_backlog"]
+            return seen["traced"] >= expected and seen["buffered"] == seen["backlog"] == 0
+
+        def state() -> str:
+            return (f"traced {seen['traced']}/{expected}, receiver buffer {seen['buffered']}, "
+                    f"trace backlog {seen['backlog']}")
+
+        try:
+            eventually(settled, self.args.settle_timeout, f"{label}: the trace", interval_s=0.25,
+                       progress=state)
+        except NotInTime:
+            say(f"{label}: trace not settled after {time.monotonic() - began:.0f} s ({state()});"
+                " going on")
+        return time.monotonic() - began
 
     # ---- the whole benchmark -------------------------------------------------------------
 

@@ -27,6 +27,7 @@ import lmdb
 from msgbus_client import MsgbusClient
 from msgbus_client.message import build_entry
 from msgbus_client.spool import Spool
+from msgbus_devtools.testkit.waiting import NotInTime, eventually
 
 from bench.report import say
 
@@ -189,16 +190,18 @@ def drain(directory: Path, receiver_url: str, api_key: str, expected: int, run: 
     client = MsgbusClient(receiver_url, api_key, spool_dir=directory)
     progress = Progress(f"run {run} drain to the receiver", expected)
     problems: list[str] = []
-    while True:
+    pending = expected
+
+    def drained() -> bool:
+        nonlocal pending
         pending = client.spool.pending_count()
-        now = time.perf_counter()
-        if pending == 0:
-            break
-        if now - began > timeout_s:
-            problems.append(f"{pending} messages still spooled after {timeout_s:.0f} s")
-            break
         progress.tick(expected - pending)
-        time.sleep(0.02)
+        return pending == 0
+
+    try:
+        eventually(drained, timeout_s, f"run {run}: the spool empty", interval_s=0.02)
+    except NotInTime:
+        problems.append(f"{pending} messages still spooled after {timeout_s:.0f} s")
     seconds = time.perf_counter() - began
     rejected = client.spool.rejected_count()
     if rejected:

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.waiting import eventually_async
 
 from bench.report import out, say
 from msgbus.brokers._kafka_consumer import MISSING_TOPIC_LOOK_S, KafkaSubscriptionConsumer
@@ -50,10 +51,10 @@ async def first_message_s(bootstrap: str, look_s: float | None, lead_s: float) -
         published = time.monotonic()
         await publisher.publish(destination, [Envelope(message_id=uuid7(), destination=code,
                                                        body=b"{}")])
-        while time.monotonic() - published < RECEIVE_TIMEOUT_S:
-            if await consumer.receive(1, timeout_s=0.5):
-                return time.monotonic() - published
-        raise RuntimeError(f"nothing received {RECEIVE_TIMEOUT_S:.0f} s after publishing")
+        # each look waits up to 0.5 s for a message itself
+        await eventually_async(lambda: consumer.receive(1, timeout_s=0.5), RECEIVE_TIMEOUT_S,
+                               f"the first message of {code}, published", interval_s=0)
+        return time.monotonic() - published
     finally:
         await consumer.close()
         await publisher.close()

@@ -6,6 +6,7 @@ Every test uses its own destination (uuid), so topics, groups and queues never o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections import defaultdict
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import pika
 import pytest
 from confluent_kafka import Producer
-from msgbus_devtools.testkit.waiting import eventually_async
+from msgbus_devtools.testkit.waiting import NotInTime, eventually_async
 from pika.adapters.blocking_connection import BlockingChannel
 
 from msgbus.brokers._kafka_consumer import CLOCK_MARGIN_S
@@ -70,15 +71,22 @@ def make_envelopes(destination: Destination, count: int, *, keys: int = 50) -> l
 async def take(
     consumer: SubscriptionConsumer, count: int, *, timeout_s: float = 30, ack: bool = True
 ) -> list[Received]:
-    """Receive until `count` messages arrived (or the deadline passed)."""
+    """Receive until `count` messages arrived (or the deadline passed: the callers' assertions
+    show what is missing)."""
     got: list[Received] = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < count and time.monotonic() < deadline:
-        batch = await consumer.receive(500, min(1.0, max(0.0, deadline - time.monotonic())))
+
+    async def enough() -> bool:
+        if len(got) >= count:
+            return True
+        batch = await consumer.receive(500, 1.0)  # waits up to 1 s itself
         if ack:
             for received in batch:
                 consumer.ack(received)
         got.extend(batch)
+        return len(got) >= count
+
+    with contextlib.suppress(NotInTime):
+        await eventually_async(enough, timeout_s, f"{count} messages", interval_s=0)
     return got
 
 
