@@ -1,5 +1,5 @@
 """How long a loop that failed waits before it tries again: one rule for every reconnecting
-consumer, publisher, drain loop and restarted process of the services. (The client library has
+consumer, publisher, flush loop and restarted process of the services. (The client library has
 its own, with jitter, because it imports nothing from the services.)"""
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ class Unavailable(MsgbusError):
 
 class BufferFull(Unavailable):
     code = "buffer_full"
-    retry_after_s = 5  # the buffer drains at MongoDB's pace: give it a few seconds
+    retry_after_s = 5  # the buffer is flushed at MongoDB's pace: give it a few seconds
 
 
 class MongoUnavailable(Unavailable):

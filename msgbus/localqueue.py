@@ -12,11 +12,11 @@ long, in the same transaction as the append, and skips an item whose key it has 
 re-sending a message it is not sure about is then accepted once. Keys are forgotten through a
 second index ordered by the time they were seen, pruned a little at every commit.
 
-Several processes may open one environment: e.g. one appends while another drains. A process
-that drains learns of new entries from `notify_appended()` (the appender's `on_commit` hook can
+Several processes may open one environment: e.g. one appends while another flushes. A process
+that flushes learns of new entries from `notify_appended()` (the appender's `on_commit` hook can
 ring it across processes) or, at the latest, when its wait times out.
 
-A queue may be split into partitions (e.g. one per destination, so that each can be drained at
+A queue may be split into partitions (e.g. one per destination, so that each can be flushed at
 its own rate): an entry's target is then `(queue, partition)` instead of `queue`, and its key
 is `partition NUL seq`, so each partition is a FIFO of its own inside the queue's database.
 """
@@ -108,7 +108,7 @@ class LocalQueue:
 
     @property
     def used_bytes(self) -> int:
-        """Bytes in use now (measured: another process may have drained entries)."""
+        """Bytes in use now (measured: another process may have flushed entries)."""
         self._used_bytes = self._measure_bytes()
         return self._used_bytes
 
@@ -139,7 +139,7 @@ class LocalQueue:
         dedupe window (or earlier in `items`); returns, per item, whether it was appended.
         A None key is always appended. Raises BufferFull like append()."""
         if self._used_bytes >= self.max_bytes:
-            # another process may have drained it since our last commit measured it
+            # another process may have flushed it since our last commit measured it
             self._used_bytes = self._measure_bytes()
         if self._used_bytes >= self.max_bytes:
             raise BufferFull(f"local buffer {self.path} is full ({self._used_bytes} bytes)")

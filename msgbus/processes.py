@@ -1,8 +1,8 @@
 """Child processes, one way everywhere: start one that dies with its parent, stop one (a grace
 period after SIGTERM, then SIGKILL), and decide when to restart one that exited.
 
-Used by `msgbus receiver --workers N` (receiver/workers.py), the receiver's drain process
-(receiver/drain_process.py) and the development servers (devtools)."""
+Used by `msgbus receiver --workers N` (receiver/workers.py), the receiver's flush process
+(receiver/flush_process.py) and the development servers (devtools)."""
 
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ class Registry:
         self._listeners.append(listener)
 
     def remove_listener(self, listener: ChangeListener) -> None:
-        """Stop calling `listener` (e.g. the pipeline of an adopted buffer, once drained)."""
+        """Stop calling `listener` (e.g. the pipeline of an adopted buffer, once flushed)."""
         if listener in self._listeners:
             self._listeners.remove(listener)
 

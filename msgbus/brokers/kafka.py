@@ -302,7 +302,7 @@ class KafkaPublisher(Publisher):
                     topic, value=value, key=_message_key(envelope), on_delivery=on_delivery
                 )
                 return None
-            except BufferError:  # local queue full: the poll thread drains it
+            except BufferError:  # local queue full: the poll thread empties it
                 if time.monotonic() > deadline:
                     return "kafka: local producer queue full"
                 await asyncio.sleep(0.005)

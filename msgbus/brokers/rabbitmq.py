@@ -196,7 +196,7 @@ class _ConfirmingPublisher:
         if not self._first_open.done():
             self._first_open.set_result(None)
         log.info("rabbitmq publisher: channel open in confirm mode")
-        self._drain()
+        self._publish_queued()
 
     def _on_channel_closed(self, channel: Channel, reason: BaseException) -> None:
         if self._channel is not None and self._channel is not channel:
@@ -242,9 +242,9 @@ class _ConfirmingPublisher:
                 self._confirm_timeout_s, functools.partial(self._expire, job)
             )
             self._queue.append(job)
-        self._drain()
+        self._publish_queued()
 
-    def _drain(self) -> None:
+    def _publish_queued(self) -> None:
         """Publish queued jobs in order while the channel is open."""
         while self._queue and self._channel is not None and self._declaring is None:
             job = self._queue[0]
@@ -266,7 +266,7 @@ class _ConfirmingPublisher:
             if self._channel is channel:
                 self._declared.add(exchange)
                 self._declaring = None
-                self._drain()
+                self._publish_queued()
 
         channel.exchange_declare(exchange, "topic", durable=True, callback=declared)
 

@@ -6,7 +6,7 @@ subscriber, through receiver kills (the client's resender sends it again) and wh
 behind the receiver. Message k is due at start + k / rate and goes to destination
 k mod len(destinations); `senders` threads share one client, so a `send()` held up by its
 inline POST (a receiver that stalls) does not stall the stream. It stops by itself after
-`duration_s`, or at `stop()`; `drain()` then waits until the spool is empty.
+`duration_s`, or at `stop()`; `close()` then flushes the client's spool (up to its timeout).
 """
 
 from __future__ import annotations
