@@ -108,7 +108,7 @@ async def list_services(_: AsViewer, service: Service) -> dict[str, Any]:
 @router.get("/v1/destinations", responses=LIST_RESPONSES)
 async def list_destinations(_: AsViewer, response: Response,
                             store: Store) -> list[dict[str, Any]]:
-    loaded = await store.load_destinations()
+    loaded = await store.config.load_destinations()
     return [d.model_dump(mode="json") for d in valid_items(response, loaded)]
 
 
@@ -120,13 +120,13 @@ async def put_destination(code: DestinationCode, body: DestinationIn, who: AsAdm
     await refuse_while_deleting(deletions, code)
     fields = body.model_dump()
     try:  # a broker switch is remembered: dispatchers drain the previous broker
-        existing = await store.get_destination(code)
+        existing = await store.config.get_destination(code)
         switched = existing.with_broker(body.broker, utcnow())
         destination = Destination.model_validate(
             switched.model_dump() | {k: v for k, v in fields.items() if k != "broker"})
     except (NotFound, InvalidStoredDocument):  # new, or replacing one that is invalid
         destination = Destination(code=code, **fields)
-    await store.save_destination(destination)
+    await store.config.save_destination(destination)
     await users.audit(who, "destination.put", code, body.model_dump(mode="json"))
     return destination.model_dump(mode="json")
 
@@ -147,7 +147,7 @@ async def patch_runtime(body: RuntimeIn, who: AsAdmin, service: Service) -> dict
 @router.get("/v1/subscriptions", responses=LIST_RESPONSES, operation_id="list_subscriptions")
 async def list_subscriptions(_: AsViewer, response: Response, store: Store,
                              destination: DestinationQuery = None) -> list[dict[str, Any]]:
-    loaded = await store.load_subscriptions(destination)
+    loaded = await store.config.load_subscriptions(destination)
     return [s.model_dump(mode="json", exclude={"signing_secrets"})
             for s in valid_items(response, loaded)]
 
@@ -157,18 +157,18 @@ async def put_subscription(code: DestinationCode, name: SubscriptionName,
                            body: SubscriptionIn, who: AsAdmin, service: Service,
                            deletions: Deletions) -> dict[str, Any]:
     store = service.store
-    await store.get_destination(code)
+    await store.config.get_destination(code)
     await refuse_while_deleting(deletions, code, name)
     sub_id = subscription_id(code, name)
     try:
-        existing = await store.get_subscription(sub_id)
+        existing = await store.config.get_subscription(sub_id)
         sub = Subscription.model_validate(
             existing.model_dump() | body.model_dump() | {"updated_at": utcnow()})
     except NotFound:
         sub = Subscription(destination=code, name=name, **body.model_dump())
     except InvalidStoredDocument:
         sub = await service.replacement_subscription(code, name, body)
-    await store.save_subscription(sub)
+    await store.config.save_subscription(sub)
     await service.users.audit(who, "subscription.put", sub.id, body.model_dump(mode="json"))
     # The signing secrets are shown to whoever configures the subscriber.
     return sub.model_dump(mode="json")
@@ -180,9 +180,9 @@ async def change_subscription(store: MongoStore, users: UserStore, code: str, na
                               details: dict[str, Any] | None = None) -> Subscription:
     """Reads the subscription, applies the fields `change` returns for it, saves it,
     audits it as `action` (with `details`)."""
-    sub = await store.get_subscription(f"{code}/{name}")
+    sub = await store.config.get_subscription(f"{code}/{name}")
     sub = sub.model_copy(update={**change(sub), "updated_at": utcnow()})
-    await store.save_subscription(sub)
+    await store.config.save_subscription(sub)
     await users.audit(who, action, sub.id, details)
     return sub
 
@@ -224,7 +224,7 @@ async def reveal_secrets(code: DestinationCode, name: SubscriptionName, who: AsA
     """The subscription's signing secrets, newest first (a second one after a rotation).
     Admin only; every reveal is audited. A POST, not a GET: it is an action the audit log
     records, and no cache or prefetch may repeat it."""
-    sub = await store.get_subscription(subscription_id(code, name))
+    sub = await store.config.get_subscription(subscription_id(code, name))
     await users.audit(who, "subscription.secret_reveal", sub.id)
     return secrets_view(sub)
 
@@ -270,7 +270,7 @@ async def list_apps(_: AsViewer, response: Response, store: Store) -> list[dict[
     """Producer apps without their key hashes: name, destinations, how many keys."""
     return [{"name": a.name, "destinations": a.destinations, "keys": len(a.key_hashes),
              "created_at": a.created_at, "revoked_at": a.revoked_at}
-            for a in valid_items(response, await store.load_apps())]
+            for a in valid_items(response, await store.producers.load_apps())]
 
 
 @router.post("/v1/apps/{name}/keys", status_code=201)
@@ -278,7 +278,7 @@ async def add_app_key(name: AppName, who: AsAdmin, store: Store,
                       users: Users) -> dict[str, Any]:
     """A further key (to rotate without a gap: deploy it, then revoke the old ones)."""
     key = new_api_key()
-    await store.add_app_key(name, hash_api_key(key))
+    await store.producers.add_app_key(name, hash_api_key(key))
     await users.audit(who, "app.key_add", name)
     return {"name": name, "api_key": key,
             "note": "the key is shown only once; msgbus stores only its hash"}
@@ -287,7 +287,7 @@ async def add_app_key(name: AppName, who: AsAdmin, store: Store,
 @router.delete("/v1/apps/{name}/keys", status_code=204)
 async def revoke_app_keys(name: AppName, who: AsAdmin, store: Store, users: Users) -> None:
     """Every key of the app stops working within 30 s (the receivers' key cache)."""
-    await store.revoke_app_keys(name)
+    await store.producers.revoke_app_keys(name)
     await users.audit(who, "app.keys_revoke", name)
 
 

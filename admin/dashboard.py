@@ -11,7 +11,6 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from pymongo.errors import PyMongoError
 
@@ -138,13 +137,12 @@ class DashboardData:
         first = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=HOURS - 1)
         hours = [first + timedelta(hours=i) for i in range(HOURS)]
         volume = {d.code: await self._per_hour(d.code, first)
-                  for d in await self._store.list_destinations()}
+                  for d in await self._store.config.list_destinations()}
         health = []
-        for sub in await self._store.list_subscriptions():
-            backlog, oldest = await self._store.backlog(sub.id, COUNT_CAP)
-            parked = await self._store.deliveries.count_documents(
-                {"subscription": sub.id, "status": DeliveryStatus.PARKED.value},
-                limit=COUNT_CAP)
+        for sub in await self._store.config.list_subscriptions():
+            backlog, oldest = await self._store.progress.backlog(sub.id, COUNT_CAP)
+            parked = await self._store.progress.count_deliveries(
+                sub.id, DeliveryStatus.PARKED, cap=COUNT_CAP)
             age = (now - oldest).total_seconds() if oldest is not None else 0.0
             pushes = await self._pushes(sub.id, now - timedelta(hours=1))
             health.append(SubscriptionHealth(sub.id, sub.paused, backlog, max(0.0, age),
@@ -153,25 +151,14 @@ class DashboardData:
         return Dashboard(hours, volume, health, time.monotonic())
 
     async def _pushes(self, sub_id: str, since: datetime) -> PushHealth:
-        """One index range of (subscription, started_at), newest first, capped."""
-        cursor = self._store.attempts.find(
-            {"subscription": sub_id, "started_at": {"$gte": since}},
-            {"_id": 0, "ok": 1, "latency_ms": 1},
-        ).sort("started_at", -1).limit(PUSH_SAMPLE_CAP)
-        return PushHealth.of([(bool(doc.get("ok")), float(doc.get("latency_ms") or 0.0))
-                              async for doc in cursor])
+        return PushHealth.of(
+            await self._store.figures.recent_pushes(sub_id, since, PUSH_SAMPLE_CAP))
 
     async def _per_hour(self, destination: str, first: datetime) -> list[int]:
-        """Messages of `destination` per hour since `first`: one aggregation over the
-        (destination, created_at) index range."""
-        pipeline: list[dict[str, Any]] = [
-            {"$match": {"destination": destination, "created_at": {"$gte": first}}},
-            {"$group": {"_id": {"$dateTrunc": {"date": "$created_at", "unit": "hour"}},
-                        "n": {"$sum": 1}}},
-        ]
+        """Messages of `destination` per hour since `first`."""
         counts = [0] * HOURS
-        async for row in await self._store.messages.aggregate(pipeline):
-            index = int((row["_id"] - first).total_seconds() // 3600)
+        for hour, n in (await self._store.figures.messages_per_hour(destination, first)).items():
+            index = int((hour - first).total_seconds() // 3600)
             if 0 <= index < HOURS:
-                counts[index] = int(row["n"])
+                counts[index] = n
         return counts

@@ -43,12 +43,12 @@ router = APIRouter()
 @router.get("/v1/invalid-documents")
 async def list_invalid_documents(_: AsViewer, store: Store) -> dict[str, Any]:
     """Stored configuration that does not validate and that every service skips."""
-    found = [d.to_json() for d in await store.all_invalid_documents()]
+    found = [d.to_json() for d in await store.invalid.in_every_collection()]
     return {"count": len(found), "documents": found}
 
 
 @router.delete("/v1/invalid-documents/{collection}/{doc_id:path}", status_code=204)
 async def delete_invalid_document(collection: ConfigCollection, doc_id: StoredId,
                                   who: AsAdmin, store: Store, users: Users) -> None:
-    await store.delete_invalid_document(collection, doc_id)
+    await store.invalid.delete(collection, doc_id)
     await users.audit(who, "invalid_document.delete", f"{collection}/{doc_id}")

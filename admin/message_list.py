@@ -23,28 +23,20 @@ On MongoDB one query per source would do; the windows cost a few more queries th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pymongo import ASCENDING, DESCENDING
-from pymongo.asynchronous.collection import AsyncCollection
-
 from msgbus.errors import InvalidInput
 from msgbus.models import DeliveryStatus, delivery_id, utcnow
 from msgbus.store import MongoStore
-from msgbus.store.idsets import find_by_ids
+from msgbus.store.traces import Key
 
 WINDOWS: tuple[timedelta | None, ...] = (
     timedelta(hours=1), timedelta(days=1), timedelta(days=7), timedelta(days=31), None)
 SCAN_CAP = 2000
 PENDING_SCAN = 1000
-STATE_FIELDS = {"subscription": 1, "message_id": 1, "status": 1, "attempts": 1,
-                "next_attempt_at": 1, "scheduled_for": 1, "last_status_code": 1,
-                "discard_reason": 1}
-
-Key = tuple[datetime, str]  # (created_at, message id): the list's order
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +74,11 @@ class ListQuery:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """One index-backed range of rows: documents of `collection` matching `match`, whose
-    message id is `id_field`."""
+    """One index-backed range of rows: those matching `match` of what `read_keys` reads (the
+    messages, or one subscription's delivery states)."""
 
-    collection: AsyncCollection[dict[str, Any]]
+    read_keys: Callable[[Mapping[str, Any], bool, int | None], Awaitable[list[Key]]]
     match: dict[str, Any]
-    id_field: str
 
 
 @dataclass(slots=True)
@@ -98,24 +89,11 @@ class Page:
     scanned_out: bool = False  # a state + biz_id scan stopped at SCAN_CAP
 
 
-def _key(doc: dict[str, Any], id_field: str) -> Key:
-    return doc["created_at"], str(doc[id_field])
-
-
 def _beyond(key: Key, cursor: Cursor | None, older: bool) -> bool:
     if cursor is None:
         return True
     mark = (cursor.created_at, cursor.message_id)
     return key < mark if older else key > mark
-
-
-async def _keys(source: Source, match: dict[str, Any], projection_sort: int,
-                limit: int | None) -> list[Key]:
-    cursor = source.collection.find(match, {source.id_field: 1, "created_at": 1})
-    cursor = cursor.sort("created_at", projection_sort)
-    if limit is not None:
-        cursor = cursor.limit(limit)
-    return [_key(d, source.id_field) async for d in cursor]
 
 
 async def source_keys(source: Source, query: ListQuery, cursor: Cursor | None, older: bool,
@@ -124,12 +102,13 @@ async def source_keys(source: Source, query: ListQuery, cursor: Cursor | None, o
     page's direction (newest first when `older`)."""
     keys: list[Key] = []
     if cursor is not None:  # the cursor's own millisecond: its ties beyond it
-        ties = await _keys(source, source.match | {"created_at": cursor.created_at}, 1, None)
+        ties = await source.read_keys(source.match | {"created_at": cursor.created_at},
+                                      False, None)
         keys += [k for k in ties if _beyond(k, cursor, older)]
     found = await _window_keys(source, query, cursor, older, limit)
     if len(found) >= limit:  # the page's last millisecond, read whole
         edge = found[-1][0]
-        found += await _keys(source, source.match | {"created_at": edge}, 1, None)
+        found += await source.read_keys(source.match | {"created_at": edge}, False, None)
     keys = sorted(set(keys + found), reverse=older)
     return [k for k in keys if _in_range(k, query)][:limit]
 
@@ -157,7 +136,7 @@ async def _window_keys(source: Source, query: ListQuery, cursor: Cursor | None, 
         if edge is not None:
             condition["$gte" if older else "$lte"] = edge
         match = source.match | ({"created_at": condition} if condition else {})
-        found = await _keys(source, match, DESCENDING if older else ASCENDING, limit)
+        found = await source.read_keys(match, older, limit)
         if len(found) >= limit or edge == bound:
             break
     return found
@@ -186,17 +165,17 @@ async def sources_of(store: MongoStore, query: ListQuery) -> list[Source]:
         if query.subscription is not None:
             match["destination"] = query.subscription.split("/", 1)[0]
             match["subscriptions"] = query.subscription
-        return [Source(store.messages, match, "_id")]
+        return [Source(store.traces.message_keys, match)]
     if query.state == DeliveryStatus.PENDING:
         return []
-    return [Source(store.deliveries, {"subscription": sub_id, "status": query.state.value},
-                   "message_id") for sub_id in await subscription_ids(store, query)]
+    return [Source(store.traces.state_keys, {"subscription": sub_id, "status": query.state.value})
+            for sub_id in await subscription_ids(store, query)]
 
 
 async def subscription_ids(store: MongoStore, query: ListQuery) -> list[str]:
     if query.subscription is not None:
         return [query.subscription]
-    return [s.id for s in await store.list_subscriptions(query.destination)]
+    return [s.id for s in await store.config.list_subscriptions(query.destination)]
 
 
 async def pending_keys(store: MongoStore, query: ListQuery, cursor: Cursor | None,
@@ -205,9 +184,9 @@ async def pending_keys(store: MongoStore, query: ListQuery, cursor: Cursor | Non
     `PENDING_SCAN` of each one's pending batches."""
     keys: set[Key] = set()
     for sub_id in await subscription_ids(store, query):
-        ids = await store.pending_message_ids(sub_id, PENDING_SCAN)
-        found = await find_by_ids(store.messages, ids, None, {"created_at": 1})
-        keys.update(_key(m, "_id") for m in found)
+        ids = await store.progress.pending_message_ids(sub_id, PENDING_SCAN)
+        found = await store.traces.messages_by_ids(ids, {"created_at": 1})
+        keys.update((m["created_at"], str(m["_id"])) for m in found)
     return sorted((k for k in keys if _beyond(k, cursor, older) and _in_range(k, query)),
                   reverse=older)[:limit]
 
@@ -217,8 +196,7 @@ async def states_of(store: MongoStore, messages: Sequence[dict[str, Any]]
     """Each message's delivery states, one per subscription it was recorded for (pending when
     it has no outcome yet), by message id: by `_id`, a chunk of ids per query."""
     wanted = [delivery_id(m["_id"], sub) for m in messages for sub in m.get("subscriptions") or []]
-    found = {d["_id"]: d for d in await find_by_ids(store.deliveries, wanted, None,
-                                                     STATE_FIELDS)}
+    found = {d["_id"]: d for d in await store.traces.listed_states(wanted)}
     states: dict[str, list[dict[str, Any]]] = {}
     for m in messages:
         row = states.setdefault(m["_id"], [])
@@ -243,8 +221,7 @@ async def _scan_states(store: MongoStore, source: Source, query: ListQuery,
             return matched, (at.created_at, at.message_id) if at is not None else None
         keys = await source_keys(source, query, at, older, chunk)
         scanned += len(keys)
-        docs = await find_by_ids(store.messages, [k[1] for k in keys], None,
-                                 {"subscriptions": 1})
+        docs = await store.traces.messages_by_ids([k[1] for k in keys], {"subscriptions": 1})
         states = await states_of(store, docs)
         matched += [k for k in keys if _in_state(states.get(k[1], []), query)]
         if len(keys) < chunk:
@@ -285,8 +262,8 @@ async def list_page(store: MongoStore, query: ListQuery, cursor: Cursor | None =
     near = Cursor(*keys[0]) if cursor is not None and keys else cursor
     if not older:
         keys.reverse()
-    docs = {d["_id"]: d for d in await find_by_ids(store.messages, [k[1] for k in keys], None,
-                                                     {"body": 0, "headers": 0})}
+    docs = {d["_id"]: d for d in await store.traces.messages_by_ids([k[1] for k in keys],
+                                                                  {"body": 0, "headers": 0})}
     messages = [docs[k[1]] for k in keys if k[1] in docs]
     states = await states_of(store, messages)
     for message in messages:

@@ -49,8 +49,8 @@ def replay_view(job: dict[str, Any]) -> dict[str, Any]:
 
 async def replay_targets(store: MongoStore, spec: ReplaySpec) -> list[str]:
     """The subscription ids a replay of `spec` pushes to; clear errors for unknown names."""
-    await store.get_destination(spec.destination)
-    existing = {s.name: s.id for s in await store.list_subscriptions(spec.destination)}
+    await store.config.get_destination(spec.destination)
+    existing = {s.name: s.id for s in await store.config.list_subscriptions(spec.destination)}
     if spec.subscriptions is None:
         if not existing:
             raise InvalidInput(f"destination {spec.destination!r} has no subscriptions",
@@ -78,7 +78,7 @@ router = APIRouter()
 async def list_parked(code: DestinationCode, name: SubscriptionName, _: AsViewer, store: Store,
                       claims: Claims, limit: Limit = 100) -> list[dict[str, Any]]:
     """Deliveries the retry policy gave up on (dead letters), oldest first."""
-    sub = await store.get_subscription(subscription_id(code, name))
+    sub = await store.config.get_subscription(subscription_id(code, name))
     found = await claims.parked(sub.id, limit)
     return [{k: v for k, v in d.items() if k != "_id"} for d in found]
 
@@ -89,7 +89,7 @@ async def redrive_parked(code: DestinationCode, name: SubscriptionName, body: Re
                          claims: Claims) -> dict[str, Any]:
     """Parked deliveries (all, or those of `message_ids`) are retried again at once, their
     policy's attempt count and age starting afresh."""
-    sub = await store.get_subscription(subscription_id(code, name))
+    sub = await store.config.get_subscription(subscription_id(code, name))
     count = await claims.redrive(sub.id, body.message_ids)
     by = actor(who, body.requested_by)
     await users.audit(who, "parked.redrive", sub.id,
@@ -103,7 +103,7 @@ async def discard_parked(code: DestinationCode, name: SubscriptionName, body: Di
                          claims: Claims) -> dict[str, Any]:
     """Parked deliveries (all, or those of `message_ids`) are dropped for good, with a
     reason; they stay in the trace as `discarded`."""
-    sub = await store.get_subscription(subscription_id(code, name))
+    sub = await store.config.get_subscription(subscription_id(code, name))
     count = await claims.discard(sub.id, body.message_ids, body.reason)
     await users.audit(who, "parked.discard", sub.id, {
         "count": count, "message_ids": body.message_ids, "reason": body.reason})
@@ -116,7 +116,7 @@ async def test_push(code: DestinationCode, name: SubscriptionName, who: AsOperat
     """Push a signed test message to the subscriber now (not through a broker, not
     recorded on any trace, within the subscription's max_concurrency like every push);
     answers what the subscriber said and how fast."""
-    sub = await store.get_subscription(subscription_id(code, name))
+    sub = await store.config.get_subscription(subscription_id(code, name))
     envelope = Envelope(message_id=uuid7(), destination=code,
                         body=orjson.dumps({"msgbus_test": True, "by": who.name}),
                         biz_id="msgbus-test", source_app="msgbus-admin",

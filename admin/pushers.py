@@ -56,5 +56,5 @@ router = APIRouter()
 async def list_pushers(code: DestinationCode, name: SubscriptionName, _: AsViewer,
                        store: Store) -> dict[str, Any]:
     """The processes pushing to the subscription now and their shares of its cap."""
-    sub = await store.get_subscription(subscription_id(code, name))
+    sub = await store.config.get_subscription(subscription_id(code, name))
     return await pushers_of(store, sub.id)

@@ -52,7 +52,7 @@ router = APIRouter()
 async def _delete_one_subscription(store: MongoStore, deletions: DeletionStore, code: str,
                                    name: str, by: str) -> None:
     await deletions.record(SUBSCRIPTION, code, name, by)
-    await store.subscriptions.delete_one({"_id": subscription_id(code, name)})
+    await store.config.delete_subscription(subscription_id(code, name))
 
 
 @router.delete("/v1/destinations/{code}/subscriptions/{name}")
@@ -61,7 +61,7 @@ async def delete_subscription(code: DestinationCode, name: SubscriptionName, who
                               deletions: Deletions) -> dict[str, Any]:
     """Stops its pushes everywhere and removes its consumer group and queue; its records
     stay until retention."""
-    sub = await store.get_subscription(subscription_id(code, name))
+    sub = await store.config.get_subscription(subscription_id(code, name))
     await _delete_one_subscription(store, deletions, code, name, who.name)
     await users.audit(who, "subscription.delete", sub.id)
     return {"deleted": sub.id}
@@ -73,12 +73,12 @@ async def delete_destination(code: DestinationCode, who: AsAdmin, store: Store, 
     """Deletes the destination and every subscription of it: producers get 404, pushes
     stop, topics, exchanges, consumer groups and queues are removed; records stay until
     retention."""
-    await store.get_destination(code)
-    names = [s.name for s in await store.list_subscriptions(code)]
+    await store.config.get_destination(code)
+    names = [s.name for s in await store.config.list_subscriptions(code)]
     await deletions.record(DESTINATION, code, None, who.name)
     for name in names:
         await _delete_one_subscription(store, deletions, code, name, who.name)
-    await store.destinations.delete_one({"_id": code})
+    await store.config.delete_destination(code)
     await SchemaStore(store).delete_destination(code)
     await users.audit(who, "destination.delete", code, {"subscriptions": names})
     return {"deleted": code, "subscriptions": names}
@@ -90,11 +90,11 @@ async def skip_backlog(code: DestinationCode, name: SubscriptionName, body: Skip
                        claims: Claims) -> dict[str, Any]:
     """Everything received before now that the subscription has not got is recorded as
     skipped with `reason` instead of pushed."""
-    sub = await store.get_subscription(subscription_id(code, name))
+    sub = await store.config.get_subscription(subscription_id(code, name))
     now = utcnow()
     by = actor(who, body.requested_by)
     reason = f"{body.reason} (by {by})"
-    await store.save_subscription(sub.model_copy(update={
+    await store.config.save_subscription(sub.model_copy(update={
         "skip_before": now, "skip_reason": reason, "updated_at": now}))
     skipped = await claims.skip_open(sub.id, f"skipped by an operator: {reason}")
     await users.audit(who, "subscription.skip", sub.id,

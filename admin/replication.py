@@ -43,8 +43,8 @@ ui_router = APIRouter(include_in_schema=False)
 
 
 async def copies_of(conn: ConnectionSettings, store: MongoStore, code: str) -> DestinationCopies:
-    destination = await store.get_destination(code)
-    subscriptions = await store.list_subscriptions(code)
+    destination = await store.config.get_destination(code)
+    subscriptions = await store.config.list_subscriptions(code)
     wanted = Wanted.of(conn)
     clusters: list[ClusterCopies] = []
     if destination.broker is BrokerKind.KAFKA:

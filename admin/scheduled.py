@@ -42,9 +42,9 @@ async def scheduled_of(store: MongoStore, claims: DeliveryClaims, code: str,
                        limit: int) -> list[dict[str, Any]]:
     """The destination's scheduled deliveries, each subscription's soonest first, merged
     by due time."""
-    await store.get_destination(code)
+    await store.config.get_destination(code)
     found: list[dict[str, Any]] = []
-    for sub in await store.list_subscriptions(code):
+    for sub in await store.config.list_subscriptions(code):
         found += [scheduled_view(d) for d in await claims.scheduled(sub.id, limit)]
     found.sort(key=lambda d: d.get("scheduled_for") or d["created_at"])
     return found[:limit]
@@ -63,7 +63,7 @@ async def deliver_scheduled_now(code: DestinationCode, name: SubscriptionName,
                                 users: Users, claims: Claims) -> dict[str, Any]:
     """These messages' scheduled deliveries to the subscription are due now: the
     compensator pushes them within about a second."""
-    sub = await store.get_subscription(subscription_id(code, name))
+    sub = await store.config.get_subscription(subscription_id(code, name))
     count = await claims.deliver_scheduled_now(sub.id, body.message_ids)
     by = actor(who, body.requested_by)
     await users.audit(who, "scheduled.deliver_now", sub.id,
@@ -79,7 +79,7 @@ async def cancel_scheduled(code: DestinationCode, name: SubscriptionName,
                            users: Users, claims: Claims) -> dict[str, Any]:
     """These messages' scheduled deliveries to the subscription are dropped before their
     time, with a reason; they stay in the trace as `discarded`."""
-    sub = await store.get_subscription(subscription_id(code, name))
+    sub = await store.config.get_subscription(subscription_id(code, name))
     count = await claims.cancel_scheduled(sub.id, body.message_ids, body.reason)
     by = actor(who, body.requested_by)
     await users.audit(who, "scheduled.cancel", sub.id, {

@@ -79,7 +79,7 @@ async def put_schema(code: DestinationCode, body: SchemaIn, who: AsAdmin, store:
     """Registers a new version of the destination's payload schema (JSON Schema draft
     2020-12). Receivers validate every message against the latest version within a registry
     refresh. A version the compatibility mode refuses is a 409 naming each breaking change."""
-    await store.get_destination(code)
+    await store.config.get_destination(code)
     await refuse_while_deleting(deletions, code)
     entry = await register_schema(schemas, code, body, who.name)
     await users.audit(who, "schema.put", code, {"version": entry.version,
@@ -91,7 +91,7 @@ async def put_schema(code: DestinationCode, body: SchemaIn, who: AsAdmin, store:
 async def list_schemas(code: DestinationCode, _: AsViewer, store: Store,
                        schemas: Schemas) -> list[dict[str, Any]]:
     """Every version of the destination's payload schema, oldest first."""
-    await store.get_destination(code)
+    await store.config.get_destination(code)
     return [schema_view(s) for s in await schemas.versions(code)]
 
 

@@ -52,7 +52,7 @@ def _pick(versions: list[PayloadSchema], wanted: int | None,
 
 async def _render(request: Request, who: Any, store: Any, code: str, *, a: int | None = None,
                   b: int | None = None, tried: dict[str, Any] | None = None) -> Response:
-    await store.get_destination(code)
+    await store.config.get_destination(code)
     versions = await SchemaStore(parts_of(request).service.store).versions(code)
     new = _pick(versions, b, versions[-1] if versions else None)
     old = _pick(versions, a, versions[-2] if len(versions) > 1 else None)

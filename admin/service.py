@@ -58,7 +58,7 @@ class AdminService:
 
     async def create_producer_app(self, name: str, destinations: Sequence[str]) -> str:
         key = new_api_key()
-        await self.store.create_app(name, hash_api_key(key), destinations)
+        await self.store.producers.create_app(name, hash_api_key(key), destinations)
         return key
 
     async def replacement_subscription(self, code: str, name: str,
@@ -67,7 +67,7 @@ class AdminService:
         its signing secrets (which the subscriber verifies pushes with) and creation time are
         kept when they still validate."""
         fresh = Subscription(destination=code, name=name, **body.model_dump())
-        stored = await self.store.subscriptions.find_one({"_id": fresh.id}) or {}
+        stored = await self.store.config.stored_subscription(fresh.id) or {}
         kept = {k: stored[k] for k in ("signing_secrets", "created_at") if k in stored}
         try:
             return Subscription.model_validate(fresh.model_dump() | kept)
@@ -76,14 +76,14 @@ class AdminService:
 
     async def runtime_view(self) -> dict[str, Any]:
         """The runtime settings, with the clusters each broker kind has to choose from."""
-        runtime = await self.store.get_runtime()
+        runtime = await self.store.config.get_runtime()
         conn = self.settings.connections
         return runtime.model_dump(mode="json") | {"clusters": {
             kind.value: list(conn.clusters(kind)) for kind in (BrokerKind.KAFKA,
                                                               BrokerKind.RABBITMQ)}}
 
     async def update_runtime(self, change: RuntimeIn) -> RuntimeConfig:
-        runtime = await self.store.get_runtime()
+        runtime = await self.store.config.get_runtime()
         update: dict[str, Any] = {"updated_at": utcnow()}
         if change.record_rate_per_s is not None:
             update["record_rate_per_s"] = change.record_rate_per_s
@@ -97,7 +97,7 @@ class AdminService:
                         f"{kind.value} has no cluster {cluster!r}; configured: "
                         f"{', '.join(known) or 'none'}", field="active_clusters")
                 runtime = runtime.with_active_cluster(kind, cluster, known, utcnow())
-        await self.store.save_runtime(runtime)
+        await self.store.config.save_runtime(runtime)
         return runtime
 
     @staticmethod
@@ -109,12 +109,12 @@ class AdminService:
         return summary
 
     async def message_timeline(self, message_id: str) -> dict[str, Any]:
-        message = await self.store.get_message(message_id)
+        message = await self.store.traces.get_message(message_id)
         body = bytes(message["body"])
         summary = self.message_summary(message)
         summary["body"] = body.decode("utf-8", "replace")
-        deliveries = await self.store.deliveries_of(message_id)
-        attempts = await self.store.attempts_of(message_id)
+        deliveries = await self.store.traces.deliveries_of(message_id)
+        attempts = await self.store.traces.attempts_of(message_id)
         for d in deliveries:
             d.pop("_id", None)
             d["attempts_log"] = [

@@ -78,13 +78,13 @@ async def subscription_health(store: MongoStore, sub_id: str, range_name: str
     unit, points = RANGES.get(range_name, RANGES["hour"])
     now = utcnow()
     first = bucket_start(now, unit) - (points - 1) * UNITS[unit]
-    buckets = series(await store.push_stats_since(sub_id, unit, first), first, unit, points)
-    backlog, oldest = await store.backlog(sub_id, COUNT_CAP)
-    parked = await store.count_deliveries(sub_id, DeliveryStatus.PARKED)
+    buckets = series(await store.figures.push_stats_since(sub_id, unit, first), first, unit, points)
+    backlog, oldest = await store.progress.backlog(sub_id, COUNT_CAP)
+    parked = await store.progress.count_deliveries(sub_id, DeliveryStatus.PARKED)
     return SubscriptionHealth(
         range=range_name if range_name in RANGES else "hour", buckets=buckets,
         charts=charts(buckets, unit),
-        failures=await store.latest_push_failures(sub_id, FAILURES_SHOWN),
+        failures=await store.figures.latest_push_failures(sub_id, FAILURES_SHOWN),
         backlog=backlog, parked=parked,
         oldest_age_s=0.0 if oldest is None else max(0.0, (now - oldest).total_seconds()))
 
@@ -163,7 +163,7 @@ async def get_health(code: DestinationCode, name: SubscriptionName, _: AsViewer,
                      range: Literal["hour", "day", "week"] = "hour") -> dict[str, Any]:
     """Its pushes by outcome, p50/p99 and backlog per minute (range=hour) or per hour (day,
     week), its newest failed pushes, and its backlog now."""
-    sub = await store.get_subscription(subscription_id(code, name))
+    sub = await store.config.get_subscription(subscription_id(code, name))
     health = await subscription_health(store, sub.id, range)
     return {
         "subscription": sub.id, "range": health.range, "unit": RANGES[health.range][0],

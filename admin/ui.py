@@ -131,11 +131,11 @@ async def logout() -> Response:
 @router.get("/ui/destinations", response_model=None)
 async def destinations_page(request: Request, who: UiUser, store: Store) -> Response:
     subs: dict[str, list[Any]] = {}
-    for sub in await store.list_subscriptions():
+    for sub in await store.config.list_subscriptions():
         subs.setdefault(sub.destination, []).append(sub)
-    invalid = await store.all_invalid_documents()
+    invalid = await store.invalid.in_every_collection()
     return page(request, "destinations.html", who, page="Destinations",
-                destinations=await store.list_destinations(), subscriptions=subs,
+                destinations=await store.config.list_destinations(), subscriptions=subs,
                 invalid=invalid, schema_versions=await SchemaStore(store).latest_versions())
 
 
@@ -144,7 +144,7 @@ async def destination_page(request: Request, code: str, who: UiUser, store: Stor
                            users: Users, parts: Parts) -> Response:
     """A destination: broker and switch history, its subscriptions' health, schema versions,
     messages per hour."""
-    destination = await store.get_destination(code)
+    destination = await store.config.get_destination(code)
     view = destination_view(destination, await broker_switches(users, code),
                             await parts.dashboard.get(), await SchemaStore(store).versions(code))
     return page(request, "destination.html", who, page="Destinations", view=view,
@@ -222,11 +222,11 @@ async def subscription_page(request: Request, code: str, name: str, who: UiUser,
                             store: Store, range: str = "hour") -> Response:
     """How a subscription is doing (charts over `range`: hour, day or week; its newest
     failures); edit (or, with name `new`, create) it; act on it; how to verify pushes."""
-    await store.get_destination(code)
+    await store.config.get_destination(code)
     sub, invalid = None, None
     if name != "new":
         try:
-            sub = await store.get_subscription(subscription_id(code, name))
+            sub = await store.config.get_subscription(subscription_id(code, name))
         except InvalidStoredDocument as exc:  # the form replaces it
             invalid = exc.message
     pushers = await pushers_of(store, sub.id) if sub is not None else None

@@ -25,23 +25,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pymongo import MongoClient
-
 from analytics.errors import ArchiveMismatch
 from analytics.inputs import DATE_COLUMN, DESTINATION_COLUMN
 from analytics.mongo_source import read_collection
 from analytics.progress import Progress
-from analytics.retention import ensure_retention
 from analytics.schemas import ARCHIVED_AT
 from analytics.session import mongo_location
 from analytics.settings import AnalyticsSettings
 from msgbus.models import OPEN_STATUSES
+from msgbus.store.analytics import AnalyticsStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 TABLES = ("messages", "deliveries", "attempts")
-_MARK_CHUNK = 1000
 # an attempt is written to MongoDB after it finished: those that started in the last moments
 # may still be on their way; they wait for the next run
 _ATTEMPT_SETTLE = timedelta(seconds=60)
@@ -61,22 +58,18 @@ def run_archive(spark: SparkSession, settings: AnalyticsSettings, before: dateti
     now = now or datetime.now(UTC)
     before = min(before, now)
     result = ArchiveResult(before)
-    client: MongoClient[dict[str, Any]] = MongoClient(settings.mongo_uri, tz_aware=True)
-    try:
-        db = client[settings.mongo_db]
-        ensure_retention(db, settings.retention_after_archive_s)
-        oldest = db.messages.find_one({"created_at": {"$lt": before}, ARCHIVED_AT: None},
-                                      {"created_at": 1}, sort=[("created_at", 1)])
-        if oldest is None:
+    with AnalyticsStore(settings.mongo_uri, settings.mongo_db, tz_aware=True) as store:
+        store.ensure_retention(settings.retention_after_archive_s)
+        start = store.oldest_unarchived_message(before)
+        if start is None:
             progress.step(f"nothing to archive before {before.isoformat()}")
             return result
-        start: datetime = oldest["created_at"]
         attempts_end = now - _ATTEMPT_SETTLE
         progress.step(f"archiving records of {start.isoformat()} .. {before.isoformat()} "
                       f"to {settings.archive_dir}")
         batch = _candidates(spark, settings, start, before, attempts_end)
         try:
-            _check_read_counts(db, batch, start, before, attempts_end, progress)
+            _check_read_counts(store, batch, start, before, attempts_end, progress)
             result.waiting_messages = batch.waiting_messages
             for table in TABLES:
                 result.written[table] = _write_new_rows(
@@ -92,8 +85,6 @@ def run_archive(spark: SparkSession, settings: AnalyticsSettings, before: dateti
             progress.step(f"marked archived at {marked_at.isoformat()}: {result.archived}")
         finally:
             batch.release()
-    finally:
-        client.close()
     return result
 
 
@@ -156,17 +147,11 @@ def _candidates(spark: SparkSession, settings: AnalyticsSettings, start: datetim
                   waiting_messages=read_counts["messages"] - counts["messages"])
 
 
-def _check_read_counts(db: Any, batch: _Batch, start: datetime, before: datetime,
+def _check_read_counts(store: AnalyticsStore, batch: _Batch, start: datetime, before: datetime,
                        attempts_end: datetime, progress: Progress) -> None:
     """What Spark read must be what MongoDB counts for the same queries."""
-    queries = {
-        "messages": {"created_at": {"$gte": start, "$lt": before}, ARCHIVED_AT: None},
-        "deliveries": {"created_at": {"$gte": start, "$lt": before}, ARCHIVED_AT: None},
-        "attempts": {"started_at": {"$gte": start, "$lt": max(attempts_end, before)},
-                     ARCHIVED_AT: None},
-    }
-    for table, query in queries.items():
-        expected = db[table].count_documents(query)
+    counts = store.count_unarchived(start, before, max(attempts_end, before))
+    for table, expected in counts.items():
         if expected != batch.read_counts[table]:
             raise ArchiveMismatch(f"{table}: read {batch.read_counts[table]} records, MongoDB "
                                   f"counts {expected}; nothing was written or marked")
@@ -227,16 +212,5 @@ def _mark(frame: DataFrame, settings: AnalyticsSettings, table: str,
 def _mark_partition(uri: str, database: str, collection: str, marked_at: datetime,
                     rows: Iterable[Any]) -> None:
     """Runs on the executors: set archived_at on this partition's records, in chunks."""
-    client: MongoClient[dict[str, Any]] = MongoClient(uri, tz_aware=True)
-    try:
-        target = client[database][collection]
-        chunk: list[str] = []
-        for row in rows:
-            chunk.append(row["_id"])
-            if len(chunk) >= _MARK_CHUNK:
-                target.update_many({"_id": {"$in": chunk}}, {"$set": {ARCHIVED_AT: marked_at}})
-                chunk = []
-        if chunk:
-            target.update_many({"_id": {"$in": chunk}}, {"$set": {ARCHIVED_AT: marked_at}})
-    finally:
-        client.close()
+    with AnalyticsStore(uri, database, tz_aware=True) as store:
+        store.mark_archived(collection, (row["_id"] for row in rows), marked_at)

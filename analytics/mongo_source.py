@@ -6,10 +6,10 @@
                   partitions="8").load()
 
 The time range [start, end) of `time_field` is split into `partitions` slices, each read by
-its own Spark task with pymongo and returned as Arrow batches. Filters Spark pushes down
-(`spark.sql.python.filterPushdown.enabled=true`) become part of each slice's MongoDB query;
-the schema's columns become its projection. Use `read_collection` for a fresh DataFrame per
-query: a reader keeps the filters of the query it was planned for.
+its own Spark task (`msgbus.store.analytics`) and returned as Arrow batches. Filters Spark
+pushes down (`spark.sql.python.filterPushdown.enabled=true`) become part of each slice's
+MongoDB query; the schema's columns become its projection. Use `read_collection` for a fresh
+DataFrame per query: a reader keeps the filters of the query it was planned for.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pyspark.sql.types import StructType
 from analytics.arrow_batches import to_record_batch
 from analytics.pushdown import push
 from analytics.schemas import COLLECTIONS, EXTRA_COLUMN, arrow_schema
+from msgbus.store.analytics import AnalyticsStore, slice_query
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -116,24 +117,8 @@ class MongoReader(DataSourceReader):
         return time_slices(opts.start, opts.end, opts.partitions)
 
     def query(self, start: datetime, end: datetime) -> dict[str, Any]:
-        """The slice's range and the pushed clauses, merged per field where their operators
-        differ: one condition per field keeps each slice's query a plain range on the time
-        field's index, which no query planner mistakes for a collection scan (see
-        docs/decisions.md, "The analytics source: one condition per field, one slice per
-        core")."""
-        merged: dict[str, Any] = {self.read_options.time_field: {"$gte": start, "$lt": end}}
-        rest: list[dict[str, Any]] = []
-        for clause in self.clauses:
-            [(field, condition)] = clause.items()
-            current = merged.get(field)
-            if current is None:
-                merged[field] = condition
-            elif (isinstance(current, dict) and isinstance(condition, dict)
-                  and not current.keys() & condition.keys()):
-                merged[field] = {**current, **condition}
-            else:
-                rest.append(clause)
-        return {"$and": [merged, *rest]} if rest else merged
+        """The slice's MongoDB query (`msgbus.store.analytics.slice_query`)."""
+        return slice_query(self.read_options.time_field, start, end, self.clauses)
 
     def projection(self) -> dict[str, int] | None:
         names = [f.name for f in self.schema.fields]
@@ -142,28 +127,22 @@ class MongoReader(DataSourceReader):
         return {name: 1 for name in names} | ({} if "_id" in names else {"_id": 0})
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from pymongo import MongoClient
-
         assert isinstance(partition, TimeSlice)
         opts = self.read_options
         schema = arrow_schema(self.schema)
-        client: MongoClient[dict[str, Any]] = MongoClient(
-            opts.uri, tz_aware=False, serverSelectionTimeoutMS=_SERVER_TIMEOUT_MS,
-            appname="msgbus-analytics")
-        try:
-            cursor = client[opts.database][opts.collection].find(
-                self.query(partition.start, partition.end), self.projection(),
-                batch_size=opts.batch_rows)
+        with AnalyticsStore(opts.uri, opts.database, tz_aware=False,
+                            serverSelectionTimeoutMS=_SERVER_TIMEOUT_MS,
+                            appname="msgbus-analytics") as store:
+            found = store.read_slice(opts.collection, self.query(partition.start, partition.end),
+                                     self.projection(), opts.batch_rows)
             documents: list[dict[str, Any]] = []
-            for document in cursor:
+            for document in found:
                 documents.append(document)
                 if len(documents) >= opts.batch_rows:
                     yield to_record_batch(documents, schema, EXTRA_COLUMN)
                     documents = []
             if documents:
                 yield to_record_batch(documents, schema, EXTRA_COLUMN)
-        finally:
-            client.close()
 
 
 @dataclass(frozen=True)

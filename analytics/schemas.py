@@ -22,8 +22,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from msgbus.store.analytics import ARCHIVED_AT
+
 EXTRA_COLUMN = "extra"
-ARCHIVED_AT = "archived_at"
 # Arrow's timestamps must be microseconds in UTC: Spark's TimestampType, whatever the session's
 # time zone; naive datetimes (pymongo's default) are taken as UTC.
 ARROW_TIMESTAMP = pa.timestamp("us", tz="UTC")

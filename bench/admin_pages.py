@@ -72,8 +72,8 @@ async def seed(uri: str, db: str, messages: int, destinations: int) -> dict[str,
         await store.ensure_indexes()
         codes = [f"seed-{i}" for i in range(destinations)]
         for code in codes:
-            await store.save_destination(Destination(code=code, broker=BrokerKind.KAFKA))
-            await store.save_subscription(Subscription(
+            await store.config.save_destination(Destination(code=code, broker=BrokerKind.KAFKA))
+            await store.config.save_subscription(Subscription(
                 destination=code, name="s", url=HttpUrl("http://127.0.0.1:9/hook")))
         now = utcnow()
         step = timedelta(days=DAYS) / messages
@@ -87,16 +87,16 @@ async def seed(uri: str, db: str, messages: int, destinations: int) -> dict[str,
                     message_id=uuid7(), destination=code, body=b'{"order": 1, "total": 42}',
                     biz_id=f"order-{code}-{n // destinations % 1000}", source_app="seed",
                     created_at=now - timedelta(days=DAYS) + n * step))
-            await store.messages.insert_many(
+            await store.db.messages.insert_many(
                 [docs.message_doc(e, [f"{e.destination}/s"]) for e in batch])
-            await store.deliveries.insert_many([
+            await store.db.deliveries.insert_many([
                 docs.delivery_doc(e, f"{e.destination}/s", now)
                 | {"status": _status(n // destinations), "attempts": 1}
                 for n, e in enumerate(batch, start=lo)])
             attempts = [_attempt(e, _status(n // destinations))
                         for n, e in enumerate(batch, start=lo)]
-            await store.attempts.insert_many([docs.attempt_doc(a) for a in attempts])
-            await store.push_stats.bulk_write(pushstats.fold_writes(attempts), ordered=False)
+            await store.db.attempts.insert_many([docs.attempt_doc(a) for a in attempts])
+            await store.db.push_stats.bulk_write(pushstats.fold_writes(attempts), ordered=False)
             last_id = batch[-1].message_id
             done = min(lo + CHUNK, messages)
             if done % 100_000 == 0 or done == messages:

@@ -51,7 +51,7 @@ from analytics.session import build_spark, mongo_location
 from analytics.settings import AnalyticsSettings
 from analytics.stats_job import run_stats
 from bench.report import cell, out, say, spread
-from msgbus.store.mongo import INDEXES
+from msgbus.store.indexes import INDEXES
 
 DATABASE = "bench_analytics"
 START = datetime(2026, 3, 1, tzinfo=UTC)

@@ -152,23 +152,23 @@ class CompensatorBench:
     async def _prepare_retries(self, store: MongoStore, run: int) -> list[Subscription]:
         await store.ensure_indexes()
         code = f"bench-comp-r{run}"
-        await store.save_destination(Destination(code=code, broker=BrokerKind.DIRECT))
+        await store.config.save_destination(Destination(code=code, broker=BrokerKind.DIRECT))
         subs = [Subscription(destination=code, name=f"s{i}", paused=True, max_concurrency=64,
                              url=HttpUrl(f"{self.sub_url}/hook/r{run}-s{i}"))
                 for i in range(self.args.subscriptions)]
         for sub in subs:
-            await store.save_subscription(sub)
+            await store.config.save_subscription(sub)
         now = utcnow()
         for lo in range(0, self.args.retries, INSERT_CHUNK):
             hi = min(lo + INSERT_CHUNK, self.args.retries)
             envelopes = [Envelope(message_id=uuid7(), destination=code, body=message_body(n),
                                   created_at=now - timedelta(seconds=60)) for n in range(lo, hi)]
             sub_of = [subs[n % len(subs)].id for n in range(lo, hi)]
-            await store.messages.insert_many(
+            await store.db.messages.insert_many(
                 [docs.message_doc(e, [s]) for e, s in zip(envelopes, sub_of, strict=True)])
             due_at = [now - timedelta(seconds=(self.args.retries - n) / FAILED_PER_S)
                       for n in range(lo, hi)]
-            await store.deliveries.insert_many([
+            await store.db.deliveries.insert_many([
                 docs.delivery_doc(e, s, now) | {
                     "status": "failed", "next_attempt_at": at, "attempts": 1}
                 for e, s, at in zip(envelopes, sub_of, due_at, strict=True)])
@@ -177,11 +177,11 @@ class CompensatorBench:
 
     async def _resume(self, store: MongoStore, subs: list[Subscription]) -> None:
         for sub in subs:
-            await store.save_subscription(sub.model_copy(update={"paused": False}))
+            await store.config.save_subscription(sub.model_copy(update={"paused": False}))
 
     async def _recorded(self, store: MongoStore, subs: list[Subscription]) -> int:
         """Deliveries recorded delivered: an index range count per subscription."""
-        return sum([await store.deliveries.count_documents(
+        return sum([await store.db.deliveries.count_documents(
             {"subscription": sub.id, "status": "delivered"}) for sub in subs])
 
     def _pushed(self, run: int) -> tuple[int, int]:
@@ -239,9 +239,9 @@ class CompensatorBench:
         hour_ago = now - timedelta(hours=1)
         old = [Envelope(message_id=uuid7(), destination=sub.destination, body=b"{}",
                         created_at=hour_ago) for _ in range(self.args.due)]
-        await store.record_messages([(e, [sub.id]) for e in old])
-        await store.pending_batches.update_many({}, {"$set": {"recorded_at": hour_ago}})
-        due_batches = [b async for b in store.pending_batches.find({})]
+        await store.records.record_messages([(e, [sub.id]) for e in old])
+        await store.db.pending_batches.update_many({}, {"$set": {"recorded_at": hour_ago}})
+        due_batches = [b async for b in store.db.pending_batches.find({})]
         due_ids = [f"{e.message_id}|{sub.id}" for e in old]
         pending = 0
         timings: dict[int, list[float]] = {}
@@ -250,7 +250,7 @@ class CompensatorBench:
                 chunk = min(RECORD_BATCH, size - pending)
                 envelopes = [Envelope(message_id=uuid7(), destination=sub.destination,
                                       body=b"{}", created_at=now) for _ in range(chunk)]
-                await store.pending_batches.insert_one(
+                await store.db.pending_batches.insert_one(
                     docs.pending_batch_doc(uuid7(), sub.id, envelopes, now))
                 pending += chunk
                 if pending % 50_000 == 0 or pending == size:
@@ -263,8 +263,8 @@ class CompensatorBench:
                                        f"{self.args.due}")
                 timings[size].append(sweeper.last_sweep_s or 0.0)
                 # back to pending for the next timing
-                await store.deliveries.delete_many({"_id": {"$in": due_ids}})
-                await store.pending_batches.insert_many(due_batches)
+                await store.db.deliveries.delete_many({"_id": {"$in": due_ids}})
+                await store.db.pending_batches.insert_many(due_batches)
             out(f"sweep  {size:>9,} pending + {self.args.due:,} due: "
                 f"{cell(spread(timings[size]), '.3f')} s (min / median / max)")
         return timings

@@ -71,7 +71,7 @@ def _scheduled_doc(due_in_s: float) -> dict[str, Any]:
 
 async def _insert(store: MongoStore, docs: list[dict[str, Any]]) -> None:
     for start in range(0, len(docs), INSERT_CHUNK):
-        await store.deliveries.insert_many(docs[start:start + INSERT_CHUNK], ordered=False)
+        await store.db.deliveries.insert_many(docs[start:start + INSERT_CHUNK], ordered=False)
 
 
 async def _claim_all(store: MongoStore, due: int) -> tuple[float, float]:
@@ -94,7 +94,7 @@ async def _claim_all(store: MongoStore, due: int) -> tuple[float, float]:
 
 
 async def _make_due_again(store: MongoStore) -> None:
-    await store.deliveries.update_many(
+    await store.db.deliveries.update_many(
         {"subscription": SUB, "lease": {"$exists": True}},
         {"$set": {"next_attempt_at": utcnow()}, "$unset": {"lease": ""}})
 
@@ -102,7 +102,7 @@ async def _make_due_again(store: MongoStore) -> None:
 async def due_scan(store: MongoStore, due: int, waiting: int) -> dict[str, float]:
     """One run of the due-scan measurement (see the module doc) in `store`'s database."""
     await store.ensure_indexes()
-    await store.deliveries.delete_many({"subscription": SUB})
+    await store.db.deliveries.delete_many({"subscription": SUB})
     await _insert(store, [_scheduled_doc(-1.0) for _ in range(due)])
     empty_claim_s, empty_idle_s = await _claim_all(store, due)
     say(f"  {due:,} due, nothing waiting: claimed in {empty_claim_s:.3f} s")

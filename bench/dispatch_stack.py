@@ -194,7 +194,7 @@ class DispatchStack:
 
     async def _prepare_store(self, store: MongoStore) -> None:
         await store.ensure_indexes()
-        await store.create_app(APP_NAME, hash_api_key(self.api_key), ["*"])
+        await store.producers.create_app(APP_NAME, hash_api_key(self.api_key), ["*"])
 
     def create(self, code: str, subscribers: dict[str, str], *, concurrency: int,
                timeout_ms: int, broker: BrokerKind = BrokerKind.KAFKA,
@@ -205,10 +205,10 @@ class DispatchStack:
                 for name, url in subscribers.items()]
 
         async def save(store: MongoStore) -> None:
-            await store.save_destination(Destination(code=code, broker=broker,
-                                                     partitions=partitions))
+            await store.config.save_destination(Destination(code=code, broker=broker,
+                                                            partitions=partitions))
             for sub in subs:
-                await store.save_subscription(sub)
+                await store.config.save_subscription(sub)
 
         self._with_store(save)
         self.subscriptions.update({s.id: s for s in subs})
@@ -222,11 +222,11 @@ class DispatchStack:
             pushed: dict[str, float] = {}
             for lo in range(0, len(message_ids), 1000):
                 chunk = message_ids[lo:lo + 1000]
-                async for doc in store.messages.find({"_id": {"$in": chunk}},
-                                                     {"received_at": 1}):
+                async for doc in store.db.messages.find({"_id": {"$in": chunk}},
+                                                        {"received_at": 1}):
                     received[doc["_id"]] = doc["received_at"].timestamp()
-                async for doc in store.attempts.find({"message_id": {"$in": chunk},
-                                                      "attempt": 1},
+                async for doc in store.db.attempts.find({"message_id": {"$in": chunk},
+                                                         "attempt": 1},
                                                      {"message_id": 1, "started_at": 1}):
                     pushed[doc["message_id"]] = doc["started_at"].timestamp()
             return {mid: (received[mid], pushed[mid]) for mid in received if mid in pushed}
@@ -239,7 +239,7 @@ class DispatchStack:
 
         async def save(store: MongoStore) -> None:
             for sub in changed:
-                await store.save_subscription(sub)
+                await store.config.save_subscription(sub)
 
         self._with_store(save)
         self.subscriptions.update({s.id: s for s in changed})

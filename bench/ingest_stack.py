@@ -222,12 +222,13 @@ class IngestStack:
         store = MongoStore(self.mongo_uri, self.mongo_db)
         try:
             await store.ensure_indexes()
-            await store.create_app(APP_NAME, hash_api_key(self.api_key), ["*"])
+            await store.producers.create_app(APP_NAME, hash_api_key(self.api_key), ["*"])
             schema_codes = {code: self.brokers[0] for code in self.schema_destinations.values()}
             for code, broker in [*((c, b) for (_, b), c in self.destinations.items()),
                                  *schema_codes.items()]:
-                await store.save_destination(Destination(code=code, broker=BrokerKind(broker)))
-                await store.save_subscription(Subscription(
+                await store.config.save_destination(
+                    Destination(code=code, broker=BrokerKind(broker)))
+                await store.config.save_subscription(Subscription(
                     destination=code, name=SUBSCRIPTION, url=HttpUrl(f"{subscriber_url}/{code}"),
                     paused=True))
             await SchemaStore(store).add(self.schema_destinations["with"], SCHEMA_20_FIELDS,

@@ -104,10 +104,10 @@ class LiveReceiver:
         store = MongoStore(self.mongo_uri, self.mongo_db)
         try:
             await store.ensure_indexes()
-            await store.create_app(APP_NAME, hash_api_key(self.api_key), ["*"])
+            await store.producers.create_app(APP_NAME, hash_api_key(self.api_key), ["*"])
             for code in self.destinations:
-                await store.save_destination(Destination(code=code, broker=BrokerKind.KAFKA,
-                                                         partitions=1))
+                await store.config.save_destination(Destination(code=code, broker=BrokerKind.KAFKA,
+                                                                partitions=1))
         finally:
             await store.close()
 

@@ -105,9 +105,9 @@ class MongoWritesBench:
         records per second the server makes, whatever its clients."""
         async def one_writer(envelopes: list[Envelope]) -> None:
             for chunk in chunked(envelopes, RECORD_BATCH):
-                await self.store.record_messages([(e, [SUBSCRIPTION]) for e in chunk])
+                await self.store.records.record_messages([(e, [SUBSCRIPTION]) for e in chunk])
             for chunk in chunked(envelopes, TRACE_BATCH):
-                await self.store.record_outcomes([delivered(e) for e in chunk])
+                await self.store.records.record_outcomes([delivered(e) for e in chunk])
 
         share = self.messages // PARALLEL_WRITERS
         await asyncio.gather(*(one_writer(new_envelopes(share))
@@ -136,8 +136,8 @@ class MongoWritesBench:
             for chunk in chunked(envelopes, TRACE_BATCH)])
         figures["compensator_settle"] = await self.measure([self.settle])
         figures["attempt_insert"] = await self.measure([
-            partial(store.attempts.insert_many, [attempt_doc(delivered(e).result)
-                                                 for e in chunk])
+            partial(store.db.attempts.insert_many, [attempt_doc(delivered(e).result)
+                                                    for e in chunk])
             for chunk in chunked(others, TRACE_BATCH)])
         figures["all_in_parallel"] = await self.measure([self.in_parallel])
         await baseline.drop()

@@ -245,7 +245,7 @@ class PipelineBench:
         seen = {"traced": 0, "buffered": 0, "backlog": 0}
 
         def settled() -> bool:
-            seen["traced"] = self.bus.query(self.bus.store.count_deliveries(
+            seen["traced"] = self.bus.query(self.bus.store.progress.count_deliveries(
                 sub_id, DeliveryStatus.DELIVERED))
             seen["buffered"] = sum(self.http.get(f"{self.bus.receiver_url}/health").json()
                                    ["buffer"].values())

@@ -116,7 +116,7 @@ class ReplayJobRun:
                 return
             pairs = await self._pairs(page)
             made = await self._push_page(pairs, live)
-            await self._store.record_outcomes(made)
+            await self._store.records.record_outcomes(made)
             if self._closing.is_set():  # part of the page was not pushed: redo it next time
                 await self._jobs.release(self.job_id, self._owner)
                 return
@@ -144,7 +144,7 @@ class ReplayJobRun:
             sub = self._registry.subscription(sid)
             if sub is None:
                 with contextlib.suppress(NotFound):
-                    sub = await self._store.get_subscription(sid)
+                    sub = await self._store.config.get_subscription(sid)
             if sub is not None:
                 live[sid] = sub
         return live

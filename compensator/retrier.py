@@ -181,7 +181,7 @@ class SubscriptionRetrier:
         when its lease ends (a duplicate, never a loss)."""
         while outcomes:
             try:
-                await self._store.record_outcomes(outcomes)
+                await self._store.records.record_outcomes(outcomes)
                 return
             except Exception as exc:
                 if self._closing.is_set():

@@ -41,9 +41,9 @@ class BacklogMonitor(PeriodicWork):
         now = utcnow()
         for sub_id, partitions in paused.items():
             PAUSED_PARTITIONS.labels(sub_id).set(partitions)
-            count, oldest = await self._store.backlog(sub_id, BACKLOG_CAP)
+            count, oldest = await self._store.progress.backlog(sub_id, BACKLOG_CAP)
             BACKLOG.labels(sub_id).set(count)
             age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
             OLDEST_UNDELIVERED_AGE.labels(sub_id).set(age)
             # and over time, for the admin's subscription page
-            await self._store.record_backlog_sample(sub_id, count, age)
+            await self._store.figures.record_backlog_sample(sub_id, count, age)

@@ -31,7 +31,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pika
 from confluent_kafka import Consumer, TopicPartition
@@ -113,8 +112,8 @@ class DrainWatch(PeriodicWork):
                  on_change: Callable[[], Awaitable[None]], *, settle_s: float,
                  interval_s: float) -> None:
         super().__init__()
-        self._drains = store.db["drains"]
-        self._destinations = store.destinations
+        self._drains = store.drains
+        self._config = store.config
         self._registry = registry
         self._connections = connections
         self._on_change = on_change
@@ -159,7 +158,7 @@ class DrainWatch(PeriodicWork):
         """The drains recorded so far (also at start, before the first workers)."""
         self._drained = {((d["destination"], d["broker"], d.get("cluster", ALL_CLUSTERS),
                            d["retired_at"]), d["subscription"])
-                         async for d in self._drains.find({})}
+                         for d in await self._drains.recorded()}
 
     async def check(self) -> None:
         await self.load()
@@ -188,8 +187,7 @@ class DrainWatch(PeriodicWork):
         settled = (utcnow() - self._settle).isoformat()  # what every registry knows by now
         gone = {key for key in self._drained if key[0] not in live and key[0][3] < settled}
         if gone:
-            await self._drains.delete_many({"_id": {"$in": ["|".join((*source, name))
-                                                             for source, name in gone]}})
+            await self._drains.forget(["|".join((*source, name)) for source, name in gone])
             self._drained -= gone
 
     async def _check_one(self, code: str, retired: Retired, sub: Subscription) -> None:
@@ -209,11 +207,10 @@ class DrainWatch(PeriodicWork):
                      retired.broker.value, exc)
             return
         if empty:
-            await self._drains.replace_one(
-                {"_id": "|".join((*source, sub.name))},
+            await self._drains.record(
+                "|".join((*source, sub.name)),
                 {"destination": code, "broker": source[1], "cluster": source[2],
-                 "retired_at": source[3], "subscription": sub.name, "drained_at": utcnow()},
-                upsert=True)
+                 "retired_at": source[3], "subscription": sub.name, "drained_at": utcnow()})
             self._drained.add(key)
             self._let_go.discard(key)
             log.info("%s/%s drained the %s (cluster %s) it used before %s", code, sub.name,
@@ -242,9 +239,6 @@ class DrainWatch(PeriodicWork):
         subs = self._registry.subscriptions_of(destination.code)
         if any(retired in self.undrained(destination, s) for s in subs):
             return
-        entry: dict[str, Any] = {"broker": retired.broker.value,
-                                 "retired_at": retired.retired_at}
-        await self._destinations.update_one({"_id": destination.code},
-                                            {"$pull": {"retired": entry}})
+        await self._config.drop_retired_broker(destination.code, retired)
         log.info("%s: the retired %s is drained by every subscription", destination.code,
                  retired.broker.value)

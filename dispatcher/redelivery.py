@@ -79,7 +79,7 @@ class DeliveredCheck:
             return known
         try:
             async with gate.guard("redelivery check", self._timeout_s):
-                found = await self._store.handled_among(subscription, suspects)
+                found = await self._store.progress.handled_among(subscription, suspects)
         except Exception as exc:  # MongoDB down or slow: push them (at least once)
             log.warning("%s: cannot tell which messages were delivered already (%r); pushing "
                         "them", subscription, exc)

@@ -78,4 +78,4 @@ class TraceWriter:
             pass
 
     async def _write(self, entries: list[bytes]) -> None:
-        await self._store.record_outcomes([decode_outcome(e) for e in entries])
+        await self._store.records.record_outcomes([decode_outcome(e) for e in entries])

@@ -90,10 +90,10 @@ class Registry:
     async def reload(self) -> None:
         read_at = time.monotonic()
         async with self._store.gate.guard("configuration", READ_TIMEOUT_S):
-            destinations = await self._store.list_destinations()
-            subscriptions = await self._store.list_subscriptions()
+            destinations = await self._store.config.list_destinations()
+            subscriptions = await self._store.config.list_subscriptions()
             schemas_changed = await self._reload_schemas()
-            runtime = await self._store.get_runtime()
+            runtime = await self._store.config.get_runtime()
         changed = self._apply(destinations, subscriptions, runtime) or schemas_changed
         if changed or (self._snapshot is not None and not self._snapshot.exists()):
             self._save_snapshot()
@@ -211,7 +211,7 @@ class Registry:
             with contextlib.suppress(NotFound):
                 try:
                     async with self._store.gate.guard("destination lookup", LOOKUP_TIMEOUT_S):
-                        looked_up = await self._store.get_destination(code)
+                        looked_up = await self._store.config.get_destination(code)
                 except InvalidStoredDocument as exc:
                     # not the sender's fault, and fixed by an operator: the sender keeps the
                     # message and tries again

@@ -39,12 +39,12 @@ def demo_broker(conn: ConnectionSettings) -> BrokerKind:
 
 
 async def register_demo(store: MongoStore, conn: ConnectionSettings, subscriber_url: str) -> None:
-    await store.save_destination(Destination(code=DEMO_DESTINATION, broker=demo_broker(conn),
-                                             description="msgbus up --demo"))
+    await store.config.save_destination(Destination(code=DEMO_DESTINATION, broker=demo_broker(conn),
+                                                    description="msgbus up --demo"))
     try:
-        existing = await store.get_subscription(f"{DEMO_DESTINATION}/{DEMO_SUBSCRIPTION}")
+        existing = await store.config.get_subscription(f"{DEMO_DESTINATION}/{DEMO_SUBSCRIPTION}")
         subscription = existing.model_copy(update={"url": subscriber_url, "paused": False})
     except Exception:
         subscription = Subscription(destination=DEMO_DESTINATION, name=DEMO_SUBSCRIPTION,
                                     url=subscriber_url)  # type: ignore[arg-type]
-    await store.save_subscription(subscription)
+    await store.config.save_subscription(subscription)

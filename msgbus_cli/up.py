@@ -60,7 +60,7 @@ async def _ensure_cli_key(store: MongoStore, state_dir: Path) -> None:
     """The producer key `msgbus send` uses, kept in the state dir (only its hash in MongoDB)."""
     key_path = state_dir / CLI_KEY_FILE
     key = key_path.read_text().strip() if key_path.exists() else new_api_key()
-    await store.replace_app_keys(CLI_APP, hash_api_key(key), ["*"])
+    await store.producers.replace_app_keys(CLI_APP, hash_api_key(key), ["*"])
     stored.write(key_path, key)
 
 
@@ -102,9 +102,9 @@ async def _destination_brokers(store: MongoStore, conn: ConnectionSettings,
                               dispatcher_url: str) -> list[tuple[str, str, str]]:
     """(destination, broker, cluster and address) for each destination, as receivers publish
     now."""
-    runtime = await store.get_runtime()
+    runtime = await store.config.get_runtime()
     return [(d.code, d.broker.value, _where(d.broker, conn, runtime, dispatcher_url))
-            for d in sorted(await store.list_destinations(), key=lambda d: d.code)]
+            for d in sorted(await store.config.list_destinations(), key=lambda d: d.code)]
 
 
 def _where(kind: BrokerKind, conn: ConnectionSettings, runtime: RuntimeConfig,

@@ -9,11 +9,11 @@ again. The claim is a write per publish batch, never a round trip per message or
 path.
 
 Claims live in one collection per window of message creation time
-(`accepted_ids_<created_at // window>`): a message and its re-sends carry the same
-`created_at` (the client's), so they meet in the same collection, and a collection two windows
-old is dropped whole. No TTL index: a claim stays one insert into a collection with no index
-but `_id`, and expiry drops a collection instead of deleting its documents one by one (see
-docs/decisions.md, "No TTL index for the cross-receiver claims").
+(`accepted_ids_<created_at // window>`, `msgbus/store/accepted.py`): a message and its re-sends
+carry the same `created_at` (the client's), so they meet in the same collection, and a
+collection two windows old is dropped whole. No TTL index: a claim stays one insert into a
+collection with no index but `_id`, and expiry drops a collection instead of deleting its
+documents one by one (see docs/decisions.md, "No TTL index for the cross-receiver claims").
 
 The token names the acceptance: the buffer that holds the message (a random id kept in a file
 beside it, `ORIGIN_FILE`) and its receipt time: a receiver that publishes again after a restart,
@@ -41,16 +41,13 @@ import secrets
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-from pymongo import WriteConcern
-from pymongo.errors import BulkWriteError, PyMongoError
+from pymongo.errors import PyMongoError
 
 from msgbus.errors import MongoUnavailable
 from msgbus.metrics import DEDUPE_UNCHECKED, MESSAGES_DUPLICATE
 from msgbus.models import Envelope, utcnow
 from msgbus.store import MongoStore
-from msgbus.store.idsets import find_by_ids
 from msgbus.tasks import detached_task
 
 log = logging.getLogger(__name__)
@@ -59,11 +56,6 @@ CLAIM_TIMEOUT_S = 2.0  # then MongoDB is taken as unavailable: the gate closes
 WAIT_MIN_S = 0.25  # a publish waits for its claim at least this long,
 WAIT_FACTOR = 4.0  # or this many times the recent claims' time (the longer)
 SMOOTHING = 0.2  # weight of the newest claim in the recent claims' time
-# Unlike records, a claim lost in a crash of MongoDB costs at most a duplicate push (allowed:
-# at-least-once), while waiting for the journal would delay every publish batch
-CLAIM_WRITE_CONCERN = WriteConcern(w=1, j=False)
-_DUPLICATE_KEY = 11000
-PREFIX = "accepted_ids_"
 WINDOWS_KEPT = 2  # the current window's collection and this many before it
 
 
@@ -91,7 +83,7 @@ def accept_token(origin: str, envelope: Envelope) -> str:
 class AcceptedIds:
     def __init__(self, store: MongoStore, window_s: float, origin: str) -> None:
         """`origin`: the id of the buffer whose messages this claims (`buffer_origin`)."""
-        self._db = store.db
+        self._claims = store.accepted_ids
         self._gate = store.gate
         self._origin = origin
         self._window_s = window_s
@@ -158,35 +150,15 @@ class AcceptedIds:
             by_window.setdefault(self._window_of(envelope.created_at), []).append(envelope)
         taken: set[str] = set()
         for window, of_window in by_window.items():
-            collection = self._db.get_collection(f"{PREFIX}{window}",
-                                                 write_concern=CLAIM_WRITE_CONCERN)
-            taken |= await self._claim_in(collection, of_window,
-                                          self._origin)
+            tokens = {e.message_id: accept_token(self._origin, e) for e in of_window}
+            taken |= await self._claims.claim(window, tokens)
         await self._drop_old_windows()
         return taken
-
-    @staticmethod
-    async def _claim_in(collection: Any, envelopes: list[Envelope], origin: str) -> set[str]:
-        tokens = {e.message_id: accept_token(origin, e) for e in envelopes}
-        try:
-            await collection.insert_many(
-                [{"_id": mid, "t": token} for mid, token in tokens.items()], ordered=False)
-            return set()
-        except BulkWriteError as exc:
-            errors: list[dict[str, Any]] = exc.details.get("writeErrors", [])
-            if any(e.get("code") != _DUPLICATE_KEY for e in errors):
-                raise
-            claimed = [str(e["op"]["_id"]) for e in errors]
-        found = await find_by_ids(collection, claimed, projection={"t": 1})
-        return {str(d["_id"]) for d in found if d.get("t") != tokens[str(d["_id"])]}
 
     async def _drop_old_windows(self) -> None:
         """Once per window: the collections of windows before the kept ones go."""
         oldest_kept = self._window_of(utcnow()) - WINDOWS_KEPT
         if oldest_kept <= self._dropped_before:
             return
-        for name in await self._db.list_collection_names():
-            if name.startswith(PREFIX) and name[len(PREFIX):].isdigit() and \
-                    int(name[len(PREFIX):]) < oldest_kept:
-                await self._db.drop_collection(name)
+        await self._claims.drop_windows_before(oldest_kept)
         self._dropped_before = oldest_kept

@@ -116,7 +116,7 @@ class IngestPipeline:
                     self._registry.subscriptions_of(envelope.destination))
             subs = [s.id for s in of_destination if subscription_receives(s, envelope)]
             records.append((envelope, subs))
-        await self._store.record_messages(records)
+        await self._store.records.record_messages(records)
 
     async def _publish(self, entries: list[bytes]) -> None:
         by_destination: dict[str, list[Envelope]] = defaultdict(list)

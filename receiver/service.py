@@ -36,7 +36,7 @@ class ReceiverService:
         self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="receiver")
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s,
                                  payload_schemas=True)
-        self.auth = ProducerAuthenticator(self.store)
+        self.auth = ProducerAuthenticator(self.store.producers)
         # several receivers may share the buffer root: each owns one slot of it
         buffer_root = settings.buffer_dir or conn.state_dir / "receiver-buffer"
         self.slot = claim_slot(buffer_root)

@@ -64,10 +64,10 @@ class SubscriptionRetryStats:
 
 class DeliveryClaims:
     def __init__(self, store: MongoStore, owner: str) -> None:
-        self._deliveries = store.deliveries
-        self._messages = store.messages
-        self._due = DueScan(store.deliveries)
-        self._due_scheduled = DueScan(store.deliveries, status=DeliveryStatus.SCHEDULED)
+        self._deliveries = store.db["deliveries"]
+        self._messages = store.db["messages"]
+        self._due = DueScan(self._deliveries)
+        self._due_scheduled = DueScan(self._deliveries, status=DeliveryStatus.SCHEDULED)
         self.owner = owner
 
     async def _due_ids(self, subscription: str, now: datetime, limit: int) -> list[str]:

@@ -28,8 +28,9 @@ from pymongo.errors import BulkWriteError
 from msgbus.delivery.schedule import due_time
 from msgbus.models import OPEN_STATUSES, DeliveryStatus, utcnow
 from msgbus.store import documents as docs
+from msgbus.store.duplicates import raise_unless_duplicates
 from msgbus.store.idsets import find_by_ids
-from msgbus.store.mongo import MongoStore, raise_unless_duplicates
+from msgbus.store.mongo import MongoStore
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,10 @@ class PendingPass:
 
 class PendingSweep:
     def __init__(self, store: MongoStore) -> None:
-        self._store = store
-        self._batches = store.pending_batches
-        self._deliveries = store.deliveries
-        self._messages = store.messages
+        self._progress = store.progress
+        self._batches = store.db["pending_batches"]
+        self._deliveries = store.db["deliveries"]
+        self._messages = store.db["messages"]
 
     async def run(self, subscription: str, *, settle_before: datetime,
                   sweep_before: datetime | None, limit: int,
@@ -112,7 +113,7 @@ class PendingSweep:
         for batch in page:
             done.batches += 1
             ids: list[str] = batch["message_ids"]
-            with_state = await self._store.with_state_among(subscription, ids)
+            with_state = await self._progress.with_state_among(subscription, ids)
             left = [m for m in ids if m not in with_state]
             done.settled += len(ids) - len(left)
             old = sweep_before is not None and batch["recorded_at"] < sweep_before

@@ -54,8 +54,8 @@ class ReplayStore:
     def __init__(self, store: MongoStore) -> None:
         self._invalid_log = store.invalid_log
         self._jobs = store.db["replays"]
-        self._messages = store.messages
-        self._deliveries = store.deliveries
+        self._messages = store.db["messages"]
+        self._deliveries = store.db["deliveries"]
 
     async def ensure_indexes(self) -> None:
         await self._jobs.create_index([("state", ASCENDING), ("created_at", ASCENDING)])

@@ -58,7 +58,8 @@ def test_admin_ui_login_pause_find_timeline_and_replay(bus: RunningBus, api_key:
                json={"message_id": message_id, "biz_id": f"order-{tag}",
                      "body": {"order": tag, "total": 42}}).raise_for_status()
     eventually(lambda: message_id in subscriber.message_ids(), 20, "the push")
-    eventually(lambda: bus.query(bus.store.attempts_of(message_id)), 20, "the attempt's record")
+    eventually(lambda: bus.query(bus.store.traces.attempts_of(message_id)), 20,
+               "the attempt's record")
 
     page = browser.new_page(base_url=bus.admin_url)  # type: ignore[attr-defined]
     try:
@@ -233,7 +234,7 @@ def test_admin_ui_lists_and_shows_a_message_still_pending_for_a_paused_subscript
     httpx.post(f"{bus.receiver_url}/v1/destinations/{code}/messages", timeout=10,
                headers={"authorization": f"Bearer {api_key}"},
                json={"message_id": message_id, "body": {"n": 1}}).raise_for_status()
-    eventually(lambda: bus.query(bus.store.pending_message_ids(f"{code}/billing", 10)), 20,
+    eventually(lambda: bus.query(bus.store.progress.pending_message_ids(f"{code}/billing", 10)), 20,
                "the receiver's record")
     page: Any = _logged_in_page(bus, browser)
     try:
@@ -256,9 +257,9 @@ def test_admin_ui_lists_invalid_documents_and_fixes_or_deletes_them(
     tag = uuid.uuid4().hex[:6]
     code, broken = f"ui-fix-{tag}", f"ui-broken-{tag}"
     bus.create_destination(code, "direct")
-    bus.query(bus.store.subscriptions.insert_one(
+    bus.query(bus.store.db.subscriptions.insert_one(
         {"_id": f"{code}/hooks", "destination": code, "name": "hooks", "url": "not a url"}))
-    bus.query(bus.store.destinations.insert_one({"_id": broken, "broker": "carrier-pigeon"}))
+    bus.query(bus.store.db.destinations.insert_one({"_id": broken, "broker": "carrier-pigeon"}))
     url = bus.serve_subscriber(RecordingSubscriber())
     page: Any = _logged_in_page(bus, browser)
     page.on("dialog", lambda dialog: dialog.accept())

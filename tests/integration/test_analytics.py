@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from msgbus_devtools.testkit import analytics_seed as seed
 from pymongo import MongoClient
 
+from msgbus.store.analytics import ARCHIVED_COLLECTIONS, AnalyticsStore
 from msgbus_cli.main import main
 
 try:
@@ -30,7 +31,6 @@ try:
 
     from analytics.archive import ArchiveResult, run_archive
     from analytics.mongo_source import read_collection
-    from analytics.retention import ARCHIVED_COLLECTIONS, ensure_retention, retention_s_of
     from analytics.session import build_spark, mongo_location
     from analytics.settings import AnalyticsSettings
     from analytics.stats_job import PARQUET_DIR, REPORT_FILE
@@ -291,11 +291,13 @@ def test_analytics_archive_round_trip_and_idempotent_rerun(
     for table, ids in expected.items():
         marked = {d["_id"] for d in db[table].find({"archived_at": {"$ne": None}}, {"_id": 1})}
         assert marked == ids, table
-        assert retention_s_of(db, table) == settings.retention_after_archive_s
     assert set(ARCHIVED_COLLECTIONS) == set(expected)
-    ensure_retention(db, 3600)  # a changed setting changes the TTL in place (collMod)
-    assert {retention_s_of(db, t) for t in expected} == {3600}
-    ensure_retention(db, settings.retention_after_archive_s)
+    with AnalyticsStore(settings.mongo_uri, settings.mongo_db) as store:
+        for table in expected:
+            assert store.retention_s_of(table) == settings.retention_after_archive_s
+        store.ensure_retention(3600)  # a changed setting changes the TTL in place (collMod)
+        assert {store.retention_s_of(t) for t in expected} == {3600}
+        store.ensure_retention(settings.retention_after_archive_s)
 
     # every field survives: a message with its body and a delivery as MongoDB has them
     message = next(m for m in old if m["_id"] in expected["messages"])

@@ -51,7 +51,7 @@ def start_producer(children: ScriptChildren, api_key: str, spool_dir: Path, dest
 
 
 def recorded_ids(bus: RunningBus, destination: str) -> set[str]:
-    docs = bus.query(bus.store.find_messages(destination=destination, limit=1000))
+    docs = bus.query(bus.store.traces.find_messages(destination=destination, limit=1000))
     return {str(d["_id"]) for d in docs}
 
 

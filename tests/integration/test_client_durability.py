@@ -41,7 +41,7 @@ def _stored_ids(bus: RunningBus, destination: str) -> list[str]:
     """Ids of every message of `destination` in MongoDB (one indexed query, no `$in`)."""
 
     async def fetch() -> list[str]:
-        cursor = bus.store.messages.find({"destination": destination}, {"_id": 1})
+        cursor = bus.store.db.messages.find({"destination": destination}, {"_id": 1})
         return [str(doc["_id"]) async for doc in cursor]
 
     return list(bus.query(fetch()))
@@ -64,7 +64,8 @@ def _assert_same_order(bus: RunningBus, sent: list[str], arrived: list[str]) -> 
     for index, (want, got) in enumerate(zip(sent, arrived, strict=True)):
         if want != got:
             # where it went wrong: the receiver stamps received_at when it accepts a request
-            stamps = {m: bus.query(bus.store.get_message(m))["received_at"] for m in (want, got)}
+            stamps = {m: bus.query(bus.store.traces.get_message(m))["received_at"]
+                      for m in (want, got)}
             pytest.fail(f"delivery order differs from send order at position {index}: expected "
                         f"message #{index} (received_at {stamps[want]}), got message "
                         f"#{sent.index(got)} (received_at {stamps[got]}); arrival order by send "

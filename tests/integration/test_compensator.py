@@ -72,12 +72,12 @@ def _send(cbus: RunningBus, key: str, code: str, count: int) -> list[str]:
 
 
 def _status(cbus: RunningBus, sub_id: str, message_id: str) -> str | None:
-    doc = cbus.query(cbus.store.deliveries.find_one({"_id": delivery_id(message_id, sub_id)}))
+    doc = cbus.query(cbus.store.db.deliveries.find_one({"_id": delivery_id(message_id, sub_id)}))
     return None if doc is None else str(doc["status"])
 
 
 def _count(cbus: RunningBus, sub_id: str, status: DeliveryStatus) -> int:
-    return int(cbus.query(cbus.store.count_deliveries(sub_id, status)))
+    return int(cbus.query(cbus.store.progress.count_deliveries(sub_id, status)))
 
 
 def _compensator_metric(cbus: RunningBus, name: str, **labels: str) -> float:
@@ -95,7 +95,7 @@ def test_three_failures_then_success_is_delivered_once_after_four_attempts(
                "every message delivered after its retries")
     assert subscriber.successes() == dict.fromkeys(ids, 1)
     for message_id in ids:
-        attempts = cbus.query(cbus.store.attempts_of(message_id))
+        attempts = cbus.query(cbus.store.traces.attempts_of(message_id))
         assert [a["attempt"] for a in attempts] == [1, 2, 3, 4]
         assert [a["status_code"] for a in attempts] == [500, 500, 500, 200]
         gaps = [(b["started_at"] - a["started_at"]).total_seconds()
@@ -103,7 +103,7 @@ def test_three_failures_then_success_is_delivered_once_after_four_attempts(
         # each retry waited for its delay of the schedule (less 10% jitter), not less
         assert all(gap >= delay * 0.9 - 0.05 for gap, delay in zip(gaps, FAST_DELAYS_S,
                                                                     strict=True)), gaps
-        delivery = cbus.query(cbus.store.deliveries.find_one(
+        delivery = cbus.query(cbus.store.db.deliveries.find_one(
             {"_id": delivery_id(message_id, sub_id)}))
         assert delivery["attempts"] == 4 and delivery["last_status_code"] == 200
     assert _compensator_metric(cbus, "msgbus_retries_total", subscription=sub_id,
@@ -164,7 +164,7 @@ def test_max_attempts_parks_and_the_parked_message_is_not_retried_again(
         "delays_s": [0.2], "max_attempts": 3})
     [message_id] = _send(cbus, key, code, 1)
     eventually(lambda: _status(cbus, sub_id, message_id) == "parked", 20, "parked")
-    attempts = cbus.query(cbus.store.attempts_of(message_id))
+    attempts = cbus.query(cbus.store.traces.attempts_of(message_id))
     assert [a["attempt"] for a in attempts] == [1, 2, 3]
 
 
@@ -173,8 +173,8 @@ def _lost_message(cbus: RunningBus, code: str, sub_id: str, age_s: float) -> str
     with it."""
     envelope = Envelope(message_id=uuid7(), destination=code, body=b'{"lost": true}',
                         created_at=utcnow() - timedelta(seconds=age_s))
-    cbus.query(cbus.store.record_messages([(envelope, [sub_id])]))
-    cbus.query(cbus.store.pending_batches.update_many(
+    cbus.query(cbus.store.records.record_messages([(envelope, [sub_id])]))
+    cbus.query(cbus.store.db.pending_batches.update_many(
         {"message_ids": envelope.message_id},
         {"$set": {"recorded_at": envelope.created_at}}))
     return envelope.message_id
@@ -188,8 +188,8 @@ def test_a_pending_delivery_state_of_an_earlier_version_is_swept_and_delivered(
     code, sub_id = _destination(cbus, subscriber)
     envelope = Envelope(message_id=uuid7(), destination=code, body=b"{}",
                         created_at=utcnow() - timedelta(seconds=60))
-    cbus.query(cbus.store.messages.insert_one(docs.message_doc(envelope, [sub_id])))
-    cbus.query(cbus.store.deliveries.insert_one(
+    cbus.query(cbus.store.db.messages.insert_one(docs.message_doc(envelope, [sub_id])))
+    cbus.query(cbus.store.db.deliveries.insert_one(
         docs.delivery_doc(envelope, sub_id, envelope.created_at)))
     eventually(lambda: _status(cbus, sub_id, envelope.message_id) == "delivered",
                SWEEP_AFTER_S + 15, "the old pending state swept, pushed and recorded")
@@ -205,7 +205,7 @@ def test_delivery_left_pending_is_swept_and_delivered(cbus: RunningBus) -> None:
     eventually(lambda: subscriber.successes().get(lost) == 1, SWEEP_AFTER_S + 15,
                "the old pending delivery swept and pushed")
     eventually(lambda: _status(cbus, sub_id, lost) == "delivered", 10, "its outcome recorded")
-    doc = cbus.query(cbus.store.deliveries.find_one({"_id": delivery_id(lost, sub_id)}))
+    doc = cbus.query(cbus.store.db.deliveries.find_one({"_id": delivery_id(lost, sub_id)}))
     assert doc["swept_at"] is not None
     # the recent one is swept only once it is older than the threshold
     assert _status(cbus, sub_id, recent) in (None, "failed", "delivered")
@@ -220,7 +220,7 @@ def test_a_dead_compensators_claims_are_retried_when_their_lease_ends(
     code, sub_id = _destination(cbus, subscriber, paused=True)
     ids = [_lost_message(cbus, code, sub_id, age_s=1) for _ in range(5)]
     # their first pushes failed
-    cbus.query(cbus.store.deliveries.insert_many([docs.delivery_doc(
+    cbus.query(cbus.store.db.deliveries.insert_many([docs.delivery_doc(
         Envelope(message_id=m, destination=code, body=b"{}"), sub_id, utcnow(),
         DeliveryStatus.FAILED) | {"next_attempt_at": utcnow(), "attempts": 1} for m in ids]))
     # a compensator claims them for 2 s and dies before pushing any
@@ -244,9 +244,9 @@ def test_two_compensators_share_2000_due_retries_without_duplicates(cbus: Runnin
     failed = [docs.delivery_doc(e, sub_id, now) | {
         "status": "failed", "next_attempt_at": now, "attempts": 1} for e in envelopes]
     for at in range(0, DUE_RETRIES, 500):  # one insert of 5,000 outlived 30 s on a busy server
-        cbus.query(cbus.store.messages.insert_many(
+        cbus.query(cbus.store.db.messages.insert_many(
             [docs.message_doc(e, [sub_id]) for e in envelopes[at:at + 500]]))
-        cbus.query(cbus.store.deliveries.insert_many(failed[at:at + 500]))
+        cbus.query(cbus.store.db.deliveries.insert_many(failed[at:at + 500]))
 
     second: CompensatorService = cbus.new_compensator(instance="second-compensator")
     cbus.query(second.start())
@@ -262,8 +262,8 @@ def test_two_compensators_share_2000_due_retries_without_duplicates(cbus: Runnin
 
     async def retries_by_instance() -> dict[str, int]:
         counts: dict[str, int] = {}
-        async for a in cbus.store.attempts.find({"subscription": sub_id, "attempt": 2},
-                                                {"instance": 1}):
+        async for a in cbus.store.db.attempts.find({"subscription": sub_id, "attempt": 2},
+                                                   {"instance": 1}):
             counts[a["instance"]] = counts.get(a["instance"], 0) + 1
         return counts
 
@@ -328,7 +328,7 @@ def test_replay_of_a_range_matches_its_dry_run_respects_its_rate_and_is_audited(
     replayed = sorted(t for m, _, t in subscriber.answered[31:] if m in set(ids))
     # 10/s with one second of burst: the last 20 of 30 take about 2 s
     assert replayed[-1] - replayed[0] >= 1.5, "the replay ran faster than its rate limit"
-    attempts = cbus.query(cbus.store.attempts_of(ids[0]))
+    attempts = cbus.query(cbus.store.traces.attempts_of(ids[0]))
     assert any(f"replay {job['replay_id']}" in a["instance"] for a in attempts)
 
 

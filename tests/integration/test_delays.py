@@ -76,9 +76,9 @@ def test_a_subscription_delay_holds_every_message_that_long(
     assert client.close(30) == 0
     eventually(lambda: subscriber.message_ids() >= sent, 30, "the delayed messages")
     for push in subscriber.pushes:  # the subscription's delay counts from acceptance
-        accepted = bus.query(bus.store.get_message(push.message_id))["received_at"]
+        accepted = bus.query(bus.store.traces.get_message(push.message_id))["received_at"]
         assert wall_time(push) >= accepted + timedelta(seconds=5.0)
-    record = bus.query(bus.store.deliveries.find_one(
+    record = bus.query(bus.store.db.deliveries.find_one(
         {"subscription": f"{destination}/sub", "status": "delivered"}))
     assert record["scheduled_for"] is not None and record["attempts"] == 1
 

@@ -35,7 +35,8 @@ def deployment(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]
 
 
 def _in(deployment: Deployment, *statuses: DeliveryStatus) -> int:
-    return sum(deployment.run(deployment.store.count_deliveries(f"{code}/{SUBSCRIPTION}", status))
+    progress = deployment.store.progress
+    return sum(deployment.run(progress.count_deliveries(f"{code}/{SUBSCRIPTION}", status))
                for code in DESTINATIONS for status in statuses)
 
 

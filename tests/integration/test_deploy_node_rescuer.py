@@ -84,7 +84,7 @@ def node_rescuer(bus: RunningBus, root: Path, state: Path, keys: Path, *args: st
 
 
 def recorded(bus: RunningBus, destination: str) -> set[str]:
-    docs = bus.query(bus.store.find_messages(destination=destination, limit=1000))
+    docs = bus.query(bus.store.traces.find_messages(destination=destination, limit=1000))
     return {str(d["_id"]) for d in docs}
 
 

@@ -39,7 +39,7 @@ def send_batches(bus: RunningBus, api_key: str, messages: list[dict[str, Any]]) 
 
 def statuses(bus: RunningBus, sub_id: str) -> dict[str, str]:
     """message_id -> delivery status of one subscription, from MongoDB."""
-    docs = bus.query(bus.store.deliveries.find(
+    docs = bus.query(bus.store.db.deliveries.find(
         {"subscription": sub_id}, {"message_id": 1, "status": 1}).to_list(None))
     return {d["message_id"]: d["status"] for d in docs}
 
@@ -69,7 +69,7 @@ def test_filters_deliver_only_matching_messages_and_record_the_rest_as_skipped(
     recorded = statuses(bus, f"{destination}/vip-fr")
     assert {m for m, s in recorded.items() if s == DeliveryStatus.DELIVERED} == wanted
     assert {m for m, s in recorded.items() if s == DeliveryStatus.SKIPPED} == set(ids) - wanted
-    skipped_attempts = bus.query(bus.store.attempts.count_documents(
+    skipped_attempts = bus.query(bus.store.db.attempts.count_documents(
         {"subscription": f"{destination}/vip-fr", "message_id": {"$nin": list(wanted)}}))
     assert skipped_attempts == 0, "a skipped message is not an attempt"
 
@@ -142,7 +142,7 @@ def test_ordered_subscription_keeps_per_key_order_through_random_failures(
     sub_id = f"{destination}/ordered"
     eventually(lambda: list(statuses(bus, sub_id).values()).count("delivered") == keys * per_key,
                60, "every delivery recorded as delivered")
-    attempts = bus.query(bus.store.attempts.count_documents({"subscription": sub_id}))
+    attempts = bus.query(bus.store.db.attempts.count_documents({"subscription": sub_id}))
     assert attempts == len(subscriber.log), "every attempt, failed or not, is on the trace"
 
 
@@ -167,7 +167,7 @@ def _time_to_receive(bus: RunningBus, api_key: str, destination: str,
     the seconds until the healthy subscriber has every message."""
     ids = set(send_batches(bus, api_key, [{"destination": destination, "body": {"n": i}}
                                           for i in range(count)]))
-    eventually(lambda: bus.query(bus.store.messages.count_documents(
+    eventually(lambda: bus.query(bus.store.db.messages.count_documents(
         {"destination": destination})) == count, 60, "the messages recorded")
     started = time.monotonic()
     for name in subscriptions:
@@ -229,7 +229,7 @@ def test_pause_resume_and_a_new_url_take_effect_without_a_restart(
         "subscriptions"], 30, "the worker to stop")
     while_paused = set(send_batches(bus, api_key, [{"destination": destination, "body": {}}
                                                    for _ in range(20)]))
-    eventually(lambda: set(bus.query(bus.store.pending_message_ids(sub_id, 100)))
+    eventually(lambda: set(bus.query(bus.store.progress.pending_message_ids(sub_id, 100)))
                >= while_paused, 30, "the messages sent while paused, recorded as pending")
     assert not old.message_ids() & while_paused, "pushed while paused"
 
@@ -334,11 +334,11 @@ def test_a_message_the_broker_hands_out_again_after_delivery_is_not_pushed_again
                "the first 30 delivered")
     skipped_before = _redeliveries_skipped(bus, sub_id)
 
-    docs = bus.query(bus.store.messages.find({"_id": {"$in": first}}).to_list(None))
+    docs = bus.query(bus.store.db.messages.find({"_id": {"$in": first}}).to_list(None))
     again = [envelope_from_doc(doc) for doc in docs]
     for envelope in again:
         envelope.redelivered = True
-    registered = bus.query(bus.store.get_destination(destination))
+    registered = bus.query(bus.store.config.get_destination(destination))
     publisher = (KafkaPublisher(kafka_bootstrap) if broker == "kafka"
                  else RabbitPublisher(rabbitmq_url))
 

@@ -29,7 +29,7 @@ def delivery(next_attempt_at: datetime, *, sub: str = SUB,
 
 
 async def lease(store: MongoStore, ids: list[str]) -> None:
-    await store.deliveries.update_many(
+    await store.db.deliveries.update_many(
         {"_id": {"$in": ids}}, {"$set": {"next_attempt_at": utcnow() + timedelta(hours=1)}})
 
 
@@ -52,9 +52,9 @@ async def test_due_retries_come_oldest_first_each_once(store: MongoStore) -> Non
               delivery(now - timedelta(seconds=5), sub="orders/other"),
               delivery(now - timedelta(seconds=5), status=DeliveryStatus.PARKED),
               delivery(now - timedelta(seconds=5), status=DeliveryStatus.DELIVERED)]
-    await store.deliveries.insert_many(due + others)
+    await store.db.deliveries.insert_many(due + others)
 
-    scan = DueScan(store.deliveries)
+    scan = DueScan(store.db.deliveries)
     first = await scan.due_ids(SUB, utcnow(), 40)
     oldest = sorted(due, key=lambda d: d["next_attempt_at"])
     assert first == [d["_id"] for d in oldest[:40]], "the oldest due come first, in order"
@@ -67,14 +67,14 @@ async def test_due_retries_come_oldest_first_each_once(store: MongoStore) -> Non
 
 async def test_a_retry_recorded_below_the_floor_is_found_by_the_next_full_scan(
         store: MongoStore) -> None:
-    scan = DueScan(store.deliveries, margin_s=1.0, rescan_s=0.5)
+    scan = DueScan(store.db.deliveries, margin_s=1.0, rescan_s=0.5)
     recent = delivery(utcnow() - timedelta(seconds=2))
-    await store.deliveries.insert_one(recent)
+    await store.db.deliveries.insert_one(recent)
     assert await claim_all(store, scan, 10) == [recent["_id"]]
 
     # a dispatcher's trace held back while MongoDB was down: due an hour ago, written now
     late = delivery(utcnow() - timedelta(hours=1))
-    await store.deliveries.insert_one(late)
+    await store.db.deliveries.insert_one(late)
     found = await eventually_async(lambda: scan.due_ids(SUB, utcnow(), 10), 5, "the late delivery")
     assert found == [late["_id"]]
 
@@ -91,15 +91,15 @@ class CountingScan(DueScan):
 
 
 async def test_an_idle_subscription_costs_one_query_per_scan(store: MongoStore) -> None:
-    await store.deliveries.insert_one(delivery(utcnow() + timedelta(minutes=10)))
-    scan = CountingScan(store.deliveries)
+    await store.db.deliveries.insert_one(delivery(utcnow() + timedelta(minutes=10)))
+    scan = CountingScan(store.db.deliveries)
     assert await scan.due_ids(SUB, utcnow(), 10) == []  # the full scan
     for _ in range(3):
         before = scan.windows
         assert await scan.due_ids(SUB, utcnow(), 10) == []
         assert scan.windows - before == 1
     soon = delivery(utcnow() - timedelta(milliseconds=1))
-    await store.deliveries.insert_one(soon)
+    await store.db.deliveries.insert_one(soon)
     assert await scan.due_ids(SUB, utcnow(), 10) == [soon["_id"]]
 
 
@@ -110,8 +110,8 @@ async def test_a_thousand_due_at_one_instant_are_claimed_with_few_queries(
     found beyond one claim for the next claims instead of reading them all again each time."""
     instant = utcnow() - timedelta(seconds=1)
     due = [delivery(instant) for _ in range(1000)]
-    await store.deliveries.insert_many(due)
-    scan = CountingScan(store.deliveries)
+    await store.db.deliveries.insert_many(due)
+    scan = CountingScan(store.db.deliveries)
     taken = await claim_all(store, scan, 50)
     assert sorted(taken) == sorted(d["_id"] for d in due) and len(set(taken)) == len(taken)
     # 1,000 in claims of 50 would be 20 queries reading the instant; 8 claims' worth each: 3

@@ -41,7 +41,7 @@ def _send_all(bus: RunningBus, api_key: str, spool_dir: Path, destination: str) 
 
 
 def _delivered_with_trace(bus: RunningBus, sub_id: str) -> int:
-    return int(bus.query(bus.store.count_deliveries(sub_id, DeliveryStatus.DELIVERED)))
+    return int(bus.query(bus.store.progress.count_deliveries(sub_id, DeliveryStatus.DELIVERED)))
 
 
 @pytest.mark.parametrize("broker", ["kafka", "rabbitmq", "direct"])
@@ -57,11 +57,11 @@ def test_end_to_end_every_message_reaches_both_subscribers_and_is_traced(
         sub_id = f"{destination}/{sub['name']}"
         eventually(lambda s=sub_id: _delivered_with_trace(bus, s) == MESSAGES, 60,
                    f"MongoDB to show {MESSAGES} deliveries to {sub_id}")
-        with_trace = bus.query(bus.store.deliveries.count_documents(
+        with_trace = bus.query(bus.store.db.deliveries.count_documents(
             {"subscription": sub_id, "status": "delivered", "last_status_code": 200,
              "last_latency_ms": {"$gt": 0}}))
         assert with_trace == MESSAGES
-        attempts = bus.query(bus.store.attempts.distinct(
+        attempts = bus.query(bus.store.db.attempts.distinct(
             "message_id", {"subscription": sub_id, "status_code": 200,
                            "latency_ms": {"$gt": 0}, "attempt": 1}))
         assert set(attempts) == set(ids)
@@ -72,7 +72,7 @@ def test_end_to_end_every_message_reaches_both_subscribers_and_is_traced(
     assert push.headers["ce-type"] == destination
     assert push.headers["ce-bizid"].startswith(f"{destination}-order-")
 
-    found = bus.query(bus.store.find_messages(biz_id=f"{destination}-order-7", limit=1000))
+    found = bus.query(bus.store.traces.find_messages(biz_id=f"{destination}-order-7", limit=1000))
     assert {m["_id"] for m in found} == {ids[i] for i in range(7, MESSAGES, BIZ_KEYS)}
     assert all(m["destination"] == destination for m in found)
 
@@ -90,9 +90,10 @@ def test_failing_subscriber_is_recorded_failed_while_the_other_gets_everything(
 
     eventually(lambda: healthy.message_ids() >= set(ids), 60, "the healthy subscriber")
     failed_id = f"{destination}/sub1"
-    eventually(lambda: bus.query(bus.store.count_deliveries(failed_id, DeliveryStatus.FAILED))
+    progress = bus.store.progress
+    eventually(lambda: bus.query(progress.count_deliveries(failed_id, DeliveryStatus.FAILED))
                >= CircuitPolicy().open_after_failures, 60, "the first failed deliveries in MongoDB")
-    failed = bus.query(bus.store.deliveries_by_status(failed_id, DeliveryStatus.FAILED, 1000))
+    failed = bus.query(progress.deliveries_by_status(failed_id, DeliveryStatus.FAILED, 1000))
     assert all(d["last_status_code"] == 500 and d["next_attempt_at"] is not None
                for d in failed)
     assert {d["message_id"] for d in failed} <= broken.message_ids() <= set(ids)

@@ -79,7 +79,8 @@ class Parts:
 
     async def start(self) -> None:
         await self.store.ensure_indexes()
-        await self.store.save_destination(Destination(code=self.code, broker=BrokerKind.KAFKA))
+        await self.store.config.save_destination(
+            Destination(code=self.code, broker=BrokerKind.KAFKA))
         await self.registry.start()
         await self.publishers.start()
 

@@ -33,16 +33,16 @@ NOW = datetime.now(UTC)
 
 def _seed_invalid_documents(store: MongoStore, good_url: str) -> Any:
     async def seed() -> None:
-        await store.save_destination(Destination(code=DEST))
-        await store.destinations.insert_one({"_id": BAD_DEST, "code": BAD_DEST,
-                                             "broker": "direct", "partitions": "four"})
+        await store.config.save_destination(Destination(code=DEST))
+        await store.db.destinations.insert_one({"_id": BAD_DEST, "code": BAD_DEST,
+                                                "broker": "direct", "partitions": "four"})
         for name, url in (("good", good_url), ("s5", LONG_URL.replace(" ", "%20"))):
-            await store.subscriptions.insert_one({
+            await store.db.subscriptions.insert_one({
                 "_id": f"{DEST}/{name}", "destination": DEST, "name": name, "url": url,
                 "signing_secrets": ["whsec_" + "A" * 32], "created_at": NOW,
                 "updated_at": NOW})
-        await store.apps.insert_one({"_id": "badapp", "key_hashes": [hash_api_key(BAD_APP_KEY)],
-                                     "destinations": "*", "created_at": NOW})
+        await store.db.apps.insert_one({"_id": "badapp", "key_hashes": [hash_api_key(BAD_APP_KEY)],
+                                        "destinations": "*", "created_at": NOW})
         await store.db["users"].insert_one({"_id": "baduser", "password_hash": "scrypt$x",
                                             "role": 7, "created_at": NOW, "updated_at": NOW})
 
@@ -194,7 +194,7 @@ def test_services_keep_refreshing_and_log_an_invalid_document_once(
     """A document edited by hand while the bus runs: every registry skips it, logs it once,
     and configuration changes made after it still reach the services."""
     caplog.set_level(logging.WARNING, logger="msgbus.store.checked")
-    bus.query(bus.store.subscriptions.insert_one({
+    bus.query(bus.store.db.subscriptions.insert_one({
         "_id": f"{DEST}/byhand", "destination": DEST, "name": "byhand", "url": 42}))
 
     def warnings() -> int:

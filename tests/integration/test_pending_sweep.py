@@ -48,16 +48,16 @@ def _outcome(envelope: Envelope, status: int, sub: str = SUB,
 async def _record(store: MongoStore, envelopes: list[Envelope], age_s: float,
                   subs: tuple[str, ...] = (SUB,)) -> None:
     """The receiver's record of a batch, `age_s` seconds ago."""
-    await store.record_messages([(e, list(subs)) for e in envelopes])
+    await store.records.record_messages([(e, list(subs)) for e in envelopes])
     ids = [e.message_id for e in envelopes]
-    await store.pending_batches.update_many(
+    await store.db.pending_batches.update_many(
         {"message_ids": {"$in": ids}},
         {"$set": {"recorded_at": utcnow() - timedelta(seconds=age_s)}})
 
 
 async def _statuses(store: MongoStore, envelopes: list[Envelope],
                     sub: str = SUB) -> list[str]:
-    states = [await store.deliveries_of(e.message_id) for e in envelopes]
+    states = [await store.traces.deliveries_of(e.message_id) for e in envelopes]
     return [next(d["status"] for d in found if d["subscription"] == sub) for found in states]
 
 
@@ -78,37 +78,38 @@ async def test_recorded_messages_are_pending_and_counted_until_their_outcome(
     envelopes = _envelopes(10)
     await _record(store, envelopes, age_s=10, subs=(SUB, OTHER))
     assert await _statuses(store, envelopes) == ["pending"] * 10
-    assert await store.count_deliveries(SUB, DeliveryStatus.PENDING) == 0, \
+    assert await store.progress.count_deliveries(SUB, DeliveryStatus.PENDING) == 0, \
         "no state is written before the first outcome"
-    count, oldest = await store.backlog(SUB, 1000)
+    count, oldest = await store.progress.backlog(SUB, 1000)
     assert (count, oldest) == (10, min(e.created_at for e in envelopes))
 
-    await store.record_outcomes([_outcome(e, 200) for e in envelopes[:6]]
-                                + [_outcome(e, 503) for e in envelopes[6:8]])
+    await store.records.record_outcomes([_outcome(e, 200) for e in envelopes[:6]]
+                                        + [_outcome(e, 503) for e in envelopes[6:8]])
     assert await _sweep(store) == 0
     assert await _statuses(store, envelopes) == ["delivered"] * 6 + ["failed"] * 2 \
         + ["pending"] * 2
-    assert (await store.backlog(SUB, 1000))[0] == 4  # 2 failed + 2 without an outcome
-    assert (await store.backlog(OTHER, 1000))[0] == 10, "the other subscription's own batch"
+    assert (await store.progress.backlog(SUB, 1000))[0] == 4  # 2 failed + 2 without an outcome
+    assert (await store.progress.backlog(OTHER, 1000))[0] == 10, \
+        "the other subscription's own batch"
 
 
 async def test_messages_without_an_outcome_after_the_threshold_are_swept_once_and_due(
         store: MongoStore) -> None:
     envelopes = _envelopes(6)
     await _record(store, envelopes, age_s=120)
-    await store.record_outcomes([_outcome(e, 200) for e in envelopes[:2]])
+    await store.records.record_outcomes([_outcome(e, 200) for e in envelopes[:2]])
 
     assert await _sweep(store) == 4
-    states = [(await store.deliveries_of(e.message_id))[0] for e in envelopes]
+    states = [(await store.traces.deliveries_of(e.message_id))[0] for e in envelopes]
     assert [s["status"] for s in states] == ["delivered"] * 2 + ["failed"] * 4
     for state, envelope in zip(states[2:], envelopes[2:], strict=True):
         assert state["next_attempt_at"] <= utcnow() and state["swept_at"] is not None
         assert (state["biz_id"], state["created_at"]) == (envelope.biz_id, envelope.created_at)
-    assert await store.pending_batches.count_documents({}) == 0
+    assert await store.db.pending_batches.count_documents({}) == 0
     assert await _sweep(store) == 0, "a message is swept once"
 
     # the dispatcher's push of a swept message lands after the sweep: delivered wins
-    await store.record_outcomes([_outcome(envelopes[2], 200)])
+    await store.records.record_outcomes([_outcome(envelopes[2], 200)])
     assert (await _statuses(store, envelopes[2:3])) == ["delivered"]
 
 
@@ -117,10 +118,10 @@ async def test_a_sweep_stops_at_the_backlog_and_leaves_it_pending(store: MongoSt
     await _record(store, done, age_s=40)
     await _record(store, backlog, age_s=30)
     await _record(store, later, age_s=20)
-    await store.record_outcomes([_outcome(e, 200) for e in done + later])
+    await store.records.record_outcomes([_outcome(e, 200) for e in done + later])
 
     assert await _sweep(store) == 0
-    remaining = [b async for b in store.pending_batches.find({"subscription": SUB})]
+    remaining = [b async for b in store.db.pending_batches.find({"subscription": SUB})]
     # the first batch settled; the sweep stopped at the backlog's batch and did not look
     # behind it (a later pass will)
     assert sorted(len(b["message_ids"]) for b in remaining) == [3, 5]
@@ -128,20 +129,20 @@ async def test_a_sweep_stops_at_the_backlog_and_leaves_it_pending(store: MongoSt
 
     # once past the threshold the backlog is swept, the later batch settled
     assert await _sweep(store, threshold_s=25) == 5
-    assert await store.pending_batches.count_documents({"subscription": SUB}) == 0
+    assert await store.db.pending_batches.count_documents({"subscription": SUB}) == 0
     assert await _statuses(store, backlog) == ["failed"] * 5
 
 
 async def test_the_first_outcome_creates_the_state_and_later_ones_move_it_forward(
         store: MongoStore) -> None:
     [envelope] = _envelopes(1)
-    await store.record_outcomes([_outcome(envelope, 503)])
-    await store.record_outcomes([_outcome(envelope, 200)])
-    await store.record_outcomes([_outcome(envelope, 500)])  # a duplicate push failing later
+    await store.records.record_outcomes([_outcome(envelope, 503)])
+    await store.records.record_outcomes([_outcome(envelope, 200)])
+    await store.records.record_outcomes([_outcome(envelope, 500)])  # a duplicate push failing later
     await _record(store, [envelope], age_s=120)  # the receiver's record lands last
     assert await _sweep(store) == 0
 
-    [state] = await store.deliveries_of(envelope.message_id)
+    [state] = await store.traces.deliveries_of(envelope.message_id)
     assert (state["status"], state["attempts"], state["last_status_code"]) == (
         "delivered", 2, 200)
     assert state["created_at"] == envelope.created_at and state["biz_id"] == envelope.biz_id
@@ -149,19 +150,19 @@ async def test_the_first_outcome_creates_the_state_and_later_ones_move_it_forwar
     # a retry's outcome written before the first attempt's (two writers) still creates it,
     # and the failed first attempt arriving later does not turn it back
     [other] = _envelopes(1)
-    await store.record_outcomes([_outcome(other, 200, attempt=2)])
-    await store.record_outcomes([_outcome(other, 500, attempt=1)])
-    [state] = await store.deliveries_of(other.message_id)
+    await store.records.record_outcomes([_outcome(other, 200, attempt=2)])
+    await store.records.record_outcomes([_outcome(other, 500, attempt=1)])
+    [state] = await store.traces.deliveries_of(other.message_id)
     assert (state["status"], state["last_status_code"]) == ("delivered", 200)
-    assert len(await store.attempts_of(other.message_id)) == 2
+    assert len(await store.traces.attempts_of(other.message_id)) == 2
 
 
 async def test_a_replay_of_pending_deliveries_finds_those_without_an_outcome(
         store: MongoStore) -> None:
     envelopes = _envelopes(8)
     await _record(store, envelopes, age_s=10, subs=(SUB, OTHER))
-    await store.record_outcomes([_outcome(e, 200) for e in envelopes[:5]]
-                                + [_outcome(e, 500) for e in envelopes[5:6]])
+    await store.records.record_outcomes([_outcome(e, 200) for e in envelopes[:5]]
+                                        + [_outcome(e, 500) for e in envelopes[5:6]])
     spec = ReplaySpec(destination="orders", since=envelopes[0].created_at,
                       until=envelopes[-1].created_at + timedelta(seconds=1),
                       statuses=[DeliveryStatus.PENDING, DeliveryStatus.FAILED])
@@ -180,11 +181,11 @@ async def test_the_messages_still_pending_are_listed_newest_first(store: MongoSt
     older, newer = _envelopes(3), _envelopes(3)
     await _record(store, older, age_s=20)
     await _record(store, newer, age_s=10)
-    await store.record_outcomes([_outcome(newer[1], 200), _outcome(older[0], 500)])
-    listed = await store.pending_message_ids(SUB, 10)
+    await store.records.record_outcomes([_outcome(newer[1], 200), _outcome(older[0], 500)])
+    listed = await store.progress.pending_message_ids(SUB, 10)
     assert listed == [newer[2].message_id, newer[0].message_id, older[2].message_id,
                       older[1].message_id]
-    assert await store.pending_message_ids(SUB, 2) == listed[:2]
+    assert await store.progress.pending_message_ids(SUB, 2) == listed[:2]
 
 
 async def test_a_recently_changed_subscription_is_settled_but_not_swept(
@@ -198,12 +199,12 @@ async def test_a_recently_changed_subscription_is_settled_but_not_swept(
                           paused=True, updated_at=now - timedelta(hours=1))
     envelopes = _envelopes(6)
     await _record(store, envelopes, age_s=120, subs=(SUB, OTHER))
-    await store.record_outcomes([_outcome(e, 200) for e in envelopes[:4]])
+    await store.records.record_outcomes([_outcome(e, 200) for e in envelopes[:4]])
     sweeper = Sweeper(DeliveryClaims(store, "test"), PendingSweep(store),
                       lambda: [resumed, paused], CompensatorSettings(sweep_after_s=60))
 
     assert await sweeper.sweep() == 0
     await sweeper.settle()
     assert await _statuses(store, envelopes) == ["delivered"] * 4 + ["pending"] * 2
-    assert (await store.backlog(SUB, 1000))[0] == 2
-    assert (await store.backlog(OTHER, 1000))[0] == 6
+    assert (await store.progress.backlog(SUB, 1000))[0] == 2
+    assert (await store.progress.backlog(OTHER, 1000))[0] == 6

@@ -49,7 +49,7 @@ def _rabbit_depth(url: str, queue: str) -> int:
 
 
 def _recorded(bus: RunningBus, destination: str) -> int:
-    return int(bus.query(bus.store.messages.count_documents({"destination": destination})))
+    return int(bus.query(bus.store.db.messages.count_documents({"destination": destination})))
 
 
 def test_switching_a_destination_broker_delivers_what_the_old_broker_still_holds(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from msgbus_devtools import servers as services
@@ -14,20 +15,31 @@ from dispatcher.redelivery import DeliveredCheck
 from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, DeliveryOutcome, Envelope, utcnow
 from msgbus.store import MongoStore
+from msgbus.store.progress import DeliveryProgress
 
 pytestmark = pytest.mark.integration
 
 SUB = "orders/billing"
 
 
-class CountingStore(MongoStore):
-    """A real store that counts the lookups made through it."""
-
+class CountingProgress(DeliveryProgress):
     lookups = 0
 
     async def handled_among(self, subscription: str, message_ids: Sequence[str]) -> set[str]:
         self.lookups += 1
         return await super().handled_among(subscription, message_ids)
+
+
+class CountingStore(MongoStore):
+    """A real store that counts the lookups made through it."""
+
+    def __init__(self, uri: str, db_name: str, **options: Any) -> None:
+        super().__init__(uri, db_name, **options)
+        self.progress = self.counting = CountingProgress(self.db)
+
+    @property
+    def lookups(self) -> int:
+        return self.counting.lookups
 
 
 @pytest.fixture
@@ -45,8 +57,8 @@ def envelope(age_s: float, *, redelivered: bool = False) -> Envelope:
 async def deliver(store: MongoStore, envelope: Envelope) -> None:
     result = AttemptResult(message_id=envelope.message_id, subscription=SUB, attempt=1,
                            started_at=utcnow(), latency_ms=2.0, status_code=200)
-    await store.record_outcomes([DeliveryOutcome(result=result, destination="orders",
-                                                 created_at=envelope.created_at)])
+    await store.records.record_outcomes([DeliveryOutcome(result=result, destination="orders",
+                                                         created_at=envelope.created_at)])
 
 
 async def test_redelivered_and_old_messages_already_delivered_are_found(

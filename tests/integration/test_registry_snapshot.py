@@ -24,8 +24,8 @@ async def test_a_registry_started_while_mongodb_is_down_serves_the_saved_configu
     subscription = Subscription(destination="orders", name="billing",
                                 url=HttpUrl("http://127.0.0.1:9/hook"), max_concurrency=7)
     try:
-        await store.save_destination(Destination(code="orders", broker=BrokerKind.KAFKA))
-        await store.save_subscription(subscription)
+        await store.config.save_destination(Destination(code="orders", broker=BrokerKind.KAFKA))
+        await store.config.save_subscription(subscription)
         live = Registry(store, refresh_s=60, snapshot=snapshot)
         await live.start()
         await live.close()

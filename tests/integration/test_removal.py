@@ -116,7 +116,7 @@ def test_deleting_a_subscription_under_load_stops_it_and_removes_its_consumer(
         "subscriptions"]
     # its records stay (the dispatcher writes them from its local trace buffer: soon, not at once)
     def gone_delivered_on_record() -> bool:
-        states = bus.query(bus.store.deliveries_of(first[0]))
+        states = bus.query(bus.store.traces.deliveries_of(first[0]))
         return (f"{destination}/gone", DeliveryStatus.DELIVERED.value) in {
             (s["subscription"], s["status"]) for s in states}
 
@@ -151,7 +151,7 @@ def test_deleting_a_destination_refuses_producers_and_removes_its_topic(
     assert not _has_consumer(bus, broker, destination, "only")
     assert bus.admin.get(f"/v1/destinations/{destination}/subscriptions/only/pushers"
                          ).status_code == 404
-    assert bus.query(bus.store.deliveries_of(ids[0])), "its records stay"
+    assert bus.query(bus.store.traces.deliveries_of(ids[0])), "its records stay"
     assert _audited(bus, destination)[:1] == ["destination.delete"]
 
 
@@ -176,7 +176,7 @@ def test_skipping_a_backlog_records_it_skipped_and_pushes_what_comes_next(
     sub_id = f"{destination}/behind"
 
     def skipped() -> dict[str, Any]:
-        docs = bus.query(bus.store.deliveries.find(
+        docs = bus.query(bus.store.db.deliveries.find(
             {"subscription": sub_id, "status": DeliveryStatus.SKIPPED.value},
             {"message_id": 1, "last_error": 1}).to_list(None))
         return {d["message_id"]: d["last_error"] for d in docs}

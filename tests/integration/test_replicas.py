@@ -159,7 +159,7 @@ def fails_first(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment
 def _attempts_per_message(deployment: Deployment, code: str) -> Counter[int]:
     """How many messages of `code` have how many attempts on their trace."""
     async def count() -> Counter[int]:
-        cursor = await deployment.store.attempts.aggregate([
+        cursor = await deployment.store.db.attempts.aggregate([
             {"$match": {"subscription": f"{code}/{SUBSCRIPTION}"}},
             {"$group": {"_id": "$message_id", "n": {"$sum": 1}}}])
         return Counter([doc["n"] async for doc in cursor])
@@ -268,8 +268,8 @@ def _key_history(deployment: Deployment, code: str, key: str) -> list[tuple[Any,
     """The attempts of one key's messages: (n, instance, attempt, status), oldest first."""
     async def read() -> list[tuple[Any, ...]]:
         messages = {d["_id"]: orjson.loads(d["body"])["n"] async for d in
-                    deployment.store.messages.find({"destination": code, "biz_id": key})}
-        cursor = deployment.store.attempts.find({"message_id": {"$in": list(messages)}})
+                    deployment.store.db.messages.find({"destination": code, "biz_id": key})}
+        cursor = deployment.store.db.attempts.find({"message_id": {"$in": list(messages)}})
         return [(messages[a["message_id"]], a.get("instance"), a.get("attempt"),
                  a.get("status_code"), a["started_at"].time().isoformat())
                 for a in sorted([a async for a in cursor], key=lambda a: a["started_at"])]
@@ -365,7 +365,7 @@ def test_order_per_biz_id_holds_on_a_quorum_queue_when_the_active_dispatcher_die
 
 def _pushed_by(deployment: Deployment, code: str) -> set[str]:
     async def read() -> set[str]:
-        found = await deployment.store.attempts.distinct(
+        found = await deployment.store.db.attempts.distinct(
             "instance", {"subscription": f"{code}/{SUBSCRIPTION}"})
         return {str(instance) for instance in found}
 
@@ -449,21 +449,21 @@ def switching(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]:
 
 def _set_paused(deployment: Deployment, name: str, paused: bool) -> None:
     async def change() -> None:
-        sub = await deployment.store.get_subscription(f"{SWITCHED}/{name}")
-        await deployment.store.save_subscription(
+        sub = await deployment.store.config.get_subscription(f"{SWITCHED}/{name}")
+        await deployment.store.config.save_subscription(
             sub.model_copy(update={"paused": paused, "updated_at": utcnow()}))
     deployment.run(change())
 
 
 def _switch(deployment: Deployment, broker: BrokerKind) -> None:
     async def change() -> None:
-        destination = await deployment.store.get_destination(SWITCHED)
-        await deployment.store.save_destination(destination.with_broker(broker, utcnow()))
+        destination = await deployment.store.config.get_destination(SWITCHED)
+        await deployment.store.config.save_destination(destination.with_broker(broker, utcnow()))
     deployment.run(change())
 
 
 def _retired(deployment: Deployment) -> list[BrokerKind]:
-    destination = deployment.run(deployment.store.get_destination(SWITCHED))
+    destination = deployment.run(deployment.store.config.get_destination(SWITCHED))
     return [r.broker for r in destination.retired]
 
 

@@ -36,7 +36,7 @@ async def test_a_call_to_a_mongodb_that_stopped_answering_fails(
             assert await store.ping()  # a pooled connection through the gate
             gate.freeze()
             with pytest.raises(PyMongoError):
-                await asyncio.wait_for(store.messages.insert_one({"_id": "hung"}), NEVER_S)
+                await asyncio.wait_for(store.db.messages.insert_one({"_id": "hung"}), NEVER_S)
         finally:
             gate.thaw()
             await store.close()

@@ -27,8 +27,8 @@ KAFKA, RABBITMQ, DIRECT = BrokerKind.KAFKA, BrokerKind.RABBITMQ, BrokerKind.DIRE
 class _NoStore:
     """DrainWatch.sources_for reads nothing from MongoDB."""
 
-    db: dict[str, Any] = {"drains": None}
-    destinations = None
+    drains = None
+    config = None
     gate = MongoGate(lambda: asyncio.sleep(0), component="test")
 
 

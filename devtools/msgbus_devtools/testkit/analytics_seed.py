@@ -23,7 +23,7 @@ from pymongo import MongoClient
 
 from msgbus.models import AttemptResult, Envelope, subscription_id
 from msgbus.store import documents as docs
-from msgbus.store.mongo import INDEXES
+from msgbus.store.indexes import INDEXES
 
 RETRY_DELAY = timedelta(seconds=10)
 ACCEPT_DELAY = timedelta(milliseconds=2)  # created (client) -> received (receiver)

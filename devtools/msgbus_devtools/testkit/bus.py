@@ -231,7 +231,8 @@ class RunningBus:
                    "every service to re-read the configuration")
 
     def query(self, coro: Any) -> Any:
-        """Run a store coroutine (e.g. `bus.store.count_deliveries(...)`) in the bus loop."""
+        """Run a store coroutine (e.g. `bus.store.progress.count_deliveries(...)`) in the bus
+        loop."""
         return self.loop.run(coro)
 
     def close(self) -> None:

@@ -264,7 +264,7 @@ def backlogs(deployment: Deployment, *, states: bool = False) -> str:
     async def by_state() -> dict[str, int]:
         pipeline = [{"$group": {"_id": "$status", "n": {"$sum": 1}}}]
         return {str(d["_id"]): int(d["n"])
-                async for d in await deployment.store.deliveries.aggregate(pipeline)}
+                async for d in await deployment.store.db.deliveries.aggregate(pipeline)}
 
     if states:
         try:

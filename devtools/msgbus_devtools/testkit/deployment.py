@@ -245,20 +245,20 @@ class Deployment:
     async def _configure(self) -> None:
         await self.store.ensure_indexes()
         for code, broker in self.destinations.items():
-            await self.store.save_destination(Destination(code=code, broker=broker))
+            await self.store.config.save_destination(Destination(code=code, broker=broker))
             for name in self.subscription_names:
                 subscriber = self.subscriber_factory()
                 server = await self._subscriber_servers.start(
                     make_server(subscriber, services.HOST, 0), f"subscriber-{code}-{name}")
                 url = f"http://{services.HOST}:{server.port}/hook"
-                await self.store.save_subscription(Subscription(
+                await self.store.config.save_subscription(Subscription(
                     destination=code, name=name, url=HttpUrl(url),
                     **{"max_concurrency": 32, **self.subscription_options,
                        **self.options_of.get(code, {})}))
                 self.subscriber_of[f"{code}/{name}"] = subscriber
             self.subscribers[code] = self.subscriber_of[f"{code}/{SUBSCRIPTION}"]
         self.api_key = new_api_key()
-        await self.store.create_app("load", hash_api_key(self.api_key), ["*"])
+        await self.store.producers.create_app("load", hash_api_key(self.api_key), ["*"])
 
     def _dispatcher_workers(self) -> list[str]:
         assert self.dispatcher is not None
@@ -335,7 +335,7 @@ class Deployment:
 
     def stored_ids(self, code: str) -> set[str]:
         async def fetch() -> set[str]:
-            cursor = self.store.messages.find({"destination": code}, {"_id": 1})
+            cursor = self.store.db.messages.find({"destination": code}, {"_id": 1})
             return {str(doc["_id"]) async for doc in cursor}
 
         return self.run(fetch())
@@ -343,7 +343,7 @@ class Deployment:
     def delivered_ids(self, subscription: str) -> set[str]:
         """Ids of the messages MongoDB marks delivered to `subscription` ("code/name")."""
         async def fetch() -> set[str]:
-            cursor = self.store.deliveries.find(
+            cursor = self.store.db.deliveries.find(
                 {"subscription": subscription,
                  "status": DeliveryStatus.DELIVERED.value}, {"message_id": 1})
             return {str(doc["message_id"]) async for doc in cursor}
@@ -355,9 +355,9 @@ class Deployment:
         lines = []
         for message_id in sorted(message_ids)[:limit]:
             async def look(mid: str = message_id) -> tuple[bool, list[Any]]:
-                found = await self.store.messages.find_one({"_id": mid}, {"_id": 1})
+                found = await self.store.db.messages.find_one({"_id": mid}, {"_id": 1})
                 states = [(d["subscription"], d["status"], d.get("attempts"))
-                          async for d in self.store.deliveries.find({"message_id": mid})]
+                          async for d in self.store.db.deliveries.find({"message_id": mid})]
                 return found is not None, states
 
             stored, states = self.run(look())

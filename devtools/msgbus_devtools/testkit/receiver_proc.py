@@ -31,9 +31,10 @@ def prepare_store(mongo_uri: str, mongo_db: str, destinations: list[str],
         store = MongoStore(mongo_uri, mongo_db)
         try:
             await store.ensure_indexes()
-            await store.create_app("tests", hash_api_key(api_key), ["*"])
+            await store.producers.create_app("tests", hash_api_key(api_key), ["*"])
             for code in destinations:
-                await store.save_destination(Destination(code=code, broker=broker, partitions=1))
+                await store.config.save_destination(
+                    Destination(code=code, broker=broker, partitions=1))
         finally:
             await store.close()
 
