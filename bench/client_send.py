@@ -1,5 +1,6 @@
 """Client send benchmark: how fast `msgbus_client` makes messages durable, against the physical
-limit of the disk measured in the same run, and how fast a spool drains to a live receiver.
+limit of the disk measured in the same run, and how fast a client flushes its spool to a live
+receiver.
 
     python -m bench.client_send [--runs 3] [--raw-messages N] [--single-messages N]
                                 [--group-messages N] [--threads 16] [--group-commit-ms 2]
@@ -10,7 +11,7 @@ even runs):
   raw     LMDB put+fsync, one transaction per message (the physical limit)
   single  send(), one commit per message, one thread          goal: >= 80% of raw
   group   send(), group commit, 16 threads                    goal: >= 20,000 messages/s
-  drain   the group phase's spool, opened against a live receiver (own process): msgs/s
+  flush   the group phase's spool, opened against a live receiver (own process): msgs/s
 Spools live in fresh dirs on a disk filesystem (never tmpfs). It starts tansu, SecantusDB and a
 receiver process, and stops them by PID at the end (also on Ctrl-C, SIGTERM or an error).
 Progress goes to stderr; figures to stdout; the last line is one JSON object.
@@ -41,12 +42,12 @@ from bench.send_phases import Sample
 REPO = Path(__file__).resolve().parent.parent
 GOAL_SINGLE_VS_RAW = 0.80
 GOAL_GROUP_MSGS_PER_S = 20_000.0
-PHASES = ("raw", "single", "group", "drain")
+PHASES = ("raw", "single", "group", "flush")
 LABELS = {
     "raw": "raw LMDB put+fsync, 1 txn/msg",
     "single": "send(), commit per message, 1 thread",
     "group": "send(), group commit, {threads} threads",
-    "drain": "drain spool -> live receiver",
+    "flush": "flush spool -> live receiver",
 }
 MEMORY_FILESYSTEMS = {"tmpfs", "ramfs", "devtmpfs", "overlay-tmpfs"}
 
@@ -89,9 +90,9 @@ def summarize(samples: list[Sample]) -> dict[str, Any]:
         for name, p in (("single_vs_raw", "single"), ("group_vs_raw", "group"))
     }
     per_commit = spread([s.messages / s.commits for s in by_phase["group"] if s.commits])
-    settle = spread([s.settle_s for s in by_phase["drain"]])
+    settle = spread([s.settle_s for s in by_phase["flush"]])
     return {"rates": rates, "ratios": ratios, "group_msgs_per_commit": per_commit,
-            "mongo_recorded_after_drain_s": settle}
+            "mongo_recorded_after_flush_s": settle}
 
 
 def _verdict(value: float, goal: float) -> str:
@@ -102,7 +103,7 @@ def _verdict(value: float, goal: float) -> str:
 
 def table(summary: dict[str, Any], args: argparse.Namespace) -> list[str]:
     counts = {"raw": args.raw_messages, "single": args.single_messages,
-              "group": args.group_messages, "drain": args.group_messages}
+              "group": args.group_messages, "flush": args.group_messages}
     head = f"{'phase':<40} {'messages':>9} {'msgs/s  min / median / max':>30}"
     lines = [f"min / median / max over {args.runs} run(s)", head, "-" * len(head)]
     for phase in PHASES:
@@ -121,8 +122,8 @@ def table(summary: dict[str, Any], args: argparse.Namespace) -> list[str]:
         f"{_verdict(group_rate['median'], GOAL_GROUP_MSGS_PER_S)}",
         f"{'group msgs per fsync':<24} {cell(summary['group_msgs_per_commit'], '.1f'):>26}",
         "",
-        "drain = accepted by the receiver (durable in its local buffer); the receiver then wrote",
-        f"them to MongoDB in {cell(summary['mongo_recorded_after_drain_s'], '.1f')} s more",
+        "flush = accepted by the receiver (durable in its local buffer); the receiver then wrote",
+        f"them to MongoDB in {cell(summary['mongo_recorded_after_flush_s'], '.1f')} s more",
     ]
     return lines
 
@@ -182,15 +183,15 @@ class ClientSendBench:
                                               a.group_commit_ms))
         leftover = self.receiver.buffered()
         if leftover:
-            say(f"receiver still has {leftover} buffered messages before the drain")
-        drained = self.record(phases.drain(base / "group", self.receiver.url,
+            say(f"receiver still has {leftover} buffered messages before the flush")
+        flushed = self.record(phases.flush(base / "group", self.receiver.url,
                                            self.receiver.api_key, group.messages, run,
                                            a.timeout))
-        recorded, drained.settle_s = self.receiver.settle(destination, group.messages, a.timeout)
-        out(f"run {run} drain: the receiver recorded {recorded}/{group.messages} in MongoDB "
-            f"{drained.settle_s:.1f} s after the spool was empty")
+        recorded, flushed.settle_s = self.receiver.settle(destination, group.messages, a.timeout)
+        out(f"run {run} flush: the receiver recorded {recorded}/{group.messages} in MongoDB "
+            f"{flushed.settle_s:.1f} s after the spool was empty")
         if recorded != group.messages:
-            drained.problems.append(f"MongoDB holds {recorded} of {group.messages} messages")
+            flushed.problems.append(f"MongoDB holds {recorded} of {group.messages} messages")
         shutil.rmtree(base, ignore_errors=True)
 
     def run(self) -> None:
@@ -203,13 +204,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--raw-messages", type=int, default=5000)
     parser.add_argument("--single-messages", type=int, default=5000)
     parser.add_argument("--group-messages", type=int, default=20000,
-                        help="messages of the group phase, then drained to the receiver")
+                        help="messages of the group phase, then flushed to the receiver")
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--group-commit-ms", type=float, default=2.0)
     parser.add_argument("--body-bytes", type=int, default=256,
                         help="length of the padding string in each message body")
     parser.add_argument("--timeout", type=float, default=120.0,
-                        help="seconds to wait for a drain (and for MongoDB to record it)")
+                        help="seconds to wait for a flush (and for MongoDB to record it)")
     parser.add_argument("--workdir", help="base dir for the spools (default: the temp dir, "
                         "unless it is tmpfs)")
     args = cli.parse_quick(
@@ -229,21 +230,21 @@ def figures(summary: dict[str, Any], args: argparse.Namespace, samples: list[Sam
     rates, ratios = summary["rates"], summary["ratios"]
     problems = [f"run {s.run} {s.phase}: {p}" for s in samples for p in s.problems]
     names = {"raw_put_fsync_per_s": rates["raw"], "single_commit_msgs_per_s": rates["single"],
-             "group_commit_msgs_per_s": rates["group"], "drain_msgs_per_s": rates["drain"],
+             "group_commit_msgs_per_s": rates["group"], "flush_msgs_per_s": rates["flush"],
              "ratio_single_vs_raw": ratios["single_vs_raw"],
              "ratio_group_vs_raw": ratios["group_vs_raw"]}
     return {
         "bench": "client_send",
         **{name: s["median"] for name, s in names.items()},
         "spread": {**names, "group_msgs_per_commit": summary["group_msgs_per_commit"],
-                   "mongo_recorded_after_drain_s": summary["mongo_recorded_after_drain_s"]},
+                   "mongo_recorded_after_flush_s": summary["mongo_recorded_after_flush_s"]},
         "goals": {"ratio_single_vs_raw": GOAL_SINGLE_VS_RAW,
                   "group_commit_msgs_per_s": GOAL_GROUP_MSGS_PER_S,
                   "single_met": ratios["single_vs_raw"]["median"] >= GOAL_SINGLE_VS_RAW,
                   "group_met": rates["group"]["median"] >= GOAL_GROUP_MSGS_PER_S},
         "runs": args.runs, "threads": args.threads, "group_commit_ms": args.group_commit_ms,
         "messages": {"raw": args.raw_messages, "single": args.single_messages,
-                     "group": args.group_messages, "drain": args.group_messages},
+                     "group": args.group_messages, "flush": args.group_messages},
         "body_bytes": args.body_bytes, "cpus": os.cpu_count(), "problems": problems,
         "elapsed_s": elapsed_s,
     }

@@ -6,7 +6,7 @@
   and the raw baseline, "neighbours" for the hanging, failing and slow ones, so that serving
   the bad neighbours never costs the healthy subscriber's process anything;
 - one dispatcher (`msgbus dispatcher`) and one receiver (`msgbus receiver --workers 1`, with
-  its drain process), the production entry points, each in processes of their own; with
+  its flush process), the production entry points, each in processes of their own; with
   `full=True` (bench.e2e) also one `msgbus compensator`, and the machine's RabbitMQ;
 - a one-process `ProcessPoolExecutor` (spawn) for the load generators (bench/dispatch_load.py).
 

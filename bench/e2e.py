@@ -23,7 +23,7 @@ or an error. Per run:
    again with the MongoDB server stopped (SIGSTOP): `mongo_stopped_overhead_ratio` = that
    overhead p50 ÷ the overhead with MongoDB running, same run (goal ≤ 1: a hung MongoDB costs
    each process one short wait, and its records wait in the local buffers).
-3. isolation (as bench.dispatch): a healthy subscriber A drains a backlog alone, then beside B
+3. isolation (as bench.dispatch): a healthy subscriber A works off a backlog alone, then beside B
    (never answers: 1 s timeouts), C (500 at once) and D (300 ms per request) on one destination;
    ratio = A's rate with them ÷ alone. The compensator retries B's and C's failures meanwhile.
 
@@ -142,7 +142,7 @@ class E2EBench:
         fig.capacity[broker] = Capacity(
             messages=len(returned),
             send_per_s=len(returned) / max(result["sent_by"] - result["started"], 1e-9),
-            accepted_per_s=len(returned) / max(result["drained_at"] - result["started"], 1e-9),
+            accepted_per_s=len(returned) / max(result["spool_empty_at"] - result["started"], 1e-9),
             delivered_per_s=len(arrivals) / max(last - result["started"], 1e-9),
             recorded_per_s=len(returned) / max(recorded_at - result["started"], 1e-9),
             cpu_cores=cores,
@@ -326,7 +326,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="MSGBUS_NAME=VALUE", type=_setting,
                         help="a setting for every bus process (repeatable), e.g. "
-                             "MSGBUS_RECEIVER_DRAIN_NICE=0")
+                             "MSGBUS_RECEIVER_FLUSH_NICE=0")
     parser.add_argument("--plot", type=Path, default=DEFAULT_PLOT,
                         help=f"PNG of latency over time (default {DEFAULT_PLOT})")
     args = cli.parse_quick(

@@ -32,7 +32,7 @@ from bench.dispatch_load import body
 from bench.load import client_session, own_cpu_s, pacer, post, run_loop
 
 GROUP_COMMIT_MS = 2.0
-DRAIN_POLL_S = 0.02
+SPOOL_POLL_S = 0.02
 
 
 def client_send(receiver_url: str, api_key: str, spool_dir: str, destination: str, first: int,
@@ -75,12 +75,12 @@ def client_send(receiver_url: str, api_key: str, spool_dir: str, destination: st
     sent_by = time.time()
     with contextlib.suppress(NotInTime):  # what is left is reported: left_in_spool
         eventually(lambda: not client.spool.pending_count(), timeout_s, "the spool empty",
-                   interval_s=DRAIN_POLL_S)
-    drained_at = time.time()
+                   interval_s=SPOOL_POLL_S)
+    spool_empty_at = time.time()
     left = client.close(timeout_s=5.0)
     return {"returned_at": returned_at, "message_ids": message_ids, "errors": dict(errors),
-            "started": started, "sent_by": sent_by, "drained_at": drained_at, "left_in_spool": left,
-            "cpu_s": own_cpu_s() - cpu0}
+            "started": started, "sent_by": sent_by, "spool_empty_at": spool_empty_at,
+            "left_in_spool": left, "cpu_s": own_cpu_s() - cpu0}
 
 
 def paced_direct(url: str, first: int, count: int, rate_per_s: float,

@@ -20,7 +20,7 @@ After each receiver phase it waits until the receiver's buffers are empty (so th
 background writes to the brokers and MongoDB do not slow the next), then checks that MongoDB
 holds every message the phase had answered with success. Batch phases are shorter by default:
 MongoDB records far fewer messages/s than the receiver accepts, so each burst takes a while to
-drain.
+flush.
 
 Starts everything it needs (bench/ingest_stack.py) and stops it by PID at the end, also on
 Ctrl-C, SIGTERM or an error. Progress goes to stderr; figures to stdout; the last line is one
@@ -148,7 +148,7 @@ class IngestBench:
         return phase
 
     def settle(self, phase: Phase, target: Target) -> None:
-        left, phase.settle_s = self.stack.drain(target, self.args.settle_timeout)
+        left, phase.settle_s = self.stack.wait_flushed(target, self.args.settle_timeout)
         if left:
             phase.problems.append(f"{left} buffer entries still there after "
                                   f"{self.args.settle_timeout:.0f} s")
@@ -179,7 +179,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="seconds of each warm-up")
     parser.add_argument("--brokers", type=lambda s: s.split(","), default=["kafka", "rabbitmq"])
     parser.add_argument("--settle-timeout", type=float, default=240.0,
-                        help="seconds to wait for a receiver to drain after a phase")
+                        help="seconds to wait for a receiver to flush its buffers after a phase")
     parser.add_argument("--quick", action="store_true",
                         help="1 run of 1 s phases and warm-ups (smoke test)")
     parser.add_argument("--only-schema", action="store_true",

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         say("warming up")
         measure(bare.url, "bare", args.warmup)
         measure(receiver.url, code, args.warmup)
-        stack.drain(receiver, 120)
+        stack.wait_flushed(receiver, 120)
         for run in range(1, args.runs + 1):
             # alternate which goes first, so a drift hits both alike
             order = ("bare", "receiver") if run % 2 else ("receiver", "bare")
@@ -70,14 +70,14 @@ def main(argv: list[str] | None = None) -> int:
                     got[name] = measure(bare.url, "bare", args.duration)
                 else:
                     got[name] = measure(receiver.url, code, args.duration)
-                    stack.drain(receiver, 120)
+                    stack.wait_flushed(receiver, 120)
             rows.append((got["bare"], got["receiver"]))
             say(f"run {run}: bare {got['bare']:.0f} req/s, receiver {got['receiver']:.0f} "
                 f"req/s, ratio {got['receiver'] / got['bare']:.3f}")
             if args.half:
                 bare_p99 = wrk(bare.url, "bare", args.duration, got["bare"] / 2).p99_ms
                 receiver_p99 = wrk(receiver.url, code, args.duration, got["receiver"] / 2).p99_ms
-                stack.drain(receiver, 120)
+                stack.wait_flushed(receiver, 120)
                 p99_rows.append((bare_p99, receiver_p99))
                 say(f"run {run} half load: bare p99 {bare_p99:.2f} ms, receiver p99 "
                     f"{receiver_p99:.2f} ms, ratio {receiver_p99 / bare_p99:.2f}")

@@ -28,7 +28,7 @@ class Phase:
     messages_per_request: int
     offered_per_s: float | None = None
     settle_s: float = 0.0
-    cpu_s: float = 0.0  # a receiver's CPU (workers and drain processes) until it drained
+    cpu_s: float = 0.0  # a receiver's CPU (workers and flush processes) until it flushed
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -60,7 +60,7 @@ class Phase:
         if self.offered_per_s is not None:
             notes.append(f"offered {self.offered_per_s:.0f} req/s")
         if self.settle_s:
-            notes.append(f"drained in {self.settle_s:.1f} s")
+            notes.append(f"flushed in {self.settle_s:.1f} s")
         if self.cpu_s and self.result.ok_requests:
             notes.append(f"{self.cpu_ms_per_msg:.3f} CPU ms/msg")
         notes += self.problems

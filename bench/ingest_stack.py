@@ -240,7 +240,7 @@ class IngestStack:
 
     def recorded(self, id_prefix: str) -> int:
         """Messages recorded in MongoDB whose message_id starts with `id_prefix` (a range of
-        the _id index: a count by destination would scan, and slow the drain it waits for)."""
+        the _id index: a count by destination would scan, and slow the flush it waits for)."""
         return self.mongo[self.mongo_db]["messages"].count_documents(
             {"_id": {"$gte": f"{id_prefix}-", "$lt": f"{id_prefix}."}})
 
@@ -250,7 +250,7 @@ class IngestStack:
             {"_id": {"$gte": f"{id_prefix}-", "$lt": f"{id_prefix}."}}, {"schema_version": 1})
         return {None if doc is None else doc.get("schema_version")}
 
-    def drain(self, target: Target, timeout_s: float) -> tuple[int, float]:
+    def wait_flushed(self, target: Target, timeout_s: float) -> tuple[int, float]:
         """Wait until the target's buffers are empty (everything accepted was published and
         recorded), so that one phase's background writes do not slow the next.
         Returns (entries left, seconds waited)."""
@@ -264,13 +264,13 @@ class IngestStack:
             return left == 0
 
         with contextlib.suppress(NotInTime):  # what is left is reported
-            eventually(empty, timeout_s, f"draining {target.name}", interval_s=0.25,
+            eventually(empty, timeout_s, f"flushing {target.name}", interval_s=0.25,
                        progress=lambda: f"{left} buffer entries left")
         return left, time.monotonic() - began
 
     def cpu_s(self, target: Target) -> float:
         """CPU seconds so far of a target's processes (a receiver: its workers and their
-        drain processes)."""
+        flush processes)."""
         pid = next(p.pid for name, p, _ in self._processes if name == target.name)
         return tree_cpu_s(pid)
 

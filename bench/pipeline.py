@@ -236,7 +236,7 @@ class PipelineBench:
         return dict(response.json())
 
     def _settle(self, broker: str, label: str, expected: int) -> float:
-        """Wait until the bus has written this phase's trace to MongoDB and drained its local
+        """Wait until the bus has written this phase's trace to MongoDB and flushed its local
         buffers, so one phase's background writes do not slow the next. Returns the seconds."""
         from msgbus.models import DeliveryStatus
 

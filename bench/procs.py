@@ -38,7 +38,7 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of a process, its live descendants (the receiver's worker and drain
+    """CPU seconds of a process, its live descendants (the receiver's worker and flush
     processes) and the children they have reaped."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():

@@ -1,5 +1,5 @@
 """What a quorum queue costs the receiver's publish: messages/s through `RabbitPublisher`
-(persistent, publisher confirms, batches of 500 as the drain publishes them) into a destination
+(persistent, publisher confirms, batches of 500 as the flush publishes them) into a destination
 with two subscription queues, classic against quorum, alternating per run on the machine's
 RabbitMQ (which goes first alternates); then quorum ÷ classic, paired per run
 (min/median/max).

@@ -6,7 +6,7 @@ a `Sample` (messages, seconds, and what else it saw) and reports progress to std
   value as large as a spooled message, with 16-byte time-ordered keys like the spool's.
 - `single_send`: `MsgbusClient.send()` from one thread, one commit per message.
 - `group_send`: `send()` from N threads with group commit.
-- `drain`: a client opened on a full spool against a live receiver; time until the spool is empty.
+- `flush`: a client opened on a full spool against a live receiver; time until the spool is empty.
 
 The two send() phases measure durable spooling only: `inline_send=False`, and a receiver URL
 that refuses every connection (`DeadPort`), with a long retry backoff, so the resender makes one
@@ -44,7 +44,7 @@ class Sample:
     messages: int
     seconds: float
     commits: int = 0  # fsync'd spool transactions, where known
-    settle_s: float = float("nan")  # drain: until MongoDB held them all, after the spool emptied
+    settle_s: float = float("nan")  # flush: until MongoDB held them all, after the spool emptied
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -182,24 +182,24 @@ def group_send(directory: Path, dead_url: str, api_key: str, destination: str, c
                   problems=errors + _close_full(client, sent))
 
 
-def drain(directory: Path, receiver_url: str, api_key: str, expected: int, run: int,
+def flush(directory: Path, receiver_url: str, api_key: str, expected: int, run: int,
           timeout_s: float) -> Sample:
     """Open a client on a spool holding `expected` messages, with the receiver up; time until
     the spool is empty (polled every 20 ms)."""
     began = time.perf_counter()
     client = MsgbusClient(receiver_url, api_key, spool_dir=directory)
-    progress = Progress(f"run {run} drain to the receiver", expected)
+    progress = Progress(f"run {run} flush to the receiver", expected)
     problems: list[str] = []
     pending = expected
 
-    def drained() -> bool:
+    def flushed() -> bool:
         nonlocal pending
         pending = client.spool.pending_count()
         progress.tick(expected - pending)
         return pending == 0
 
     try:
-        eventually(drained, timeout_s, f"run {run}: the spool empty", interval_s=0.02)
+        eventually(flushed, timeout_s, f"run {run}: the spool empty", interval_s=0.02)
     except NotInTime:
         problems.append(f"{pending} messages still spooled after {timeout_s:.0f} s")
     seconds = time.perf_counter() - began
@@ -209,4 +209,4 @@ def drain(directory: Path, receiver_url: str, api_key: str, expected: int, run: 
     left = client.close(5.0)
     if left and not problems:
         problems.append(f"{left} messages left in the spool")
-    return Sample("drain", run, expected - left - rejected, seconds, problems=problems)
+    return Sample("flush", run, expected - left - rejected, seconds, problems=problems)
