@@ -8,7 +8,9 @@ A process owns a slot while it holds an exclusive flock on the slot's lock file;
 the lock when the process exits, even on kill -9. A slot nobody holds that still has an LMDB
 environment is an orphan: `find_orphans` lists them, another process claims one with
 `claim_path` and flushes it (receiver/adoption.py), then `ClaimedSlot.remove()`s it.
-flock() needs a local filesystem (not NFS).
+flock() needs a local filesystem (not NFS). Taking, reading and dropping the lock file is the
+client library's code (`msgbus_client.lockfile`, which a client spool's lock uses too): the
+receiver imports it, besides the core; the client imports nothing of the repository.
 """
 
 from __future__ import annotations
