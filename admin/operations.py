@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Path, Query, Response
 
-from admin.deps import Claims, Replays, Shares, Store, Users
+from admin.deps import Claims, Replays, Service, Shares, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.params import DestinationCode, GeneratedId, Limit, SubscriptionName
 from admin.schemas import DiscardIn, OperatorIn, RedriveIn, ReplayIn
@@ -112,7 +112,8 @@ async def discard_parked(code: DestinationCode, name: SubscriptionName, body: Di
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/test")
 async def test_push(code: DestinationCode, name: SubscriptionName, who: AsOperator,
-                    store: Store, users: Users, shares: Shares) -> dict[str, Any]:
+                    store: Store, users: Users, shares: Shares,
+                    service: Service) -> dict[str, Any]:
     """Push a signed test message to the subscriber now (not through a broker, not
     recorded on any trace, within the subscription's max_concurrency like every push);
     answers what the subscriber said and how fast."""
@@ -129,7 +130,7 @@ async def test_push(code: DestinationCode, name: SubscriptionName, who: AsOperat
         raise Unavailable(f"every slot of {sub.id}'s max_concurrency stayed in use for "
                           f"{TEST_PUSH_SLOT_WAIT_S:.0f} s; try again", retry_after_s=5
                           ) from None
-    sender = make_sender("h1", instance="admin-test")
+    sender = make_sender("h1", instance="admin-test", push=service.settings.push)
     try:
         await sender.start()
         if sub.batched:  # a subscriber that takes batches always gets the batch format

@@ -61,13 +61,14 @@ async def _phase(phase: str, url: str, *, concurrency: int, batch: int, warmup_s
     from msgbus.delivery.senders import make_sender
     from msgbus.delivery.slots import AdjustableSlots
     from msgbus.models import DeliveryOutcome, Envelope, Subscription
+    from msgbus.settings import PushSettings
 
     sub = Subscription(destination="bench", name=phase, url=url,  # type: ignore[arg-type]
                        max_concurrency=concurrency,
                        batch_max_messages=batch if phase == "batch" else None,
                        batch_max_wait_ms=20)
     limiter = SubscriptionLimiter(sub.id, AdjustableSlots(concurrency), CircuitBreaker(sub.id))
-    sender = make_sender("h1", instance=f"bench-{phase}")
+    sender = make_sender("h1", instance=f"bench-{phase}", push=PushSettings())
     await sender.start()
     loop = asyncio.get_running_loop()
     window_start = loop.time() + warmup_s

@@ -150,8 +150,9 @@ async def _pusher(target: str, url: str,
 
     from msgbus.delivery.senders import make_sender
     from msgbus.models import Envelope, Subscription
+    from msgbus.settings import PushSettings
 
-    sender = make_sender(target, instance=f"bench-{target}")
+    sender = make_sender(target, instance=f"bench-{target}", push=PushSettings())
     await sender.start()
     subscription = Subscription(destination="bench", name="senders", url=url,  # type: ignore[arg-type]
                                 max_concurrency=min(concurrency, 1024))

@@ -33,7 +33,8 @@ class CompensatorService:
         self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="compensator")
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
         self.claims = DeliveryClaims(self.store, self.instance)
-        self.sender = make_sender(settings.http_client, instance=self.instance)
+        self.sender = make_sender(settings.http_client, instance=self.instance,
+                                  push=settings.push)
         self.sweeper = Sweeper(self.claims, PendingSweep(self.store), self.registry.subscriptions,
                                settings, ready=self.store.gate.wait_available)
         self.shares = CapShares(ShareStore(self.store), instance=self.instance,

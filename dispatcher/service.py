@@ -52,7 +52,8 @@ class DispatcherService:
                                        max_bytes=TRACE_BUFFER_MAX_BYTES)
         self.trace = TraceWriter(self.trace_buffer, self.store,
                                  batch_size=settings.trace_batch_size)
-        self.sender = make_sender(settings.http_client, instance=self.instance)
+        self.sender = make_sender(settings.http_client, instance=self.instance,
+                                  push=settings.push)
         self.delivered = DeliveredCheck(self.store, after_s=settings.check_delivered_after_s)
         self.shares = CapShares(ShareStore(self.store), instance=self.instance,
                                 component="dispatcher", heartbeat_s=conn.share_heartbeat_s,

@@ -102,7 +102,8 @@ class ConnectionSettings(BaseSettings):
 
 
 class PushSettings(BaseSettings):
-    """What every push client (dispatcher, compensator, the admin's test push) shares."""
+    """What every push client (dispatcher, compensator, the admin's test push) shares: the
+    `push` of their settings, built with them at the entry point."""
 
     model_config = SettingsConfigDict(env_prefix="MSGBUS_PUSH_", extra="ignore")
 
@@ -213,6 +214,7 @@ class DispatcherSettings(BaseSettings):
     http_client: HttpClient = "h1"
     # How often the brokers' own health (dispatcher/brokerhealth.py) is read; 0: never.
     broker_health_interval_s: float = Field(default=30.0, ge=0)
+    push: PushSettings = Field(default_factory=PushSettings)
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 
 
@@ -240,6 +242,7 @@ class CompensatorSettings(BaseSettings):
     settle_interval_s: float = Field(default=5.0, gt=0)
     stats_interval_s: float = 15.0  # the retries-due / parked / oldest-retry gauges
     replay_poll_s: float = 2.0  # how often idle compensators look for replay jobs to run
+    push: PushSettings = Field(default_factory=PushSettings)
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 
 
@@ -256,6 +259,7 @@ class AdminSettings(BaseSettings):
     # random one per process (sessions then end when the admin restarts).
     session_secret: SecretStr = SecretStr("")
     session_ttl_s: float = 8 * 3600
+    push: PushSettings = Field(default_factory=PushSettings)  # the test push's
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 
 

@@ -8,15 +8,15 @@ from msgbus.delivery.sender import SENDER_KINDS, Sender
 from msgbus.settings import PushSettings
 
 
-def make_sender(kind: str, *, instance: str, max_connections: int = 1000,
-                answer_keep_bytes: int | None = None) -> Sender:
-    """The sender named by `kind` ("h1", the default, or "aiohttp"), not started yet.
-    `answer_keep_bytes`: default MSGBUS_PUSH_ANSWER_KEEP_BYTES."""
-    keep = PushSettings().answer_keep_bytes if answer_keep_bytes is None else answer_keep_bytes
+def make_sender(kind: str, *, instance: str, push: PushSettings,
+                max_connections: int = 1000) -> Sender:
+    """The sender named by `kind` ("h1", the default, or "aiohttp"), not started yet. `push`:
+    what every push client shares (MSGBUS_PUSH_*), built at the entry point with the settings
+    of the service that pushes (their `push`)."""
     if kind == "h1":
         return H1Sender(instance=instance, max_connections=max_connections,
-                        answer_keep_bytes=keep)
+                        answer_keep_bytes=push.answer_keep_bytes)
     if kind == "aiohttp":
         return AiohttpSender(instance=instance, max_connections=max_connections,
-                             answer_keep_bytes=keep)
+                             answer_keep_bytes=push.answer_keep_bytes)
     raise ValueError(f"unknown HTTP client {kind!r}; choose from {', '.join(SENDER_KINDS)}")

@@ -19,6 +19,7 @@ from msgbus.delivery.senders import make_sender
 from msgbus.delivery.signing import sign
 from msgbus.ids import uuid7
 from msgbus.models import Envelope, Subscription
+from msgbus.settings import PushSettings
 
 HOST = "127.0.0.1"
 SLOW_ANSWER_S = 1.0
@@ -79,7 +80,7 @@ async def server() -> AsyncIterator[Server]:
 
 @pytest.fixture(params=["aiohttp", "h1"])
 async def sender(request: pytest.FixtureRequest) -> AsyncIterator[Sender]:
-    sender = make_sender(request.param, instance="test-1")
+    sender = make_sender(request.param, instance="test-1", push=PushSettings())
     await sender.start()
     yield sender
     await sender.close()
@@ -181,7 +182,7 @@ async def test_a_failed_batch_fails_each_of_its_messages(server: Server, sender:
 
 def test_unknown_client_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown HTTP client"):
-        make_sender("requests", instance="x")
+        make_sender("requests", instance="x", push=PushSettings())
 
 
 async def test_a_failed_push_keeps_the_first_bytes_of_the_answer_a_2xx_none(
@@ -203,7 +204,7 @@ async def test_a_failed_push_keeps_the_first_bytes_of_the_answer_a_2xx_none(
 
 async def test_no_answer_is_kept_with_a_keep_of_zero(server: Server) -> None:
     for kind_name in ("h1", "aiohttp"):
-        sender = make_sender(kind_name, instance="t", answer_keep_bytes=0)
+        sender = make_sender(kind_name, instance="t", push=PushSettings(answer_keep_bytes=0))
         await sender.start()
         try:
             failed = await sender.push(envelope(), subscription(f"{server.url}/long"), 1)
