@@ -166,7 +166,7 @@ def test_resend_plan_waits_out_the_backoff_and_gives_up_a_flush_it_would_overrun
         assert plan.next_wait() is None
         health.record_success()
         plan.flush_for(0)
-        time.sleep(0.001)
+        time.sleep(0.001)  # the clock moving past the deadline is the scenario
         assert plan.next_wait() is None  # the deadline has passed
     finally:
         spool.close()

@@ -81,7 +81,7 @@ async def test_waiters_resume_when_the_probe_finds_mongodb_back(
     tcp.close()
     await _insert(store, 0)
     waiter = asyncio.create_task(store.gate.wait_available())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: the waiter runs into its wait, and stays there
     assert not waiter.done()
     tcp.open()
     await asyncio.wait_for(waiter, 15)

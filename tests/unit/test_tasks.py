@@ -115,7 +115,7 @@ def test_cancel_and_wait_reraises_a_failure_other_than_the_cancellation() -> Non
                 raise RuntimeError("cleanup failed") from None
 
         task = asyncio.create_task(fails_on_cancel())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn: the task runs into its sleep(10)
         await tasks.cancel_and_wait(task, None)
 
     with pytest.raises(RuntimeError, match="cleanup failed"):
