@@ -314,8 +314,13 @@ async def test_a_rebalance_waits_for_what_was_handed_out_so_nobody_gets_it_again
     await first.start()
     try:
         held: list[Received] = []
-        while len(held) < 10:
-            held += await first.receive(10 - len(held), 1.0)
+
+        async def ten_held() -> bool:
+            held.extend(await first.receive(10 - len(held), 1.0))  # waits up to 1 s itself
+            return len(held) >= 10
+
+        await eventually_async(ten_held, 30, "10 messages held by the first consumer",
+                               interval_s=0)
         await eventually_async(lambda: first.buffered > 0, 15)
         await second.start()
         # its revoke began: the buffer went back
