@@ -23,7 +23,7 @@ from msgbus.delivery.shares import CapShares
 from msgbus.models import BrokerKind, Envelope, Subscription
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
-from msgbus.tasks import cancel_and_wait
+from msgbus.tasks import PeriodicWork
 
 log = logging.getLogger(__name__)
 
@@ -76,20 +76,20 @@ class WorkerSupervisor:
         # by subscription id: its version (what needs a new worker), the kinds it consumes
         self._workers: dict[str, tuple[str, list[Consumed], SubscriptionWorker]] = {}
         self._lock = asyncio.Lock()
-        self._resync: asyncio.Task[None] | None = None
+        self._resync = PeriodicWork()
+        self._resync.every(RESYNC_S, self._sync_again, what="supervisor resync",
+                           first_pause=True)
         registry.on_change(self.sync)
 
     async def start(self) -> None:
         await self.sync()
-        self._resync = asyncio.create_task(self._resync_loop(), name="supervisor-resync")
+        self._resync.start()
 
-    async def _resync_loop(self) -> None:
-        while True:
-            await asyncio.sleep(RESYNC_S)
-            try:
-                await self.sync()
-            except Exception:  # the loop never dies
-                log.exception("re-syncing the workers failed")
+    async def _sync_again(self) -> None:
+        try:
+            await self.sync()
+        except Exception:
+            log.exception("re-syncing the workers failed")
 
     def _wanted(self) -> dict[str, tuple[Subscription, list[Consumed]]]:
         wanted = {}
@@ -167,7 +167,7 @@ class WorkerSupervisor:
         return {sub_id: entry[2].paused_partitions for sub_id, entry in self._workers.items()}
 
     async def close(self) -> None:
-        await cancel_and_wait(self._resync)
+        await self._resync.close()
         async with self._lock:
             await asyncio.gather(*(self._stop(s) for s in list(self._workers)))
 

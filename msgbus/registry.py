@@ -13,7 +13,6 @@ the saved one until MongoDB answers: a dispatcher restarted during an outage kee
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -30,7 +29,7 @@ from msgbus.errors import InvalidStoredDocument, MongoUnavailable, NotFound, Una
 from msgbus.models import Destination, PayloadSchema, RuntimeConfig, Subscription
 from msgbus.store import MongoStore
 from msgbus.store.schemas import SchemaStore
-from msgbus.tasks import cancel_and_wait
+from msgbus.tasks import PeriodicWork
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,10 @@ class Registry:
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._runtime = RuntimeConfig()
         self._listeners: list[ChangeListener] = []
-        self._task: asyncio.Task[None] | None = None
+        # meanwhile, and while MongoDB's gate is closed: the last configuration
+        self._refresh = PeriodicWork()
+        self._refresh.every(refresh_s, self._refresh_once, what="registry refresh",
+                            ready=store.gate.wait_available, first_pause=True)
         self._misses: dict[str, float] = {}  # code -> when to look it up again
         # monotonic time of the last read of MongoDB that is served and acted on (listeners
         # done): a change written before it is in effect here
@@ -82,10 +84,10 @@ class Registry:
             log.warning("registry: MongoDB is unreachable (%s); retrying every %.1fs",
                         type(exc).__name__, self._refresh_s)
             await self._load_snapshot()
-        self._task = asyncio.create_task(self._refresh_loop(), name="registry-refresh")
+        self._refresh.start()
 
     async def close(self) -> None:
-        await cancel_and_wait(self._task)
+        await self._refresh.close()
 
     async def reload(self) -> None:
         read_at = time.monotonic()
@@ -185,17 +187,14 @@ class Registry:
         if self._apply(destinations, subscriptions, runtime):
             await self._notify()
 
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._refresh_s)
-            await self._store.gate.wait_available()  # meanwhile: the last configuration
-            try:
-                await self.reload()
-            except MongoUnavailable as exc:
-                log.warning("registry refresh: %s; keeping the last configuration", exc)
-            except Exception:  # MongoDB down: keep serving the last known configuration
-                log.warning("registry refresh failed; keeping the last configuration",
-                            exc_info=True)
+    async def _refresh_once(self) -> None:
+        try:
+            await self.reload()
+        except MongoUnavailable as exc:
+            log.warning("registry refresh: %s; keeping the last configuration", exc)
+        except Exception:  # MongoDB down: keep serving the last known configuration
+            log.warning("registry refresh failed; keeping the last configuration",
+                        exc_info=True)
 
     async def destination(self, code: str) -> Destination:
         """The destination. One not known yet is looked up in MongoDB, at most once a second

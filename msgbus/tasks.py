@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -50,60 +51,105 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None, every_s: float = 1
             task.result()
 
 
-async def periodically(job: Callable[[], Awaitable[object]], interval_s: float, *, what: str,
+Interval = float | Callable[[], float]  # seconds, or a function that says them at each pause
+
+
+async def periodically(job: Callable[[], Awaitable[object]], interval_s: Interval, *, what: str,
                        max_busy: float = 1.0, max_pause_s: float | None = None,
-                       ready: Callable[[], Awaitable[object]] | None = None) -> None:
-    """Runs `job` every `interval_s` until cancelled; a failure (MongoDB down) is logged and the
-    job runs again next time. With `max_busy` below 1 the pause after a pass grows with the
-    pass, so the job takes at most that share of the time: a gauge whose queries read a large
-    backlog, or wait behind a busy MongoDB server, then backs off instead of adding to it; but
-    it pauses at most `max_pause_s` (default: 4 intervals), so a gauge never goes stale for
-    long. With `ready` (a MongoDB gate's `wait_available`), a pass starts only once it returns."""
-    longest_s = 4 * interval_s if max_pause_s is None else max_pause_s
-    while True:
+                       ready: Callable[[], Awaitable[object]] | None = None,
+                       wake: asyncio.Event | None = None, first_pause: bool = False,
+                       again_while_busy: bool = False,
+                       closing: asyncio.Event | None = None) -> None:
+    """Runs `job` every `interval_s` until cancelled (or `closing` is set); a failure (MongoDB
+    down) is logged and the job runs again next time. With `max_busy` below 1 the pause after a
+    pass grows with the pass, so the job takes at most that share of the time: a gauge whose
+    queries read a large backlog, or wait behind a busy MongoDB server, then backs off instead
+    of adding to it; but it pauses at most `max_pause_s` (default: 4 intervals), so a gauge
+    never goes stale for long. With `ready` (a MongoDB gate's `wait_available`), a pass starts
+    only once it returns. `wake`, when set, ends a pause at once (it is cleared then).
+    `first_pause`: the first pass comes after an interval, not at once. `again_while_busy`: a
+    pass that returns a true value (it found work) is followed by the next at once."""
+    if first_pause:
+        await _pause(_seconds(interval_s), wake)
+    while closing is None or not closing.is_set():
         if ready is not None:
             await ready()
         began = time.monotonic()
         try:
-            await job()
+            busy = await job()
         except Exception as exc:
             log.warning("%s failed: %s", what, exc)
+            busy = False
+        if again_while_busy and busy:
+            continue
         took = time.monotonic() - began
-        await asyncio.sleep(max(interval_s,
-                                min(longest_s, took * (1 - max_busy) / max_busy)))
+        every_s = _seconds(interval_s)
+        longest_s = 4 * every_s if max_pause_s is None else max_pause_s
+        await _pause(max(every_s, min(longest_s, took * (1 - max_busy) / max_busy)), wake)
+
+
+def _seconds(interval_s: Interval) -> float:
+    return interval_s() if callable(interval_s) else interval_s
+
+
+async def _pause(seconds: float, wake: asyncio.Event | None) -> None:
+    if wake is None:
+        await asyncio.sleep(seconds)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(wake.wait(), seconds)
+    wake.clear()
 
 
 @dataclass(frozen=True, slots=True)
 class _Job:
     run: Callable[[], Awaitable[object]]
-    interval_s: float
+    interval_s: Interval
     what: str
     max_busy: float
     ready: Callable[[], Awaitable[object]] | None
+    wake: asyncio.Event
+    first_pause: bool
+    again_while_busy: bool
 
 
 class PeriodicWork:
     """A part whose work is jobs run every so often (`periodically`), from `start()` until
-    `close()`: a subclass names them with `every()` when it is made."""
+    `close()`: a subclass names them with `every()` when it is made (a part whose start or
+    close does more holds one instead). `_closing` is set by `close()`: a pass that may take
+    long watches it to end early."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, close_grace_s: float = 0.0) -> None:
+        """`close_grace_s`: how long a pass under way at `close()` may take to end (it sees
+        `_closing`) before it is cancelled."""
         self._jobs: list[_Job] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing = asyncio.Event()
+        self._close_grace_s = close_grace_s
 
-    def every(self, interval_s: float, job: Callable[[], Awaitable[object]], *, what: str,
-              max_busy: float = 1.0, ready: Callable[[], Awaitable[object]] | None = None
-              ) -> None:
-        """`ready`: see `periodically` (the jobs that read or write MongoDB wait for its
-        gate)."""
-        self._jobs.append(_Job(job, interval_s, what, max_busy, ready))
+    def every(self, interval_s: Interval, job: Callable[[], Awaitable[object]], *, what: str,
+              max_busy: float = 1.0, ready: Callable[[], Awaitable[object]] | None = None,
+              wake: asyncio.Event | None = None, first_pause: bool = False,
+              again_while_busy: bool = False) -> None:
+        """See `periodically` (the jobs that read or write MongoDB wait for its gate with
+        `ready`). `what` names the job in its log lines and its task."""
+        self._jobs.append(_Job(job, interval_s, what, max_busy, ready,
+                               asyncio.Event() if wake is None else wake, first_pause,
+                               again_while_busy))
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(
             periodically(job.run, job.interval_s, what=job.what, max_busy=job.max_busy,
-                         ready=job.ready),
+                         ready=job.ready, wake=job.wake, first_pause=job.first_pause,
+                         again_while_busy=job.again_while_busy, closing=self._closing),
             name=job.what.replace(" ", "-")) for job in self._jobs]
 
     async def close(self) -> None:
+        self._closing.set()
+        for job in self._jobs:
+            job.wake.set()  # ends its pause: a loop that lost its cancellation stops at once
+        if self._close_grace_s > 0 and self._tasks:
+            await asyncio.wait(self._tasks, timeout=self._close_grace_s)
         await cancel_and_wait(*self._tasks)
 
 

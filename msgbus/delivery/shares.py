@@ -48,7 +48,7 @@ from msgbus.errors import MongoUnavailable
 from msgbus.metrics import CAP_SHARE, CIRCUIT_OPEN, RATE_SHARE
 from msgbus.models import Subscription
 from msgbus.store.shares import ShareStore
-from msgbus.tasks import cancel_and_wait
+from msgbus.tasks import PeriodicWork
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,10 @@ def demand_changed(recorded: int, now: int) -> bool:
     return abs(now - recorded) >= max(1, recorded // 4)
 
 
-class CapShares:
+class CapShares(PeriodicWork):
     def __init__(self, store: ShareStore, *, instance: str, component: str,
                  heartbeat_s: float, lease_s: float, health_url: str | None = None) -> None:
+        super().__init__()
         self._store = store
         self.instance = f"{component}:{instance}"
         # advertised with every beat: where the admin's Services panel reads this process's
@@ -133,10 +134,11 @@ class CapShares:
         self._leaving: set[str] = set()  # limits whose entry is to be removed
         self._pushers_seen: dict[str, int] = {}  # processes sharing each limit, last seen
         self._breakers: dict[str, CircuitBreaker] = {}  # by subscription id
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # a push waits with no slot at all: beat now
         self._lease_until = 0.0  # monotonic: when this process's lease ends unless renewed
         self._outage: str | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.every(self._next_beat_in_s, self._heartbeat, what=f"cap shares {component}",
+                   wake=self._wake, first_pause=True)
 
     def slots(self, sub_id: str, cap: int) -> AdjustableSlots:
         """This process's slots of the subscription's concurrency (one object, whichever part
@@ -201,32 +203,26 @@ class CapShares:
                 self._leaving.add(key)
                 self._wake.set()
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name=f"cap-shares-{self._component}")
-
     async def close(self) -> None:
-        await cancel_and_wait(self._task)
+        await super().close()
         with contextlib.suppress(PyMongoError, TimeoutError):
             await asyncio.wait_for(self._store.leave(self.instance), self._heartbeat_s)
 
-    async def _loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._next_beat_in_s())
-            self._wake.clear()
-            try:
-                # a beat still running when the lease ends would leave this process pushing
-                # with a share the others may have taken back: it ends there
-                now = time.monotonic()
-                ends = self._lease_until if self._lease_until > now else now + self._lease_s
-                async with self._store.gate.guard("cap shares", ends - now):
-                    await self.beat()
-                self._mongo_back()
-            except (PyMongoError, MongoUnavailable) as exc:
-                self._mongo_lost(exc)
-            except Exception:  # a bug must not end the shares: the cap would freeze
-                log.exception("cap shares: a heartbeat failed")
-            await asyncio.sleep(self._heartbeat_s * MIN_BEAT_GAP_SHARE)
+    async def _heartbeat(self) -> None:
+        try:
+            # a beat still running when the lease ends would leave this process pushing
+            # with a share the others may have taken back: it ends there
+            now = time.monotonic()
+            ends = self._lease_until if self._lease_until > now else now + self._lease_s
+            async with self._store.gate.guard("cap shares", ends - now):
+                await self.beat()
+            self._mongo_back()
+        except (PyMongoError, MongoUnavailable) as exc:
+            self._mongo_lost(exc)
+        except Exception:  # a bug must not end the shares: the cap would freeze
+            log.exception("cap shares: a heartbeat failed")
+        # before the next pause: `_wake` starts a beat at most this often
+        await asyncio.sleep(self._heartbeat_s * MIN_BEAT_GAP_SHARE)
 
     def _next_beat_in_s(self) -> float:
         """Sooner while a limit holds pushes back that its cap would allow: the room the

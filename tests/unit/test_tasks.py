@@ -1,6 +1,8 @@
 """msgbus.tasks: a periodic job runs again after its interval, survives its failures, and
-with a busy share backs off after slow passes instead of adding to the load that slows them; a
-service's close says which step hangs, and stops a loop even if it lost its cancellation."""
+with a busy share backs off after slow passes instead of adding to the load that slows them; it
+may wait an interval first, be woken, and go again at once while it finds work; its close
+cancels a pass under way or gives it a grace to end. A service's close says which step hangs,
+and stops a loop even if it lost its cancellation."""
 
 from __future__ import annotations
 
@@ -120,3 +122,51 @@ def test_cancel_and_wait_reraises_a_failure_other_than_the_cancellation() -> Non
 
     with pytest.raises(RuntimeError, match="cleanup failed"):
         asyncio.run(scenario())
+
+
+def test_a_job_may_wait_an_interval_first_be_woken_and_go_again_at_once_while_busy() -> None:
+    async def scenario() -> list[str]:
+        passes: list[str] = []
+        wake = asyncio.Event()
+
+        async def job() -> bool:  # busy (work found) twice, then idle
+            passes.append("pass")
+            return len(passes) < 3
+
+        work = tasks.PeriodicWork()
+        work.every(60.0, job, what="poll", wake=wake, first_pause=True, again_while_busy=True)
+        work.start()
+        await asyncio.sleep(0.05)
+        waited_first = list(passes)
+        wake.set()
+        await eventually_async(lambda: len(passes) == 3, 5, "three passes on one wake",
+                               interval_s=0.01)
+        await asyncio.sleep(0.05)  # idle now: the next pass waits its interval
+        await work.close()
+        return [*waited_first, "woken", *passes]
+
+    assert asyncio.run(scenario()) == ["woken", "pass", "pass", "pass"]
+
+
+@pytest.mark.parametrize("grace_s", [0.0, 5.0])
+def test_close_cancels_a_pass_under_way_unless_it_has_a_grace_to_end(grace_s: float) -> None:
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        work = tasks.PeriodicWork(close_grace_s=grace_s)
+
+        async def job() -> None:
+            seen.append("began")
+            try:
+                await work._closing.wait()  # a long pass that watches the close
+                seen.append("ended")
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+
+        work.every(60.0, job, what="long pass")
+        work.start()
+        await eventually_async(lambda: seen, 5, "the pass begun", interval_s=0.01)
+        await asyncio.wait_for(work.close(), 5)
+        return seen
+
+    assert asyncio.run(scenario()) == ["began", "ended" if grace_s else "cancelled"]
