@@ -31,7 +31,7 @@ from msgbus.settings import CompensatorSettings
 from msgbus.store import MongoStore
 from msgbus.store.documents import envelope_from_doc
 from msgbus.store.replays import ReplayStore
-from msgbus.tasks import cancel_and_wait
+from msgbus.tasks import PeriodicWork
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,10 @@ BASE_LEASE_S = 60.0
 ERROR_PAUSE_S = 2.0
 
 
-class ReplayRunner:
+class ReplayRunner(PeriodicWork):
     def __init__(self, store: MongoStore, registry: Registry, sender: Sender,
                  settings: CompensatorSettings, shares: CapShares, *, owner: str) -> None:
+        super().__init__()
         self._store = store
         self._shares = shares
         self.jobs = ReplayStore(store)
@@ -50,33 +51,27 @@ class ReplayRunner:
         self._sender = sender
         self._settings = settings
         self._owner = owner
-        self._closing = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._indexed = False
+        self.every(settings.replay_poll_s, self._run_next, what="replays",
+                   again_while_busy=True)
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="replays")
-
-    async def close(self) -> None:
-        self._closing.set()
-        await cancel_and_wait(self._task)
-
-    async def _loop(self) -> None:
-        await self.jobs.ensure_indexes()
-        while not self._closing.is_set():
-            try:
-                job = await self.jobs.claim_running(self._owner, BASE_LEASE_S)
-                if job is not None:
-                    await ReplayJobRun(job, self.jobs, self._store, self._registry,
-                                       self._sender, self._shares, owner=self._owner,
-                                       closing=self._closing).run()
-                    continue
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("replays: running a job failed; trying again")
-                await asyncio.sleep(ERROR_PAUSE_S)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), self._settings.replay_poll_s)
+    async def _run_next(self) -> bool:
+        """Runs the next job that is to run, if any; True when it ran one (the next is looked
+        for at once)."""
+        if not self._indexed:
+            await self.jobs.ensure_indexes()
+            self._indexed = True
+        try:
+            job = await self.jobs.claim_running(self._owner, BASE_LEASE_S)
+            if job is None:
+                return False
+            await ReplayJobRun(job, self.jobs, self._store, self._registry, self._sender,
+                               self._shares, owner=self._owner, closing=self._closing).run()
+            return True
+        except Exception:
+            log.exception("replays: running a job failed; trying again")
+            await asyncio.sleep(ERROR_PAUSE_S)
+            return False
 
 
 class ReplayJobRun:

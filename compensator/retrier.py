@@ -26,6 +26,7 @@ from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
 from msgbus.settings import CompensatorSettings
 from msgbus.store import MongoStore
 from msgbus.store.claims import ClaimedDelivery, DeliveryClaims
+from msgbus.tasks import PeriodicWork
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +34,16 @@ MISSING_MESSAGE_DELAY_S = 30.0  # its record may still be on its way from a rece
 LEASE_MARGIN_S = 1.0  # a push must be able to end (timeout) this long before the lease does
 ERROR_PAUSE_S = 1.0
 CLAIM_TIMEOUT_S = 10.0  # a claim and its messages' records: a few round trips
+# at close, pushes under way finish within this long; claimed deliveries not pushed yet are
+# given back at once
+CLOSE_GRACE_S = 10.0
 
 
-class SubscriptionRetrier:
+class SubscriptionRetrier(PeriodicWork):
     def __init__(self, subscription_id: str, current: Callable[[], Subscription | None],
                  claims: DeliveryClaims, store: MongoStore, sender: Sender,
                  settings: CompensatorSettings, shares: CapShares) -> None:
+        super().__init__(close_grace_s=CLOSE_GRACE_S)
         self.subscription_id = subscription_id
         self._shares = shares
         self._current = current  # the subscription as configured now (None: deleted)
@@ -48,41 +53,23 @@ class SubscriptionRetrier:
         self._settings = settings
         self._limiter: SubscriptionLimiter | None = None
         self._limits: tuple[Any, ...] = ()
-        self._closing = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self.every(settings.scan_interval_s, self._retry_pass, what=f"retry {subscription_id}",
+                   again_while_busy=True)
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name=f"retry-{self.subscription_id}")
-
-    async def close(self, grace_s: float = 10.0) -> None:
-        """Pushes under way finish (within `grace_s`); claimed deliveries not pushed yet are
-        given back at once."""
-        self._closing.set()
-        if self._task is not None:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._task), grace_s)
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while not self._closing.is_set():
-            sub = self._current()
-            try:
-                pushed = await self.retry_due(sub) if sub is not None and not sub.paused else 0
-            except asyncio.CancelledError:
-                raise
-            except MongoUnavailable as exc:
-                log.warning("%s: retries wait for MongoDB (%s)", self.subscription_id, exc)
-                await self._until_mongo_answers()
-                pushed = 0
-            except Exception:
-                log.exception("%s: retrying failed deliveries failed; trying again",
-                              self.subscription_id)
-                pushed = 0
-                await self._pause(ERROR_PAUSE_S)
-            if not pushed:
-                await self._pause(self._settings.scan_interval_s)
+    async def _retry_pass(self) -> bool:
+        """One claim of due retries; True when it claimed some (the next claim comes at
+        once)."""
+        sub = self._current()
+        try:
+            return sub is not None and not sub.paused and bool(await self.retry_due(sub))
+        except MongoUnavailable as exc:
+            log.warning("%s: retries wait for MongoDB (%s)", self.subscription_id, exc)
+            await self._until_mongo_answers()
+        except Exception:
+            log.exception("%s: retrying failed deliveries failed; trying again",
+                          self.subscription_id)
+            await self._pause(ERROR_PAUSE_S)
+        return False
 
     async def _until_mongo_answers(self) -> None:
         """Until the store's gate opens (its probe looks for MongoDB) or the loop closes."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from msgbus.localqueue import LocalQueue
-from msgbus.tasks import cancel_and_wait
+from msgbus.tasks import PeriodicWork
 from receiver.bufferslots import ClaimedSlot, claim_path, find_orphans, sweep_removed
 from receiver.pipeline import IngestPipeline
 
@@ -27,37 +27,29 @@ BufferOpener = Callable[[Path], LocalQueue]
 PipelineFactory = Callable[[LocalQueue], IngestPipeline]
 
 
-class OrphanAdopter:
+class OrphanAdopter(PeriodicWork):
+    """Scans from `start()` until `close()`; a slot being flushed at close is released as it
+    is, for the next adopter."""
+
     def __init__(
         self, root: Path, open_buffer: BufferOpener, make_pipeline: PipelineFactory, *,
         scan_s: float, min_idle_s: float, poll_s: float = 0.2, progress_every_s: float = 10.0,
     ) -> None:
+        super().__init__()
         self.root = root
         self._open_buffer = open_buffer
         self._make_pipeline = make_pipeline
-        self._scan_s = scan_s
         self._min_idle_s = min_idle_s
         self._poll_s = poll_s
         self._progress_every_s = progress_every_s
-        self._task: asyncio.Task[None] | None = None
         self.adopted = 0  # slots flushed and removed by this adopter
+        self.every(scan_s, self._scan, what="adopt orphaned buffers")
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="adopt-orphaned-buffers")
-
-    async def close(self) -> None:
-        """Stop; a slot being flushed is released as it is, for the next adopter."""
-        await cancel_and_wait(self._task)
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.scan_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a disk or LMDB error on one slot: try again at the next scan
-                log.exception("scanning %s for orphaned buffers failed", self.root)
-            await asyncio.sleep(self._scan_s)
+    async def _scan(self) -> None:
+        try:
+            await self.scan_once()
+        except Exception:  # a disk or LMDB error on one slot: try again at the next scan
+            log.exception("scanning %s for orphaned buffers failed", self.root)
 
     async def scan_once(self) -> int:
         """Adopt every orphan found now, one after the other; returns how many were flushed."""
