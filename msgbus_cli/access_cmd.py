@@ -57,9 +57,7 @@ def users_set(client: AdminClient, name: str, role: str | None, password_stdin: 
 @YES_OPTION
 def users_delete(client: AdminClient, name: str, yes: bool) -> None:
     """Delete user NAME."""
-    if not yes:
-        click.confirm(f"Delete user {name}?", abort=True)
-    client.call("DELETE", f"/v1/users/{name}")
+    client.call_confirmed(yes, f"Delete user {name}?", "DELETE", f"/v1/users/{name}")
     client.show({"deleted": name}, f"deleted user {name}")
 
 
@@ -142,9 +140,8 @@ def apps_add_key(client: AdminClient, name: str) -> None:
 @YES_OPTION
 def apps_revoke_keys(client: AdminClient, name: str, yes: bool) -> None:
     """Every key of app NAME stops working within 30 s."""
-    if not yes:
-        click.confirm(f"Revoke every key of app {name}?", abort=True)
-    client.call("DELETE", f"/v1/apps/{name}/keys")
+    client.call_confirmed(yes, f"Revoke every key of app {name}?",
+                          "DELETE", f"/v1/apps/{name}/keys")
     client.show({"revoked": name}, f"revoked every key of {name}")
 
 

@@ -60,6 +60,13 @@ class AdminClient:
             return None
         return response.json()
 
+    def call_confirmed(self, yes: bool, question: str, method: str, path: str,
+                       **kwargs: Any) -> Any:
+        """`call`, once the user confirmed `question` (at once with --yes)."""
+        if not yes:
+            click.confirm(question, abort=True)
+        return self.call(method, path, **kwargs)
+
     def show(self, answer: Any, text: Callable[[Any], str] | str | None = None) -> None:
         """Print `answer` as JSON, or as `text` (a string, or made from the answer)."""
         if self.json:
@@ -68,6 +75,14 @@ class AdminClient:
             click.echo(text(answer))
         elif text is not None:
             click.echo(text)
+
+    def show_rows(self, answer: Any, rows: Sequence[dict[str, Any]], columns: Sequence[str],
+                  empty: str = "none") -> None:
+        """Print the whole `answer` as JSON, or `rows` of it as a table."""
+        if self.json:
+            print_json(answer)
+        else:
+            self.show_table(rows, columns, empty)
 
     def show_table(self, rows: Sequence[dict[str, Any]], columns: Sequence[str],
                    empty: str = "none") -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import click
 import orjson
 
-from msgbus_cli.admin_client import BY_OPTION, YES_OPTION, AdminClient, admin_options
+from msgbus_cli.admin_client import BY_OPTION, YES_OPTION, AdminClient, F, admin_options
 from msgbus_cli.schema_cmd import schema
 
 SUBSCRIPTION_COLUMNS = ("destination", "name", "url", "paused", "max_concurrency", "max_rate_per_s",
@@ -100,9 +100,9 @@ def destination_put(client: AdminClient, code: str, from_file: Path | None,
 def destination_delete(client: AdminClient, code: str, yes: bool) -> None:
     """Delete the destination and its subscriptions; remove its topics, exchanges, groups and
     queues (records stay)."""
-    if not yes:
-        click.confirm(f"Delete destination {code} and every subscription of it?", abort=True)
-    answer = client.call("DELETE", f"/v1/destinations/{code}")
+    answer = client.call_confirmed(
+        yes, f"Delete destination {code} and every subscription of it?",
+        "DELETE", f"/v1/destinations/{code}")
     client.show(answer, lambda a: f"deleted {a['deleted']} and {len(a['subscriptions'])} "
                                   "subscription(s); its broker resources go within a minute")
 
@@ -130,6 +130,11 @@ def _current_subscription(client: AdminClient, code: str, name: str) -> dict[str
     return next((s for s in found if s["name"] == name), {})
 
 
+def _subscription_args(command: F) -> F:
+    """DESTINATION NAME: the subscription a command acts on."""
+    return click.argument("code", metavar="DESTINATION")(click.argument("name")(command))
+
+
 @subscription.command("list")
 @admin_options
 @click.argument("destination", required=False)
@@ -142,8 +147,7 @@ def subscription_list(client: AdminClient, destination: str | None) -> None:
 
 @subscription.command("put")
 @admin_options
-@click.argument("code")
-@click.argument("name")
+@_subscription_args
 @click.option("--url", help="The subscriber's endpoint (http or https).")
 @click.option("--max-concurrency", type=int, help="Pushes at once, all processes together.")
 @click.option("--max-rate", "max_rate_per_s", type=int, help="Pushes per second at most.")
@@ -196,8 +200,7 @@ for _action in ("pause", "resume"):
 
 @subscription.command("test")
 @admin_options
-@click.argument("code")
-@click.argument("name")
+@_subscription_args
 def subscription_test(client: AdminClient, code: str, name: str) -> None:
     """Push a signed test message to the subscriber now; exit 1 unless it answers 2xx."""
     answer = client.call("POST", f"{_sub_path(code, name)}/test")
@@ -210,8 +213,7 @@ def subscription_test(client: AdminClient, code: str, name: str) -> None:
 
 @subscription.command("pushers")
 @admin_options
-@click.argument("code")
-@click.argument("name")
+@_subscription_args
 def subscription_pushers(client: AdminClient, code: str, name: str) -> None:
     """The processes pushing to it now, their shares of its cap, and its circuit."""
     answer = client.call("GET", f"{_sub_path(code, name)}/pushers")
@@ -227,8 +229,7 @@ def subscription_pushers(client: AdminClient, code: str, name: str) -> None:
 
 @subscription.command("health")
 @admin_options
-@click.argument("code")
-@click.argument("name")
+@_subscription_args
 @click.option("--range", "range_name", type=click.Choice(["hour", "day", "week"]),
               default="hour", show_default=True, help="per minute (hour) or per hour")
 def subscription_health(client: AdminClient, code: str, name: str, range_name: str) -> None:
@@ -251,32 +252,28 @@ def subscription_health(client: AdminClient, code: str, name: str, range_name: s
 
 @subscription.command("delete")
 @admin_options
-@click.argument("destination")
-@click.argument("name")
+@_subscription_args
 @YES_OPTION
-def subscription_delete(client: AdminClient, destination: str, name: str, yes: bool) -> None:
+def subscription_delete(client: AdminClient, code: str, name: str, yes: bool) -> None:
     """Stop its pushes everywhere and remove its consumer group and queue (records stay)."""
-    if not yes:
-        click.confirm(f"Delete subscription {destination}/{name}?", abort=True)
-    answer = client.call("DELETE", _sub_path(destination, name))
+    answer = client.call_confirmed(yes, f"Delete subscription {code}/{name}?",
+                                   "DELETE", _sub_path(code, name))
     client.show(answer, lambda a: f"deleted {a['deleted']}; its broker resources go within "
                                   "a minute")
 
 
 @subscription.command("skip")
 @admin_options
-@click.argument("destination")
-@click.argument("name")
+@_subscription_args
 @click.option("--reason", required=True, help="Why, recorded on each skipped delivery.")
 @BY_OPTION
 @YES_OPTION
-def subscription_skip(client: AdminClient, destination: str, name: str, reason: str,
+def subscription_skip(client: AdminClient, code: str, name: str, reason: str,
                       requested_by: str, yes: bool) -> None:
     """Record everything it has not got yet as skipped (not pushed); push what comes next."""
-    if not yes:
-        click.confirm(f"Skip the backlog of {destination}/{name}?", abort=True)
-    answer = client.call("POST", f"{_sub_path(destination, name)}/skip",
-                         json={"reason": reason, "requested_by": requested_by})
+    answer = client.call_confirmed(yes, f"Skip the backlog of {code}/{name}?",
+                                   "POST", f"{_sub_path(code, name)}/skip",
+                                   json={"reason": reason, "requested_by": requested_by})
     client.show(answer, lambda a: (
         f"skipped to {a['skip_before']}: {a['skipped_states']} undelivered states now "
         "skipped; what waits in the broker is skipped as it comes"))
@@ -298,8 +295,7 @@ def _secrets_text(answer: dict[str, Any]) -> str:
 
 @secret.command("reveal")
 @admin_options
-@click.argument("code")
-@click.argument("name")
+@_subscription_args
 def secret_reveal(client: AdminClient, code: str, name: str) -> None:
     """Show the subscription's signing secrets."""
     client.show(client.call("POST", f"{_sub_path(code, name)}/secrets/reveal"), _secrets_text)
@@ -307,8 +303,7 @@ def secret_reveal(client: AdminClient, code: str, name: str) -> None:
 
 @secret.command("rotate")
 @admin_options
-@click.argument("code")
-@click.argument("name")
+@_subscription_args
 @click.option("--overlap-s", type=click.FloatRange(0, 30 * 24 * 3600),
               help="How long pushes are also signed with the current secret [default: the "
                    "API's, 24 h].")
@@ -332,8 +327,7 @@ def secret_rotate(client: AdminClient, code: str, name: str, overlap_s: float | 
 
 @secret.command("drop-previous")
 @admin_options
-@click.argument("code")
-@click.argument("name")
+@_subscription_args
 @YES_OPTION
 def secret_drop_previous(client: AdminClient, code: str, name: str, yes: bool) -> None:
     """Stop signing with the previous secret (once the subscriber verifies with the new one)."""

@@ -73,11 +73,8 @@ def invalid_docs() -> None:
 def invalid_docs_list(client: AdminClient) -> None:
     """Every configuration document that does not validate, with the field and reason."""
     answer = client.call("GET", "/v1/invalid-documents")
-    if client.json:
-        client.show(answer)
-        return
-    client.show_table(answer["documents"], ("collection", "id", "field", "reason"),
-                      empty="every stored document validates")
+    client.show_rows(answer, answer["documents"], ("collection", "id", "field", "reason"),
+                     empty="every stored document validates")
 
 
 @invalid_docs.command("delete")
@@ -87,9 +84,8 @@ def invalid_docs_list(client: AdminClient) -> None:
 @YES_OPTION
 def invalid_docs_delete(client: AdminClient, collection: str, doc_id: str, yes: bool) -> None:
     """Delete one document that does not validate (a valid one is refused)."""
-    if not yes:
-        click.confirm(f"Delete {collection}/{doc_id}?", abort=True)
-    client.call("DELETE", f"/v1/invalid-documents/{collection}/{doc_id}")
+    client.call_confirmed(yes, f"Delete {collection}/{doc_id}?",
+                          "DELETE", f"/v1/invalid-documents/{collection}/{doc_id}")
     client.show({"deleted": f"{collection}/{doc_id}"}, f"deleted {collection}/{doc_id}")
 
 

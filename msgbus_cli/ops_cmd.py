@@ -12,6 +12,7 @@ import click
 
 from msgbus_cli.admin_client import (
     BY_OPTION,
+    YES_OPTION,
     AdminClient,
     F,
     admin_options,
@@ -190,12 +191,17 @@ def parked_list(client: AdminClient, destination: str, subscription: str, limit:
                               "updated_at"), empty="nothing parked")
 
 
+def _parked_deliveries(command: F) -> F:
+    """DESTINATION SUBSCRIPTION [--message ID ...]: which parked deliveries a command acts on."""
+    command = click.option("--message", "message_ids", multiple=True, help=(
+        "Only this message (repeatable; default: every parked delivery)."))(command)
+    command = click.argument("subscription")(command)
+    return click.argument("destination")(command)
+
+
 @parked.command("redrive")
 @admin_options
-@click.argument("destination")
-@click.argument("subscription")
-@click.option("--message", "message_ids", multiple=True,
-              help="Only this message (repeatable; default: every parked delivery).")
+@_parked_deliveries
 @BY_OPTION
 def parked_redrive(client: AdminClient, destination: str, subscription: str,
                    message_ids: tuple[str, ...], requested_by: str) -> None:
@@ -208,20 +214,17 @@ def parked_redrive(client: AdminClient, destination: str, subscription: str,
 
 @parked.command("discard")
 @admin_options
-@click.argument("destination")
-@click.argument("subscription")
-@click.option("--message", "message_ids", multiple=True,
-              help="Only this message (repeatable; default: every parked delivery).")
+@_parked_deliveries
 @click.option("--reason", required=True, help="Why, for the audit record.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@YES_OPTION
 def parked_discard(client: AdminClient, destination: str, subscription: str,
                    message_ids: tuple[str, ...], reason: str, yes: bool) -> None:
     """Drop parked deliveries for good (they stay in the trace as discarded)."""
-    if not yes:
-        what = f"{len(message_ids)} parked deliveries" if message_ids else "every parked delivery"
-        click.confirm(f"Discard {what} of {destination}/{subscription}?", abort=True)
-    answer = client.call("POST", f"{_parked_path(destination, subscription)}/discard",
-                         json={"message_ids": list(message_ids) or None, "reason": reason})
+    what = f"{len(message_ids)} parked deliveries" if message_ids else "every parked delivery"
+    answer = client.call_confirmed(yes, f"Discard {what} of {destination}/{subscription}?",
+                                   "POST", f"{_parked_path(destination, subscription)}/discard",
+                                   json={"message_ids": list(message_ids) or None,
+                                         "reason": reason})
     client.show(answer, lambda a: f"{a['discarded']} discarded")
 
 

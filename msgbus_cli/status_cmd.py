@@ -34,9 +34,6 @@ def _row(service: dict[str, Any]) -> dict[str, Any]:
 def status(client: AdminClient) -> None:
     """Every service process and how it sees MongoDB (answers while MongoDB is down)."""
     answer = client.call("GET", "/v1/services")
-    if client.json:
-        client.show(answer)
-        return
-    client.show_table([_row(s) for s in answer["services"]], COLUMNS)
-    if answer["unavailable"]:
+    client.show_rows(answer, [_row(s) for s in answer["services"]], COLUMNS)
+    if answer["unavailable"] and not client.json:
         click.echo(f"MongoDB unavailable to: {', '.join(answer['unavailable'])}", err=True)
