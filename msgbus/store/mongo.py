@@ -13,11 +13,12 @@ by what they store:
 - `drains`, `accepted_ids`: the retired brokers each subscription drained (drains.py), the
   receivers' claims of the message ids they publish (accepted.py).
 
-Stores with state of their own are built from a `MongoStore` where they are used:
-`DeliveryClaims` and `DueScan` (claims.py, duescan.py), `PendingSweep` (pending.py),
-`ShareStore` (shares.py), `UserStore` (users.py), `ReplayStore` (replays.py), `SchemaStore`
-(schemas.py), `DeletionStore` (deletions.py). The analytics jobs' reads and writes, on
-pymongo's synchronous API in Spark tasks, are in archive.py.
+Built from a `MongoStore` by the code that uses them (`DeliveryClaims` and `DueScan` keep
+state of their caller's: its owner name, its scan floors): `DeliveryClaims` and `DueScan`
+(claims.py, duescan.py), `PendingSweep` (pending.py), `ShareStore` (shares.py), `UserStore`
+(users.py), `ReplayStore` (replays.py), `SchemaStore` (schemas.py), `DeletionStore`
+(deletions.py). The analytics jobs' reads and writes, on pymongo's synchronous API in Spark
+tasks, are in analytics.py (`AnalyticsStore`).
 """
 
 from __future__ import annotations
