@@ -121,6 +121,7 @@ async def _run_singles(sub: Any, limiter: Any, sender: Any, envelope: Any, recor
 async def _run_batches(sub: Any, limiter: Any, sender: Any, envelope: Any, record: Any,
                        closing: asyncio.Event, window_end: float) -> None:
     from dispatcher.batching import BatchCollector
+    from dispatcher.context import PushContext
 
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = set()
@@ -130,7 +131,8 @@ async def _run_batches(sub: Any, limiter: Any, sender: Any, envelope: Any, recor
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    collector = BatchCollector(sub, limiter, sender, record=record, track=track, closing=closing)
+    context = PushContext(sub, limiter, sender, track, closing)
+    collector = BatchCollector(context, record)
     running = asyncio.create_task(collector.run())
     while loop.time() < window_end:
         await collector.add(envelope(), None)

@@ -20,14 +20,12 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
+from dispatcher.context import PushContext
 from msgbus.delivery.attempt import outcome_of, push_batch_through
 from msgbus.delivery.batch import BatchBuilder, BatchPush, estimated_size
-from msgbus.delivery.limiter import SubscriptionLimiter
-from msgbus.delivery.sender import Sender
 from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
 
 Ack = Callable[[], None]
@@ -43,16 +41,13 @@ class Gathered:
 
 
 class BatchCollector:
-    def __init__(self, subscription: Subscription, limiter: SubscriptionLimiter, sender: Sender,
-                 *, record: Callable[[list[DeliveryOutcome]], Awaitable[None]],
-                 track: Callable[[Coroutine[Any, Any, None]], None],
-                 closing: asyncio.Event) -> None:
-        self._sub = subscription
-        self._limiter = limiter
-        self._sender = sender
+    def __init__(self, context: PushContext,
+                 record: Callable[[list[DeliveryOutcome]], Awaitable[None]]) -> None:
+        """`record`: where the outcomes of each batch push go."""
+        subscription = context.subscription
+        self._sub, self._limiter, self._sender = subscription, context.limiter, context.sender
+        self._track, self._closing = context.track, context.closing
         self._record = record
-        self._track = track
-        self._closing = closing
         self._max_messages = subscription.batch_max_messages or 1
         self._max_wait_s = subscription.batch_max_wait_ms / 1000
         self._capacity = max(subscription.in_flight_budget, self._max_messages)

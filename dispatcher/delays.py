@@ -10,7 +10,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from dispatcher.outcomes import Ack, OutcomeRecorder, Track
+from dispatcher.context import PushContext
+from dispatcher.outcomes import Ack, OutcomeRecorder
 from msgbus.delivery.schedule import scheduled_outcome, wait_until
 from msgbus.metrics import SCHEDULED
 from msgbus.models import Envelope, Subscription, utcnow
@@ -34,16 +35,13 @@ async def sleep_until_due(envelope: Envelope, subscription: Subscription,
 
 
 class DelayedMessages:
-    def __init__(self, subscription: Subscription, instance: str, outcomes: OutcomeRecorder,
-                 *, hand_on: HandOn, track: Track, closing: asyncio.Event) -> None:
+    def __init__(self, context: PushContext, outcomes: OutcomeRecorder, hand_on: HandOn) -> None:
         """`hand_on`: where a held message goes once due (the pushers or the batch
         collector)."""
-        self._sub = subscription
-        self._instance = instance
+        self._sub, self._instance = context.subscription, context.sender.instance
+        self._track, self._closing = context.track, context.closing
         self._outcomes = outcomes
         self._hand_on = hand_on
-        self._track = track
-        self._closing = closing
         self._held = 0  # messages due soon, waiting in `_push_when_due`
 
     def admit(self, envelope: Envelope, ack: Ack | None, due: datetime) -> None:

@@ -10,26 +10,21 @@ import asyncio
 import contextlib
 from collections import deque
 
+from dispatcher.context import PushContext
 from dispatcher.delays import sleep_until_due
-from dispatcher.outcomes import Ack, OutcomeRecorder, Track
+from dispatcher.outcomes import Ack, OutcomeRecorder
 from dispatcher.pushers import push_once
-from msgbus.delivery.limiter import SubscriptionLimiter
 from msgbus.delivery.schedule import scheduled_outcome, wait_until
-from msgbus.delivery.sender import Sender
 from msgbus.metrics import SCHEDULED
-from msgbus.models import Envelope, Subscription, utcnow
+from msgbus.models import Envelope, utcnow
 
 
 class OrderedLanes:
-    def __init__(self, subscription: Subscription, limiter: SubscriptionLimiter,
-                 sender: Sender, outcomes: OutcomeRecorder, *, track: Track,
-                 closing: asyncio.Event) -> None:
-        self._sub = subscription
-        self._limiter = limiter
-        self._sender = sender
+    def __init__(self, context: PushContext, outcomes: OutcomeRecorder) -> None:
+        self._sub, self._limiter = context.subscription, context.limiter
+        self._sender = context.sender
+        self._track, self._closing = context.track, context.closing
         self._outcomes = outcomes
-        self._track = track
-        self._closing = closing
         # per biz_id, the messages waiting for the one being delivered (the lane's head)
         self._lanes: dict[str, deque[tuple[Envelope, Ack | None]]] = {}
 

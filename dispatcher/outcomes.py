@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
+from dispatcher.context import Track
 from dispatcher.redelivery import DeliveredCheck
 from dispatcher.trace import TraceWriter
 from msgbus.delivery.attempt import skipped_outcome
@@ -19,7 +19,6 @@ from msgbus.models import DeliveryOutcome, Envelope, Subscription
 log = logging.getLogger(__name__)
 
 Ack = Callable[[], None]
-Track = Callable[[Coroutine[Any, Any, None]], None]  # runs a task the worker's close waits for
 
 
 class OutcomeRecorder:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from dispatcher.context import PushContext
 from dispatcher.outcomes import Ack, OutcomeRecorder
 from msgbus.delivery.attempt import outcome_of, push_through
 from msgbus.delivery.limiter import SubscriptionLimiter
@@ -24,16 +25,14 @@ async def push_once(limiter: SubscriptionLimiter, sender: Sender, envelope: Enve
 
 
 class Pushers:
-    def __init__(self, subscription: Subscription, limiter: SubscriptionLimiter,
-                 sender: Sender, outcomes: OutcomeRecorder, *, closing: asyncio.Event) -> None:
-        self._sub = subscription
-        self._limiter = limiter
-        self._sender = sender
+    def __init__(self, context: PushContext, outcomes: OutcomeRecorder) -> None:
+        self._sub, self._limiter = context.subscription, context.limiter
+        self._sender = context.sender
+        self._closing = context.closing
         self._outcomes = outcomes
-        self._closing = closing
         # admitted messages; None tells a pusher to stop
         self._ready: asyncio.Queue[tuple[Envelope, Ack | None] | None] = asyncio.Queue(
-            maxsize=subscription.max_concurrency)
+            maxsize=self._sub.max_concurrency)
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from dispatcher.batching import BatchCollector
 from dispatcher.consuming import BrokerConsumers
+from dispatcher.context import PushContext
 from dispatcher.delays import DelayedMessages
 from dispatcher.lanes import OrderedLanes
 from dispatcher.outcomes import Ack, OutcomeRecorder
@@ -73,21 +74,16 @@ class SubscriptionWorker:
                                           admit=self._admit)
         self._direct: asyncio.Queue[Envelope] = asyncio.Queue(maxsize=direct_queue_size)
         self._loops: list[asyncio.Task[None]] = []
-        self._delays = DelayedMessages(subscription, sender.instance, self._outcomes,
-                                       hand_on=self._hand_on, track=track,
-                                       closing=self._closing)
-        self._lanes = OrderedLanes(subscription, limiter, sender, self._outcomes, track=track,
-                                   closing=self._closing)
+        context = PushContext(subscription, limiter, sender, track, self._closing)
+        self._delays = DelayedMessages(context, self._outcomes, self._hand_on)
+        self._lanes = OrderedLanes(context, self._outcomes)
         # a batch subscription's messages go to a collector, the others' to pushers
         self._batches: BatchCollector | None = None
         self._pushers: Pushers | None = None
         if subscription.batched:
-            self._batches = BatchCollector(subscription, limiter, sender,
-                                           record=self._outcomes.record, track=track,
-                                           closing=self._closing)
+            self._batches = BatchCollector(context, self._outcomes.record)
         else:
-            self._pushers = Pushers(subscription, limiter, sender, self._outcomes,
-                                    closing=self._closing)
+            self._pushers = Pushers(context, self._outcomes)
 
     async def start(self) -> None:
         """Never fails on a broker: a consumer that cannot connect keeps trying in its loop,
