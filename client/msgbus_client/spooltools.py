@@ -22,6 +22,7 @@ deprecated: they go in the next release.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -216,22 +217,12 @@ def rescue_spool(
     return report
 
 
-def drain_spool(
-    path: str | PathLike[str],
-    receiver_url: str,
-    api_key: str,
-    *,
-    min_idle_s: float = 0,
-    timeout_s: float = 300,
-    remove: bool = True,
-    progress: Progress | None = None,
-    transport: httpx.BaseTransport | None = None,
-) -> RescueReport:
+@functools.wraps(rescue_spool)
+def drain_spool(*args: Any, **kwargs: Any) -> RescueReport:
     """Deprecated: `rescue_spool` (its name before 0.2; it goes in the next release)."""
     warnings.warn("msgbus_client.spooltools.drain_spool is deprecated: use rescue_spool",
                   DeprecationWarning, stacklevel=2)
-    return rescue_spool(path, receiver_url, api_key, min_idle_s=min_idle_s, timeout_s=timeout_s,
-                        remove=remove, progress=progress, transport=transport)
+    return rescue_spool(*args, **kwargs)
 
 
 DrainReport = RescueReport  # deprecated: its name before 0.2
