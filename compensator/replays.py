@@ -81,13 +81,9 @@ class ReplayJobRun:
     def __init__(self, job: dict[str, Any], jobs: ReplayStore, store: MongoStore,
                  registry: Registry, sender: Sender, shares: CapShares, *, owner: str,
                  closing: asyncio.Event) -> None:
-        self._shares = shares
-        self._jobs = jobs
-        self._store = store
-        self._registry = registry
-        self._sender = sender
-        self._owner = owner
-        self._closing = closing
+        self._jobs, self._store, self._registry = jobs, store, registry
+        self._sender, self._shares = sender, shares
+        self._owner, self._closing = owner, closing
         self.job_id: str = job["_id"]
         self.spec = ReplaySpec.model_validate(job["spec"])
         self.sub_ids: list[str] = job["subscriptions"]

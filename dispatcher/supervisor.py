@@ -66,13 +66,10 @@ class WorkerSupervisor:
     def __init__(self, settings: DispatcherSettings, registry: Registry, sender: Sender,
                  trace: TraceWriter, delivered: DeliveredCheck, shares: CapShares,
                  drains: DrainWatch) -> None:
-        self._settings = settings
+        self._settings, self._registry, self._drains = settings, registry, drains
+        # what each worker is built with
+        self._sender, self._trace, self._delivered = sender, trace, delivered
         self._shares = shares
-        self._drains = drains
-        self._registry = registry
-        self._sender = sender
-        self._trace = trace
-        self._delivered = delivered
         # by subscription id: its version (what needs a new worker), the kinds it consumes
         self._workers: dict[str, tuple[str, list[Consumed], SubscriptionWorker]] = {}
         self._lock = asyncio.Lock()

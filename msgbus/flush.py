@@ -35,13 +35,10 @@ class Flusher:
         self, queue: LocalQueue, name: str, sink: Sink, *, batch_size: int,
         idle_wait_s: float = 0.5, max_backoff_s: float = 5.0, ready: Ready | None = None,
     ) -> None:
-        self._queue = queue
         self.name = name
-        self._sink = sink
-        self._ready = ready
+        self._queue, self._sink, self._ready = queue, sink, ready
         self._batch_size = batch_size
-        self._idle_wait_s = idle_wait_s
-        self._max_backoff_s = max_backoff_s
+        self._idle_wait_s, self._max_backoff_s = idle_wait_s, max_backoff_s
         self._task: asyncio.Task[None] | None = None
         self.failures = 0
 

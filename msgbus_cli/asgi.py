@@ -28,6 +28,14 @@ async def read_body(receive: Receive) -> bytes:
             return body
 
 
+async def read_request(scope: dict[str, Any], receive: Receive,
+                       send: Send) -> tuple[dict[str, str], bytes] | None:
+    """An HTTP request's headers and body; None for a lifespan scope (answered here)."""
+    if await answer_lifespan(scope, receive, send):
+        return None
+    return request_headers(scope), await read_body(receive)
+
+
 def request_headers(scope: dict[str, Any]) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 

@@ -10,7 +10,7 @@ import click
 from msgbus.models import BrokerKind, Destination, Subscription
 from msgbus.settings import ConnectionSettings
 from msgbus.store import MongoStore
-from msgbus_cli.asgi import answer_lifespan, read_body, request_headers, respond
+from msgbus_cli.asgi import read_request, respond
 
 DEMO_DESTINATION = "demo"
 DEMO_SUBSCRIPTION = "printer"
@@ -20,10 +20,9 @@ class PrintingSubscriber:
     """A raw ASGI app: prints each push (id, biz id, body) and answers 200."""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if await answer_lifespan(scope, receive, send):
+        if (request := await read_request(scope, receive, send)) is None:
             return
-        body = await read_body(receive)
-        headers = request_headers(scope)
+        headers, body = request
         biz = f" biz_id={unquote(headers['ce-bizid'])}" if "ce-bizid" in headers else ""
         click.echo(click.style("demo subscriber got ", fg="green")
                    + f"{headers.get('ce-id')}{biz}: {body.decode('utf-8', 'replace')}")

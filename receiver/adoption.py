@@ -37,10 +37,8 @@ class OrphanAdopter(PeriodicWork):
     ) -> None:
         super().__init__()
         self.root = root
-        self._open_buffer = open_buffer
-        self._make_pipeline = make_pipeline
-        self._min_idle_s = min_idle_s
-        self._poll_s = poll_s
+        self._open_buffer, self._make_pipeline = open_buffer, make_pipeline
+        self._min_idle_s, self._poll_s = min_idle_s, poll_s
         self._progress_every_s = progress_every_s
         self.adopted = 0  # slots flushed and removed by this adopter
         self.every(scan_s, self._scan, what="adopt orphaned buffers")

@@ -45,11 +45,8 @@ class IngestPipeline:
     ) -> None:
         """`accepted_ids`: the cross-receiver de-duplication of what is published (None:
         none)."""
-        self._buffer = buffer
-        self._accepted_ids = accepted_ids
-        self._store = store
-        self._registry = registry
-        self._publishers = publishers
+        self._buffer, self._store, self._registry = buffer, store, registry
+        self._publishers, self._accepted_ids = publishers, accepted_ids
         self._default_record_rate = default_record_rate_per_s
         # what the buffer held before this pipeline existed a predecessor may have published
         self._opened_at = utcnow()

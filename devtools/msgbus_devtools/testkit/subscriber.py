@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from msgbus.delivery.batch import BATCH_CONTENT_TYPE
-from msgbus_cli.asgi import answer_lifespan, read_body, request_headers, respond
+from msgbus_cli.asgi import read_request, respond
 
 
 @dataclass
@@ -38,10 +38,9 @@ class RecordingSubscriber:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if await answer_lifespan(scope, receive, send):
+        if (request := await read_request(scope, receive, send)) is None:
             return
-        body = await read_body(receive)
-        headers = request_headers(scope)
+        headers, body = request
         status = self.status
         with self._lock:
             self.pushes.append(Push(headers, body, status))
@@ -72,10 +71,9 @@ class ScriptedSubscriber(RecordingSubscriber):
     _seen: dict[str, int] = field(default_factory=dict)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if await answer_lifespan(scope, receive, send):
+        if (request := await read_request(scope, receive, send)) is None:
             return
-        body = await read_body(receive)
-        headers = request_headers(scope)
+        headers, body = request
         with self._lock:
             message_id = headers["ce-id"]
             nth = self._seen[message_id] = self._seen.get(message_id, 0) + 1
@@ -99,10 +97,9 @@ class PeakSubscriber(RecordingSubscriber):
     _seen: set[str] = field(default_factory=set)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if await answer_lifespan(scope, receive, send):
+        if (request := await read_request(scope, receive, send)) is None:
             return
-        body = await read_body(receive)
-        headers = request_headers(scope)
+        headers, body = request
         message_id = headers["ce-id"]
         first = message_id not in self._seen
         self._seen.add(message_id)
@@ -156,10 +153,9 @@ class BatchSubscriber:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if await answer_lifespan(scope, receive, send):
+        if (request := await read_request(scope, receive, send)) is None:
             return
-        body = await read_body(receive)
-        headers = request_headers(scope)
+        headers, body = request
         events = orjson.loads(body) if headers.get("content-type") == BATCH_CONTENT_TYPE else []
         with self._lock:
             push = BatchPush(headers, body, events, 200)
