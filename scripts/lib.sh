@@ -42,6 +42,9 @@ install_project() {
     # (`-e .` beside `-e .[extras]`: pip 24 cannot match devtools' plain `msgbus` requirement
     # to an editable given only with extras)
     local packages=(-e ./client -e ./devtools -e . -e '.[dev,analytics,otel]')
-    step "pip install ${packages[*]}"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check "${packages[@]}"
+    # uv installs the same packages from PyPI about 5x faster than pip (a fresh venv: 56 s
+    # against pip's 297 s on a busy 2-core machine), which is most of the suite's set-up time
+    step "pip install uv; uv pip install ${packages[*]}"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check uv
+    "$VENV/bin/uv" pip install --python "$VENV/bin/python" "${packages[@]}"
 }
