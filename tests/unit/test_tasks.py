@@ -136,7 +136,7 @@ def test_a_job_may_wait_an_interval_first_be_woken_and_go_again_at_once_while_bu
         work = tasks.PeriodicWork()
         work.every(60.0, job, what="poll", wake=wake, first_pause=True, again_while_busy=True)
         work.start()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a window in which no pass may come: it waits first
         waited_first = list(passes)
         wake.set()
         await eventually_async(lambda: len(passes) == 3, 5, "three passes on one wake",
