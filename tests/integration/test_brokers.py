@@ -289,11 +289,11 @@ async def test_kafka_records_appended_before_the_assignment_come_flagged_redeliv
         received = await take(second, 5)
         assert [r.envelope.message_id for r in received] == [e.message_id for e in waiting]
         assert all(r.envelope.redelivered for r in received)
-        # what is appended from now on cannot have been read before the assignment
-        assigned_at = max(second._assigned_at.values())
-        await eventually_async(lambda: time.time() > assigned_at + 0.2, 15,
-                               "the wall clock past the assignment plus the clock margin",
-                               interval_s=0.01)
+        # what is appended from now on cannot have been read before the assignment: the
+        # clock past it plus the margin, by more than a record timestamp's 1 ms resolution
+        await eventually_async(
+            lambda: time.time() > max(second._assigned_at.values()) + 0.2 + 0.002, 15,
+            "the wall clock past the assignment plus the clock margin", interval_s=0.01)
         after = await published(kafka_publisher, dest, 5)
         fresh = await take(second, 5)
         assert [r.envelope.message_id for r in fresh] == [e.message_id for e in after]
