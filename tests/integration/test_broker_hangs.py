@@ -46,7 +46,8 @@ from msgbus.brokers.kafka import KafkaPublisher
 from msgbus.ids import uuid7
 from msgbus.models import BrokerKind, Destination, Envelope
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+# ~60 s a test on a quiet machine: the hang guard leaves room for a slow one
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(600)]
 
 RATE_PER_S = 250  # messages per second, over both destinations
 MAX_LOAD_S = 300  # the load stops by itself after this long (the test stops it sooner)

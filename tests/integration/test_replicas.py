@@ -39,7 +39,8 @@ from msgbus.models import BrokerKind, ReplaySpec, ReplayState, utcnow
 from msgbus.store.replays import ReplayStore
 from msgbus_cli.asgi import answer_lifespan, read_body, request_headers, respond
 
-pytestmark = pytest.mark.serial  # timing-sensitive load: run alone (scripts/test.sh)
+# timing-sensitive load: run alone (scripts/test.sh); the hang guard leaves room for a slow machine
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(600)]
 
 CAP = 4
 RATE = 20

@@ -34,7 +34,7 @@ from msgbus_devtools.testkit.procs import say
 
 from msgbus.models import BrokerKind
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(600)]
 
 RATE_PER_S = 100  # messages per second, over all destinations and receivers
 MAX_LOAD_S = 150  # every load stops by itself after this long (the tests stop it sooner)
