@@ -2,6 +2,11 @@
 
 An entry is deleted only after the sink took it, so a crash anywhere re-delivers the batch to
 the sink; sinks are idempotent. A failing sink is retried with backoff: the loop never dies. A
+failed batch halves the next one (down to one entry), and that size holds for the next
+`STEADY_BATCHES` batches; then each batch taken doubles it again, up to `batch_size`. A batch too
+big to be taken within the sink's timeout (a loaded server) would otherwise be retried whole, and
+fail, forever while the queue grows behind it; growing back at once would fail every other batch,
+each failure costing a timeout. A
 sink that depends on MongoDB gives its gate's `wait_available` as `ready`: during an outage the
 entries wait in the queue without a try per backoff step, and move as soon as the gate opens.
 
@@ -25,6 +30,7 @@ from msgbus.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 RETRY_FIRST_S = 0.1  # after a failed batch; then twice as long each time, up to max_backoff_s
+STEADY_BATCHES = 32  # taken at a size a failure halved to, before trying bigger ones again
 
 Sink = Callable[[list[bytes]], Awaitable[None]]
 Ready = Callable[[], Awaitable[None]]  # returns once the sink can be tried
@@ -37,7 +43,9 @@ class Flusher:
     ) -> None:
         self.name = name
         self._queue, self._sink, self._ready = queue, sink, ready
-        self._batch_size = batch_size
+        self._batch_size = batch_size  # the most a batch holds
+        self.batch_now = batch_size  # what the next batch may hold: see the module's doc
+        self._taken_since_failure = STEADY_BATCHES
         self._idle_wait_s, self._max_backoff_s = idle_wait_s, max_backoff_s
         self._task: asyncio.Task[None] | None = None
         self.failures = 0
@@ -53,12 +61,21 @@ class Flusher:
         return await self._move_batch()
 
     async def _move_batch(self, partition: str | None = None) -> int:
-        entries = self._queue.read(self.name, self._batch_size, partition=partition)
+        entries = self._queue.read(self.name, self.batch_now, partition=partition)
         if not entries:
             return 0
         await self._sink([value for _, value in entries])
         await self._queue.delete(self.name, [key for key, _ in entries])
         return len(entries)
+
+    def _batch_taken(self) -> None:
+        self._taken_since_failure += 1
+        if self._taken_since_failure >= STEADY_BATCHES:
+            self.batch_now = min(self._batch_size, self.batch_now * 2)
+
+    def _batch_failed(self) -> None:
+        self._taken_since_failure = 0
+        self.batch_now = max(1, self.batch_now // 2)
 
     async def _until_moved(self, move: Callable[[], Awaitable[int]], what: str) -> int:
         """`move()`'s result once it succeeds; each failure waits longer (the loop never
@@ -68,24 +85,31 @@ class Flusher:
             try:
                 if self._ready is not None:
                     await self._ready()
-                return await move()
+                moved = await move()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.failures += 1
+                self._batch_failed()
                 if self._ready is not None and isinstance(exc, MongoUnavailable):
-                    log.warning("flushing %s waits for MongoDB (%s)", what, exc)
+                    log.warning("flushing %s waits for MongoDB (%s); next batch at most %d",
+                                what, exc, self.batch_now)
                     continue  # `ready` waits until the gate opens
                 failures += 1
                 delay = backoff_s(failures=failures, first_s=RETRY_FIRST_S,
                                   max_s=self._max_backoff_s)
-                log.warning("flushing %s failed (%s); retrying in %.1fs", what, exc, delay)
+                log.warning("flushing %s failed (%s); retrying in %.1fs, at most %d entries",
+                            what, exc, delay, self.batch_now)
                 await asyncio.sleep(delay)
+            else:
+                if moved:
+                    self._batch_taken()
+                return moved
 
     async def _run(self) -> None:
         while True:
             moved = await self._until_moved(self.flush_once, self.name)
-            if moved < self._batch_size:
+            if moved < self.batch_now:
                 await self._idle()
 
     async def _idle(self) -> None:

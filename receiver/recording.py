@@ -45,8 +45,8 @@ class RecordWriter(Flusher):
         if not destinations:
             return 0
         self._global.set_rate(self._global_rate())
-        budget = min(self._batch_size, self._global.available())
-        limited_by_global = budget < self._batch_size
+        budget = min(self.batch_now, self._global.available())
+        limited_by_global = budget < self.batch_now
         if budget <= 0:
             self._throttled_for_s = self._global.wait_s()
             return 0
