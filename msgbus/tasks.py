@@ -81,6 +81,7 @@ async def periodically(job: Callable[[], Awaitable[object]], interval_s: Interva
             log.warning("%s failed: %s", what, exc)
             busy = False
         if again_while_busy and busy:
+            await asyncio.sleep(0)  # a pass that found work without awaiting starves no task
             continue
         took = time.monotonic() - began
         every_s = _seconds(interval_s)

@@ -148,6 +148,25 @@ def test_a_job_may_wait_an_interval_first_be_woken_and_go_again_at_once_while_bu
     assert asyncio.run(scenario()) == ["woken", "pass", "pass", "pass"]
 
 
+def test_a_job_busy_without_awaiting_leaves_the_other_tasks_their_turn() -> None:
+    async def scenario() -> int:
+        passes = 0
+
+        async def job() -> bool:  # always finds work, never awaits
+            nonlocal passes
+            passes += 1
+            return True
+
+        work = tasks.PeriodicWork()
+        work.every(60.0, job, what="busy", again_while_busy=True)
+        work.start()
+        await asyncio.sleep(0.01)  # the loop must give this task its turn back
+        await work.close()
+        return passes
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 10)) > 1
+
+
 @pytest.mark.parametrize("grace_s", [0.0, 5.0])
 def test_close_cancels_a_pass_under_way_unless_it_has_a_grace_to_end(grace_s: float) -> None:
     async def scenario() -> list[str]:
