@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from msgbus.errors import MongoUnavailable
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,8 @@ async def periodically(job: Callable[[], Awaitable[object]], interval_s: Interva
         try:
             busy = await job()
         except Exception as exc:
-            log.warning("%s failed: %s", what, exc)
+            # an outage is expected and said in one line; anything else gets its traceback
+            log.warning("%s failed: %s", what, exc, exc_info=not _is_outage(exc))
             busy = False
         if again_while_busy and busy:
             await asyncio.sleep(0)  # a pass that found work without awaiting starves no task
@@ -87,6 +90,10 @@ async def periodically(job: Callable[[], Awaitable[object]], interval_s: Interva
         every_s = _seconds(interval_s)
         longest_s = 4 * every_s if max_pause_s is None else max_pause_s
         await _pause(max(every_s, min(longest_s, took * (1 - max_busy) / max_busy)), wake)
+
+
+def _is_outage(exc: Exception) -> bool:
+    return isinstance(exc, MongoUnavailable | ConnectionError | TimeoutError)
 
 
 def _seconds(interval_s: Interval) -> float:
