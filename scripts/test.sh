@@ -52,6 +52,17 @@ ensure_test_tools() {
     npm ci --prefix tests/tools --no-audit --no-fund --loglevel=error
 }
 
+QUIET_RAW_PUSHES_PER_S=14837  # bench.senders' raw loop on a quiet machine (bench/RESULTS.md, 2026-11-25)
+
+machine_speed() {
+    # The suite's time depends on how busy the shared machine is: say it, measured the same way
+    # on every run, so a slow run can be told from a slower suite.
+    step "machine speed: bench.senders' raw push loop for 3 s"
+    "$VENV/bin/python" -m bench.senders --runs 1 --seconds 3 --targets raw | tail -n 1 |
+        "$VENV/bin/python" -c "import json, sys; r = json.loads(sys.stdin.read())['raw_pushes_per_s']
+print(f'{r:,.0f} pushes/s: {r / $QUIET_RAW_PUSHES_PER_S:.2f} of a quiet machine\'s')"
+}
+
 make_venv
 install_project
 ensure_test_tools
@@ -66,9 +77,12 @@ if [ "$#" -gt 0 ]; then
     step "pytest $* (CI=${CI:-unset})"
     "$VENV/bin/python" -m pytest -q -x --durations=15 "$@"
 else
+    machine_speed
+    tests_began=$SECONDS
     step "pytest, pass 1 of 2: the tests not marked serial, on 3 workers (CI=${CI:-unset})"
     "$VENV/bin/python" -m pytest -q -x --durations=15 -n 3 --dist loadgroup -m "not serial"
     step "pytest, pass 2 of 2: the serial tests, alone"
     "$VENV/bin/python" -m pytest -q -x --durations=15 -m serial
+    step "the tests took $((SECONDS - tests_began)) s"
 fi
 step "all checks passed"
