@@ -26,7 +26,24 @@ from admin import (
     schema_routes,
     schema_ui,
     subscription_health,
+    teams_routes,
     users_routes,
+)
+from admin.access import (
+    AdministersBus,
+    Catalogue,
+    ChangesApp,
+    ChangesDestination,
+    ChangesSubscription,
+    CreatesFromBody,
+    OperatesSubscription,
+    Public,
+    ReadsBus,
+    check_moved,
+    check_new,
+    is_bus_admin,
+    sees,
+    team_for_new,
 )
 from admin.deps import AdminParts, Deletions, Service, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
@@ -45,7 +62,6 @@ from admin.params import (
 )
 from admin.removal import refuse_while_deleting
 from admin.schemas import AppIn, DestinationIn, RotateIn, RuntimeIn, SubscriptionIn
-from admin.security import AsAdmin, AsOperator, AsViewer
 from admin.service import AdminService
 from admin.ui import add_ui
 from msgbus.auth import hash_api_key, new_api_key
@@ -62,6 +78,7 @@ from msgbus.models import (
 )
 from msgbus.store import MongoStore
 from msgbus.store.users import UserStore
+from msgbus.teams import PLATFORM_TEAM, team_of_label
 from msgbus.users import Principal
 
 probes = APIRouter()
@@ -78,7 +95,7 @@ def create_app(service: AdminService) -> FastAPI:
     for routes in (router, invalid_docs.router, pushers.router, removal.router,
                    operations.router, users_routes.router, replication.router,
                    replication.ui_router, schema_routes.router, scheduled.router,
-                   scheduled.ui_router, subscription_health.router):
+                   scheduled.ui_router, subscription_health.router, teams_routes.router):
         include_routes(app, routes)
     add_ui(app)
     include_routes(app, schema_ui.router)
@@ -88,7 +105,7 @@ def create_app(service: AdminService) -> FastAPI:
     return app
 
 
-@probes.get("/health")
+@probes.get("/health", dependencies=[Public])
 async def health(store: Store) -> dict[str, Any]:
     return {"status": "ok", "mongo": await store.ping(), "mongo_gate": store.gate.state()}
 
@@ -98,7 +115,7 @@ async def _readiness(store: MongoStore) -> dict[str, bool]:
 
 
 @router.get("/v1/services")
-async def list_services(_: AsViewer, service: Service) -> dict[str, Any]:
+async def list_services(_: ReadsBus, service: Service) -> dict[str, Any]:
     """Every service process (receivers, dispatchers, compensators, admins) and whether it
     sees MongoDB as available, each read from its /health now (admin/services.py). Answers
     while MongoDB is down: the processes are those this admin last read from `instances`."""
@@ -106,7 +123,7 @@ async def list_services(_: AsViewer, service: Service) -> dict[str, Any]:
 
 
 @router.get("/v1/destinations", responses=LIST_RESPONSES)
-async def list_destinations(_: AsViewer, response: Response,
+async def list_destinations(_: Catalogue, response: Response,
                             store: Store) -> list[dict[str, Any]]:
     loaded = await store.config.load_destinations()
     return [d.model_dump(mode="json") for d in valid_items(response, loaded)]
@@ -115,29 +132,34 @@ async def list_destinations(_: AsViewer, response: Response,
 @router.put("/v1/destinations/{code}", openapi_extra={"responses": {"200": {"links": {
     "its_subscriptions": {"operationId": "list_subscriptions",
                           "parameters": {"destination": "$request.path.code"}}}}}})
-async def put_destination(code: DestinationCode, body: DestinationIn, who: AsAdmin,
+async def put_destination(code: DestinationCode, body: DestinationIn, who: ChangesDestination,
                           store: Store, users: Users, deletions: Deletions) -> dict[str, Any]:
     await refuse_while_deleting(deletions, code)
-    fields = body.model_dump()
+    asked = body.team or (team_of_label(body.owner) if body.owner else None)
+    fields = body.model_dump(exclude={"team", "owner"})
     try:  # a broker switch is remembered: dispatchers drain the previous broker
         existing = await store.config.get_destination(code)
+        team = check_moved(who, existing.team, asked)
         switched = existing.with_broker(body.broker, utcnow())
         destination = Destination.model_validate(
-            switched.model_dump() | {k: v for k, v in fields.items() if k != "broker"})
+            switched.model_dump() | {k: v for k, v in fields.items() if k != "broker"}
+            | {"team": team})
     except (NotFound, InvalidStoredDocument):  # new, or replacing one that is invalid
-        destination = Destination(code=code, **fields)
+        team = team_for_new(who, asked, PLATFORM_TEAM if is_bus_admin(who) else None)
+        check_new(who, team)
+        destination = Destination(code=code, team=team, **fields)
     await store.config.save_destination(destination)
     await users.audit(who, "destination.put", code, body.model_dump(mode="json"))
     return destination.model_dump(mode="json")
 
 
 @router.get("/v1/runtime")
-async def get_runtime(_: AsViewer, service: Service) -> dict[str, Any]:
+async def get_runtime(_: ReadsBus, service: Service) -> dict[str, Any]:
     return await service.runtime_view()
 
 
 @router.patch("/v1/runtime")
-async def patch_runtime(body: RuntimeIn, who: AsAdmin, service: Service) -> dict[str, Any]:
+async def patch_runtime(body: RuntimeIn, who: AdministersBus, service: Service) -> dict[str, Any]:
     await service.update_runtime(body)
     await service.users.audit(who, "runtime.patch", "runtime",
                               body.model_dump(mode="json", exclude_none=True))
@@ -145,27 +167,36 @@ async def patch_runtime(body: RuntimeIn, who: AsAdmin, service: Service) -> dict
 
 
 @router.get("/v1/subscriptions", responses=LIST_RESPONSES, operation_id="list_subscriptions")
-async def list_subscriptions(_: AsViewer, response: Response, store: Store,
+async def list_subscriptions(who: Catalogue, response: Response, store: Store,
                              destination: DestinationQuery = None) -> list[dict[str, Any]]:
+    """The subscriptions the caller may read (each with its team)."""
     loaded = await store.config.load_subscriptions(destination)
-    return [s.model_dump(mode="json", exclude={"signing_secrets"})
-            for s in valid_items(response, loaded)]
+    teams = {d.code: d.team for d in await store.config.list_destinations()}
+    shown = []
+    for sub in valid_items(response, loaded):
+        team = sub.team or teams.get(sub.destination, PLATFORM_TEAM)
+        if sees(who, team):
+            shown.append(sub.model_dump(mode="json", exclude={"signing_secrets"}) | {"team": team})
+    return shown
 
 
 @router.put("/v1/destinations/{code}/subscriptions/{name}")
 async def put_subscription(code: DestinationCode, name: SubscriptionName,
-                           body: SubscriptionIn, who: AsAdmin, service: Service,
+                           body: SubscriptionIn, who: ChangesSubscription, service: Service,
                            deletions: Deletions) -> dict[str, Any]:
     store = service.store
-    await store.config.get_destination(code)
+    destination = await store.config.get_destination(code)
     await refuse_while_deleting(deletions, code, name)
     sub_id = subscription_id(code, name)
     try:
         existing = await store.config.get_subscription(sub_id)
+        team = check_moved(who, existing.team or destination.team, body.team)
         sub = Subscription.model_validate(
-            existing.model_dump() | body.model_dump() | {"updated_at": utcnow()})
+            existing.model_dump() | body.model_dump() | {"team": team, "updated_at": utcnow()})
     except NotFound:
-        sub = Subscription(destination=code, name=name, **body.model_dump())
+        team = team_for_new(who, body.team, destination.team)
+        check_new(who, team)
+        sub = Subscription(destination=code, name=name, **(body.model_dump() | {"team": team}))
     except InvalidStoredDocument:
         sub = await service.replacement_subscription(code, name, body)
     await store.config.save_subscription(sub)
@@ -197,14 +228,16 @@ async def _set_paused(store: MongoStore, users: UserStore, code: str, name: str,
 
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/pause")
-async def pause_subscription(code: DestinationCode, name: SubscriptionName, who: AsOperator,
+async def pause_subscription(code: DestinationCode, name: SubscriptionName,
+                             who: OperatesSubscription,
                              store: Store, users: Users) -> dict[str, Any]:
     """Dispatchers stop pushing within seconds; messages wait in the broker."""
     return await _set_paused(store, users, code, name, who, paused=True)
 
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/resume")
-async def resume_subscription(code: DestinationCode, name: SubscriptionName, who: AsOperator,
+async def resume_subscription(code: DestinationCode, name: SubscriptionName,
+                              who: OperatesSubscription,
                               store: Store, users: Users) -> dict[str, Any]:
     return await _set_paused(store, users, code, name, who, paused=False)
 
@@ -219,7 +252,7 @@ def secrets_view(sub: Subscription) -> dict[str, Any]:
 
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/secrets/reveal")
-async def reveal_secrets(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
+async def reveal_secrets(code: DestinationCode, name: SubscriptionName, who: ChangesSubscription,
                          store: Store, users: Users) -> dict[str, Any]:
     """The subscription's signing secrets, newest first (a second one after a rotation).
     Admin only; every reveal is audited. A POST, not a GET: it is an action the audit log
@@ -230,7 +263,7 @@ async def reveal_secrets(code: DestinationCode, name: SubscriptionName, who: AsA
 
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/secrets/rotate")
-async def rotate_secret(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
+async def rotate_secret(code: DestinationCode, name: SubscriptionName, who: ChangesSubscription,
                         store: Store, users: Users,
                         body: RotateIn | None = None) -> dict[str, Any]:
     """A new signing secret; pushes are signed with it and the previous one for the overlap
@@ -247,7 +280,8 @@ async def rotate_secret(code: DestinationCode, name: SubscriptionName, who: AsAd
 
 
 @router.delete("/v1/destinations/{code}/subscriptions/{name}/secrets/previous")
-async def drop_previous_secret(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
+async def drop_previous_secret(code: DestinationCode, name: SubscriptionName,
+                               who: ChangesSubscription,
                                store: Store, users: Users) -> dict[str, Any]:
     """Pushes are signed with the current secret only, from now on."""
     sub = await change_subscription(store, users, code, name, who, "subscription.secret_drop",
@@ -257,24 +291,26 @@ async def drop_previous_secret(code: DestinationCode, name: SubscriptionName, wh
 
 
 @router.post("/v1/apps", status_code=201)
-async def create_app_key(body: AppIn, who: AsAdmin, service: Service) -> dict[str, Any]:
-    key = await service.create_producer_app(body.name, body.destinations)
+async def create_app_key(body: AppIn, who: CreatesFromBody, service: Service) -> dict[str, Any]:
+    team = team_for_new(who, body.team, PLATFORM_TEAM if is_bus_admin(who) else None)
+    check_new(who, team)
+    key = await service.create_producer_app(body.name, body.destinations, team)
     await service.users.audit(who, "app.create", body.name,
-                              {"destinations": body.destinations})
-    return {"name": body.name, "destinations": body.destinations, "api_key": key,
+                              {"destinations": body.destinations, "team": team})
+    return {"name": body.name, "destinations": body.destinations, "team": team, "api_key": key,
             "note": "the key is shown only once; msgbus stores only its hash"}
 
 
 @router.get("/v1/apps", responses=LIST_RESPONSES)
-async def list_apps(_: AsViewer, response: Response, store: Store) -> list[dict[str, Any]]:
-    """Producer apps without their key hashes: name, destinations, how many keys."""
-    return [{"name": a.name, "destinations": a.destinations, "keys": len(a.key_hashes),
-             "created_at": a.created_at, "revoked_at": a.revoked_at}
+async def list_apps(_: Catalogue, response: Response, store: Store) -> list[dict[str, Any]]:
+    """Producer apps without their key hashes: name, team, destinations, how many keys."""
+    return [{"name": a.name, "team": a.team, "destinations": a.destinations,
+             "keys": len(a.key_hashes), "created_at": a.created_at, "revoked_at": a.revoked_at}
             for a in valid_items(response, await store.producers.load_apps())]
 
 
 @router.post("/v1/apps/{name}/keys", status_code=201)
-async def add_app_key(name: AppName, who: AsAdmin, store: Store,
+async def add_app_key(name: AppName, who: ChangesApp, store: Store,
                       users: Users) -> dict[str, Any]:
     """A further key (to rotate without a gap: deploy it, then revoke the old ones)."""
     key = new_api_key()
@@ -285,14 +321,14 @@ async def add_app_key(name: AppName, who: AsAdmin, store: Store,
 
 
 @router.delete("/v1/apps/{name}/keys", status_code=204)
-async def revoke_app_keys(name: AppName, who: AsAdmin, store: Store, users: Users) -> None:
+async def revoke_app_keys(name: AppName, who: ChangesApp, store: Store, users: Users) -> None:
     """Every key of the app stops working within 30 s (the receivers' key cache)."""
     await store.producers.revoke_app_keys(name)
     await users.audit(who, "app.keys_revoke", name)
 
 
 @router.get("/v1/messages")
-async def find_messages(_: AsViewer, service: Service, response: Response,
+async def find_messages(_: ReadsBus, service: Service, response: Response,
                         biz_id: BizIdQuery = None, destination: DestinationQuery = None,
                         subscription: SubscriptionQuery = None,
                         status: DeliveryStatus | None = None,
@@ -314,5 +350,5 @@ async def find_messages(_: AsViewer, service: Service, response: Response,
 
 
 @router.get("/v1/messages/{message_id}")
-async def message_detail(message_id: StoredId, _: AsViewer, service: Service) -> dict[str, Any]:
+async def message_detail(message_id: StoredId, _: ReadsBus, service: Service) -> dict[str, Any]:
     return await service.message_timeline(message_id)

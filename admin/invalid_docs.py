@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Response
 
+from admin.access import AdministersBus
 from admin.deps import Store, Users
 from admin.params import ConfigCollection, StoredId
-from admin.security import AsAdmin, AsViewer
 from msgbus.store.checked import Loaded
 
 T = TypeVar("T")
@@ -41,7 +41,7 @@ router = APIRouter()
 
 
 @router.get("/v1/invalid-documents")
-async def list_invalid_documents(_: AsViewer, store: Store) -> dict[str, Any]:
+async def list_invalid_documents(_: AdministersBus, store: Store) -> dict[str, Any]:
     """Stored configuration that does not validate and that every service skips."""
     found = [d.to_json() for d in await store.invalid.in_every_collection()]
     return {"count": len(found), "documents": found}
@@ -49,6 +49,6 @@ async def list_invalid_documents(_: AsViewer, store: Store) -> dict[str, Any]:
 
 @router.delete("/v1/invalid-documents/{collection}/{doc_id:path}", status_code=204)
 async def delete_invalid_document(collection: ConfigCollection, doc_id: StoredId,
-                                  who: AsAdmin, store: Store, users: Users) -> None:
+                                  who: AdministersBus, store: Store, users: Users) -> None:
     await store.invalid.delete(collection, doc_id)
     await users.audit(who, "invalid_document.delete", f"{collection}/{doc_id}")

@@ -11,16 +11,24 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Path, Query, Response
 
+from admin.access import (
+    Catalogue,
+    OperatesFromBody,
+    OperatesSubscription,
+    ReadsSubscription,
+    check_on_subscriptions,
+    may_on_subscriptions,
+)
 from admin.deps import Claims, Replays, Service, Shares, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.params import DestinationCode, GeneratedId, Limit, SubscriptionName
 from admin.schemas import DiscardIn, OperatorIn, RedriveIn, ReplayIn
-from admin.security import AsOperator, AsViewer
 from msgbus.delivery.batch import batches_of
 from msgbus.delivery.senders import make_sender
 from msgbus.errors import InvalidInput, NotFound, Unavailable
 from msgbus.ids import uuid7
 from msgbus.models import Envelope, ReplaySpec, ReplayState, subscription_id
+from msgbus.permissions import Right
 from msgbus.store import MongoStore
 from msgbus.users import Principal
 
@@ -75,7 +83,8 @@ router = APIRouter()
 
 
 @router.get("/v1/destinations/{code}/subscriptions/{name}/parked")
-async def list_parked(code: DestinationCode, name: SubscriptionName, _: AsViewer, store: Store,
+async def list_parked(code: DestinationCode, name: SubscriptionName, _: ReadsSubscription,
+                      store: Store,
                       claims: Claims, limit: Limit = 100) -> list[dict[str, Any]]:
     """Deliveries the retry policy gave up on (dead letters), oldest first."""
     sub = await store.config.get_subscription(subscription_id(code, name))
@@ -85,7 +94,7 @@ async def list_parked(code: DestinationCode, name: SubscriptionName, _: AsViewer
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/parked/redrive")
 async def redrive_parked(code: DestinationCode, name: SubscriptionName, body: RedriveIn,
-                         who: AsOperator, store: Store, users: Users,
+                         who: OperatesSubscription, store: Store, users: Users,
                          claims: Claims) -> dict[str, Any]:
     """Parked deliveries (all, or those of `message_ids`) are retried again at once, their
     policy's attempt count and age starting afresh."""
@@ -99,7 +108,7 @@ async def redrive_parked(code: DestinationCode, name: SubscriptionName, body: Re
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/parked/discard")
 async def discard_parked(code: DestinationCode, name: SubscriptionName, body: DiscardIn,
-                         who: AsOperator, store: Store, users: Users,
+                         who: OperatesSubscription, store: Store, users: Users,
                          claims: Claims) -> dict[str, Any]:
     """Parked deliveries (all, or those of `message_ids`) are dropped for good, with a
     reason; they stay in the trace as `discarded`."""
@@ -111,7 +120,7 @@ async def discard_parked(code: DestinationCode, name: SubscriptionName, body: Di
 
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/test")
-async def test_push(code: DestinationCode, name: SubscriptionName, who: AsOperator,
+async def test_push(code: DestinationCode, name: SubscriptionName, who: OperatesSubscription,
                     store: Store, users: Users, shares: Shares,
                     service: Service) -> dict[str, Any]:
     """Push a signed test message to the subscriber now (not through a broker, not
@@ -149,10 +158,11 @@ async def test_push(code: DestinationCode, name: SubscriptionName, who: AsOperat
 
 
 @router.post("/v1/replays")
-async def create_replay(body: ReplayIn, who: AsOperator, store: Store, users: Users,
+async def create_replay(body: ReplayIn, who: OperatesFromBody, store: Store, users: Users,
                         replays: Replays) -> dict[str, Any]:
     spec = ReplaySpec.model_validate(body.model_dump(exclude={"dry_run", "requested_by"}))
     targets = await replay_targets(store, spec)
+    await check_on_subscriptions(store, who, Right.OPERATE, targets)
     planned = await replays.count_planned(spec, targets)
     if body.dry_run:
         return {"dry_run": True, "planned": planned, "subscriptions": targets,
@@ -165,25 +175,32 @@ async def create_replay(body: ReplayIn, who: AsOperator, store: Store, users: Us
 
 
 @router.get("/v1/replays", responses=LIST_RESPONSES)
-async def list_replays(_: AsViewer, response: Response, replays: Replays,
+async def list_replays(who: Catalogue, response: Response, replays: Replays, store: Store,
                        limit: Annotated[int, Query(ge=1, le=500)] = 50
                        ) -> list[dict[str, Any]]:
+    """The recent replays of subscriptions the caller may read."""
     loaded = await replays.load_recent(limit)
-    return [replay_view(j) for j in valid_items(response, loaded)]
+    return [replay_view(j) for j in valid_items(response, loaded)
+            if await may_on_subscriptions(store, who, Right.READ, j["subscriptions"])]
 
 
 @router.get("/v1/replays/{replay_id}")
-async def get_replay(replay_id: GeneratedId, _: AsViewer, replays: Replays) -> dict[str, Any]:
-    return replay_view(await replays.get(replay_id))
+async def get_replay(replay_id: GeneratedId, who: Catalogue, replays: Replays,
+                     store: Store) -> dict[str, Any]:
+    job = await replays.get(replay_id)
+    await check_on_subscriptions(store, who, Right.READ, job["subscriptions"])
+    return replay_view(job)
 
 
 @router.post("/v1/replays/{replay_id}/{action}")
-async def change_replay(replay_id: GeneratedId, action: ReplayAction, who: AsOperator,
-                        users: Users, replays: Replays,
+async def change_replay(replay_id: GeneratedId, action: ReplayAction, who: Catalogue,
+                        users: Users, replays: Replays, store: Store,
                         body: OperatorIn | None = None) -> dict[str, Any]:
     if action not in TRANSITIONS:
         raise NotFound(f"unknown replay action {action!r}; one of "
                        f"{', '.join(TRANSITIONS)}", field="action")
+    job = await replays.get(replay_id)
+    await check_on_subscriptions(store, who, Right.OPERATE, job["subscriptions"])
     by = actor(who, (body or OperatorIn()).requested_by)
     to, allowed_from = TRANSITIONS[action]
     job = await replays.transition(replay_id, allowed_from, to, by)

@@ -13,9 +13,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from admin.access import ReadsSubscription
 from admin.deps import Store
 from admin.params import DestinationCode, SubscriptionName
-from admin.security import AsViewer
 from msgbus.delivery.shares import RATE_SUFFIX
 from msgbus.models import subscription_id, utcnow
 from msgbus.store import MongoStore
@@ -53,7 +53,7 @@ router = APIRouter()
 
 
 @router.get("/v1/destinations/{code}/subscriptions/{name}/pushers")
-async def list_pushers(code: DestinationCode, name: SubscriptionName, _: AsViewer,
+async def list_pushers(code: DestinationCode, name: SubscriptionName, _: ReadsSubscription,
                        store: Store) -> dict[str, Any]:
     """The processes pushing to the subscription now and their shares of its cap."""
     sub = await store.config.get_subscription(subscription_id(code, name))

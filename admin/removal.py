@@ -17,11 +17,11 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
+from admin.access import ChangesDestination, ChangesSubscription, OperatesSubscription
 from admin.deps import Claims, Deletions, Store, Users
 from admin.operations import actor
 from admin.params import DestinationCode, SubscriptionName
 from admin.schemas import OPERATOR_PATTERN
-from admin.security import AsAdmin, AsOperator
 from msgbus.errors import Conflict
 from msgbus.models import subscription_id, utcnow
 from msgbus.store import MongoStore
@@ -56,7 +56,8 @@ async def _delete_one_subscription(store: MongoStore, deletions: DeletionStore, 
 
 
 @router.delete("/v1/destinations/{code}/subscriptions/{name}")
-async def delete_subscription(code: DestinationCode, name: SubscriptionName, who: AsAdmin,
+async def delete_subscription(code: DestinationCode, name: SubscriptionName,
+                              who: ChangesSubscription,
                               store: Store, users: Users,
                               deletions: Deletions) -> dict[str, Any]:
     """Stops its pushes everywhere and removes its consumer group and queue; its records
@@ -68,7 +69,8 @@ async def delete_subscription(code: DestinationCode, name: SubscriptionName, who
 
 
 @router.delete("/v1/destinations/{code}")
-async def delete_destination(code: DestinationCode, who: AsAdmin, store: Store, users: Users,
+async def delete_destination(code: DestinationCode, who: ChangesDestination, store: Store,
+                             users: Users,
                              deletions: Deletions) -> dict[str, Any]:
     """Deletes the destination and every subscription of it: producers get 404, pushes
     stop, topics, exchanges, consumer groups and queues are removed; records stay until
@@ -86,7 +88,7 @@ async def delete_destination(code: DestinationCode, who: AsAdmin, store: Store, 
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/skip")
 async def skip_backlog(code: DestinationCode, name: SubscriptionName, body: SkipIn,
-                       who: AsOperator, store: Store, users: Users,
+                       who: OperatesSubscription, store: Store, users: Users,
                        claims: Claims) -> dict[str, Any]:
     """Everything received before now that the subscription has not got is recorded as
     skipped with `reason` instead of pushed."""

@@ -16,9 +16,9 @@ from confluent_kafka import KafkaException
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from admin.access import ReadsDestination
 from admin.deps import Service, Store, UiUser
 from admin.params import DestinationCode
-from admin.security import AsViewer
 from admin.ui import page
 from msgbus.brokers.base import topic_name
 from msgbus.models import BrokerKind, Destination, Subscription
@@ -81,7 +81,7 @@ async def _rabbit_cluster(http: httpx.AsyncClient, conn: ConnectionSettings, clu
 
 
 @router.get("/v1/destinations/{code}/replication")
-async def destination_replication(code: DestinationCode, _: AsViewer, store: Store,
+async def destination_replication(code: DestinationCode, _: ReadsDestination, store: Store,
                                   service: Service) -> DestinationCopies:
     """How many copies of the destination's messages each cluster of its broker keeps, as the
     broker describes them, beside what the settings ask for, and the problems found."""

@@ -12,11 +12,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from admin.access import OperatesSubscription, ReadsDestination
 from admin.deps import Claims, Parts, Store, UiUser, Users
 from admin.operations import actor
 from admin.params import DestinationCode, Limit, SubscriptionName
 from admin.schemas import ScheduledCancelIn, ScheduledIn
-from admin.security import AsOperator, AsViewer
 from admin.ui import PAGE_SIZE, page
 from msgbus.errors import Conflict
 from msgbus.models import subscription_id
@@ -51,7 +51,7 @@ async def scheduled_of(store: MongoStore, claims: DeliveryClaims, code: str,
 
 
 @router.get("/v1/destinations/{code}/scheduled")
-async def list_scheduled(code: DestinationCode, _: AsViewer, store: Store, claims: Claims,
+async def list_scheduled(code: DestinationCode, _: ReadsDestination, store: Store, claims: Claims,
                          limit: Limit = 100) -> list[dict[str, Any]]:
     """Deliveries of the destination's messages that wait for their time, soonest first."""
     return await scheduled_of(store, claims, code, limit)
@@ -59,7 +59,7 @@ async def list_scheduled(code: DestinationCode, _: AsViewer, store: Store, claim
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/scheduled/deliver-now")
 async def deliver_scheduled_now(code: DestinationCode, name: SubscriptionName,
-                                body: ScheduledIn, who: AsOperator, store: Store,
+                                body: ScheduledIn, who: OperatesSubscription, store: Store,
                                 users: Users, claims: Claims) -> dict[str, Any]:
     """These messages' scheduled deliveries to the subscription are due now: the
     compensator pushes them within about a second."""
@@ -75,7 +75,7 @@ async def deliver_scheduled_now(code: DestinationCode, name: SubscriptionName,
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/scheduled/cancel")
 async def cancel_scheduled(code: DestinationCode, name: SubscriptionName,
-                           body: ScheduledCancelIn, who: AsOperator, store: Store,
+                           body: ScheduledCancelIn, who: OperatesSubscription, store: Store,
                            users: Users, claims: Claims) -> dict[str, Any]:
     """These messages' scheduled deliveries to the subscription are dropped before their
     time, with a reason; they stay in the trace as `discarded`."""

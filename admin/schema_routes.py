@@ -8,12 +8,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Path, Request
 
+from admin.access import Catalogue, ChangesDestination
 from admin.deps import Store, Users, parts_of
 from admin.params import DestinationCode
 from admin.removal import refuse_while_deleting
 from admin.schema_compat import Change, incompatibilities
 from admin.schemas import SchemaIn
-from admin.security import AsAdmin, AsViewer
 from msgbus.errors import Conflict
 from msgbus.models import PayloadSchema, SchemaCompatibility
 from msgbus.payload_schema import compile_schema, first_error
@@ -72,7 +72,7 @@ async def register_schema(schemas: SchemaStore, code: str, body: SchemaIn,
 
 
 @router.put("/v1/destinations/{code}/schemas", status_code=201)
-async def put_schema(code: DestinationCode, body: SchemaIn, who: AsAdmin, store: Store,
+async def put_schema(code: DestinationCode, body: SchemaIn, who: ChangesDestination, store: Store,
                      users: Users, schemas: Schemas,
                      deletions: Annotated[DeletionStore, Depends(_deletions)]
                      ) -> dict[str, Any]:
@@ -88,7 +88,7 @@ async def put_schema(code: DestinationCode, body: SchemaIn, who: AsAdmin, store:
 
 
 @router.get("/v1/destinations/{code}/schemas")
-async def list_schemas(code: DestinationCode, _: AsViewer, store: Store,
+async def list_schemas(code: DestinationCode, _: Catalogue, store: Store,
                        schemas: Schemas) -> list[dict[str, Any]]:
     """Every version of the destination's payload schema, oldest first."""
     await store.config.get_destination(code)
@@ -96,13 +96,13 @@ async def list_schemas(code: DestinationCode, _: AsViewer, store: Store,
 
 
 @router.get("/v1/destinations/{code}/schemas/{version}")
-async def get_schema(code: DestinationCode, version: Version, _: AsViewer,
+async def get_schema(code: DestinationCode, version: Version, _: Catalogue,
                      schemas: Schemas) -> dict[str, Any]:
     return schema_view(await schemas.get(code, version))
 
 
 @router.post("/v1/destinations/{code}/schemas/{version}/check")
-async def check_body(code: DestinationCode, version: Version, _: AsViewer, schemas: Schemas,
+async def check_body(code: DestinationCode, version: Version, _: Catalogue, schemas: Schemas,
                      body: Annotated[Any, Body(description="a message body (any JSON)")]
                      ) -> dict[str, Any]:
     """Whether `body` passes this version of the schema, and its first error if not."""

@@ -16,13 +16,19 @@ from msgbus.models import (
     SchemaCompatibility,
     SubscriptionSettings,
 )
+from msgbus.teams import TeamName
 from msgbus.users import MIN_PASSWORD_LENGTH, Role
 
 
 class DestinationIn(ConfigModel):
     broker: BrokerKind = BrokerKind.DIRECT
     description: str = Field(default="", max_length=2000)
-    owner: str = Field(default="", max_length=200, description="the team that owns it")
+    team: TeamName | None = Field(
+        default=None, description="the team that owns it; default: its team now, or, for a new "
+                                  "one, the caller's team when the caller is in exactly one")
+    owner: str | None = Field(default=None, max_length=200,
+                              description="deprecated, renamed `team` in 0.2: a label here "
+                                          "names a team as an upgrade does (msgbus/teams.py)")
     partitions: Integer = Field(default=4, ge=1, le=256)
     record_rate_per_s: StrictFloat = Field(
         default=0, ge=0, le=10_000_000,
@@ -55,6 +61,11 @@ class RuntimeIn(ConfigModel):
 class SubscriptionIn(SubscriptionSettings):
     """A subscription's settings; its destination and name are in the path."""
 
+    team: TeamName | None = Field(
+        default=None, description="the team that owns it; default: its team now, or, for a new "
+                                  "one, the caller's team when the caller is in exactly one, "
+                                  "else the destination's")
+
 
 # how long pushes are also signed with the previous secret after a rotation, by default
 DEFAULT_SECRET_OVERLAP_S = 24 * 3600
@@ -72,6 +83,9 @@ class AppIn(BaseModel):
     destinations: list[Annotated[str, Field(pattern=APP_DESTINATION_PATTERN)]] = Field(
         default_factory=lambda: ["*"], min_length=1, max_length=10_000,
         description="destination codes it may send to; '*' for every one")
+    team: TeamName | None = Field(
+        default=None, description="the team that owns it; default: the caller's team when the "
+                                  "caller is in exactly one")
 
 
 # ASCII spelled out: \w is ASCII in JSON Schema (ECMA-262), Unicode in pydantic (Rust)

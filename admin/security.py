@@ -27,6 +27,7 @@ from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBea
 from msgbus.auth import bearer_token, same_secret
 from msgbus.errors import Forbidden, MongoUnavailable, Unauthorized
 from msgbus.store.gate import MongoGate
+from msgbus.store.teams import TeamStore
 from msgbus.store.users import UserStore
 from msgbus.users import Principal, Role, hash_api_token
 
@@ -87,9 +88,10 @@ class Sessions:
 
 
 class Authenticator:
-    def __init__(self, users: UserStore, sessions: Sessions, bootstrap_token: str,
-                 gate: MongoGate) -> None:
+    def __init__(self, users: UserStore, teams: TeamStore, sessions: Sessions,
+                 bootstrap_token: str, gate: MongoGate) -> None:
         self._users = users
+        self._teams = teams
         self.sessions = sessions
         self._bootstrap = bootstrap_token
         self._gate = gate
@@ -102,7 +104,8 @@ class Authenticator:
             if self._bootstrap and same_secret(token, self._bootstrap):
                 return Principal(name="admin-token", role=Role.ADMIN, via="bootstrap")
             found = await self._remembered(f"token:{hash_api_token(token)}",
-                                           lambda: self._users.principal_for_token(token))
+                                           lambda: self._with_teams(
+                                               self._users.principal_for_token(token)))
             if found is None:
                 raise Unauthorized("unknown or revoked API token")
             return found
@@ -112,12 +115,21 @@ class Authenticator:
             raise Unauthorized("log in (POST /v1/session) or send an API token"
                                if not cookie else "session expired or invalid; log in again")
         name, session_id = session
-        user = await self._remembered(f"user:{name}", lambda: self._session_user(name))
+        user = await self._remembered(f"user:{name}",
+                                      lambda: self._with_teams(self._session_user(name)))
         if user is None:
             raise Unauthorized("session of a user that no longer exists or is disabled")
         if request.method not in SAFE_METHODS:
             await self._check_csrf(request, session_id)
         return dataclasses.replace(user, session_id=session_id)
+
+    async def _with_teams(self, looked_up: Awaitable[Principal | None]) -> Principal | None:
+        """The principal with its teams, read afresh: a member removed from a team loses its
+        rights with the next request."""
+        principal = await looked_up
+        if principal is None:
+            return None
+        return dataclasses.replace(principal, teams=await self._teams.roles_of(principal.name))
 
     async def _session_user(self, name: str) -> Principal | None:
         user = await self._users.find_user(name)

@@ -33,7 +33,8 @@ class AdminService:
                                 component="admin")
         self.users = UserStore(self.store)
         secret = settings.session_secret.get_secret_value() or secrets.token_urlsafe(32)
-        self.auth = Authenticator(self.users, Sessions(secret, settings.session_ttl_s),
+        self.auth = Authenticator(self.users, self.store.teams,
+                                  Sessions(secret, settings.session_ttl_s),
                                   settings.token.get_secret_value(), self.store.gate)
         conn = settings.connections
         # test pushes count against the subscription's cap like every other push
@@ -56,9 +57,10 @@ class AdminService:
         await self.shares.close()
         await self.store.close()
 
-    async def create_producer_app(self, name: str, destinations: Sequence[str]) -> str:
+    async def create_producer_app(self, name: str, destinations: Sequence[str],
+                                  team: str) -> str:
         key = new_api_key()
-        await self.store.producers.create_app(name, hash_api_key(key), destinations)
+        await self.store.producers.create_app(name, hash_api_key(key), destinations, team)
         return key
 
     async def replacement_subscription(self, code: str, name: str,

@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from fastapi import APIRouter
 
+from admin.access import ReadsSubscription
 from admin.dashboard import COUNT_CAP
 from admin.deps import Store
 from admin.params import DestinationCode, SubscriptionName
-from admin.security import AsViewer
 from msgbus.models import DeliveryStatus, subscription_id, utcnow
 from msgbus.store import MongoStore
 from msgbus.store.pushstats import UNITS, Bucket, bucket_start, series
@@ -159,7 +159,8 @@ router = APIRouter()
 
 
 @router.get("/v1/destinations/{code}/subscriptions/{name}/health")
-async def get_health(code: DestinationCode, name: SubscriptionName, _: AsViewer, store: Store,
+async def get_health(code: DestinationCode, name: SubscriptionName, _: ReadsSubscription,
+                     store: Store,
                      range: Literal["hour", "day", "week"] = "hour") -> dict[str, Any]:
     """Its pushes by outcome, p50/p99 and backlog per minute (range=hour) or per hour (day,
     week), its newest failed pushes, and its backlog now."""

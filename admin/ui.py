@@ -22,6 +22,7 @@ from fastapi import APIRouter, FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from admin.access import subscription_team
 from admin.deps import (
     LoginRequired,
     Parts,
@@ -43,6 +44,7 @@ from admin.templating import HERE, templates
 from msgbus.errors import InvalidStoredDocument, MsgbusError, NotFound
 from msgbus.http import include_routes
 from msgbus.models import CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id
+from msgbus.permissions import Right, check
 from msgbus.store.schemas import SchemaStore
 from msgbus.users import Principal, Role, check_password
 
@@ -157,6 +159,7 @@ async def messages_page(request: Request, who: UiUser, store: Store, message_id:
                         status: str = "", since: str = "", until: str = "",
                         before: str = "", after: str = "") -> Response:
     """The message list (admin/message_list.py): `before` pages back (older), `after` forward."""
+    check(who, Right.READ, None)  # message bodies and traces: see docs/operations.md
     if message_id.strip():
         return RedirectResponse(f"/ui/messages/{message_id.strip()}", status_code=303)
     form = {"biz_id": biz_id, "destination": destination, "subscription": subscription,
@@ -186,6 +189,7 @@ async def messages_page(request: Request, who: UiUser, store: Store, message_id:
 @router.get("/ui/messages/{message_id}", response_model=None)
 async def message_page(request: Request, message_id: str, who: UiUser,
                        service: Service) -> Response:
+    check(who, Right.READ, None)  # message bodies and traces: see docs/operations.md
     try:
         timeline = await service.message_timeline(message_id)
     except NotFound as exc:
@@ -204,6 +208,7 @@ async def message_page(request: Request, message_id: str, who: UiUser,
 @router.get("/ui/parked/{code}/{name}", response_model=None)
 async def parked_page(request: Request, code: str, name: str, who: UiUser,
                       parts: Parts) -> Response:
+    check(who, Right.READ, await subscription_team(parts.service.store, code, name))
     sub_id = subscription_id(code, name)
     return page(request, "parked.html", who, page="Destinations", sub_id=sub_id,
                 code=code, name=name, parked=await parts.ui_claims.parked(sub_id, PAGE_SIZE))
@@ -211,6 +216,7 @@ async def parked_page(request: Request, code: str, name: str, who: UiUser,
 
 @router.get("/ui/replays", response_model=None)
 async def replays_page(request: Request, who: UiUser, replays: Replays) -> Response:
+    check(who, Right.READ, None)  # every team's replays: the bus's operators and admins
     jobs = [{"replay_id": j["_id"], **j} for j in await replays.recent(PAGE_SIZE)]
     return page(request, "replays.html", who, page="Replays", jobs=jobs,
                 actions=REPLAY_ACTIONS,
@@ -223,6 +229,8 @@ async def subscription_page(request: Request, code: str, name: str, who: UiUser,
     """How a subscription is doing (charts over `range`: hour, day or week; its newest
     failures); edit (or, with name `new`, create) it; act on it; how to verify pushes."""
     await store.config.get_destination(code)
+    if name != "new":  # the form for a new one: the API decides who may make it
+        check(who, Right.READ, await subscription_team(store, code, name))
     sub, invalid = None, None
     if name != "new":
         try:
@@ -242,6 +250,7 @@ async def subscription_page(request: Request, code: str, name: str, who: UiUser,
 @router.get("/ui/audit", response_model=None)
 async def audit_page(request: Request, who: UiUser, users: Users,
                      before: str = "") -> Response:
+    check(who, Right.READ, None)  # every team's changes: the bus's operators and admins
     entries = await users.audit_log(PAGE_SIZE, _utc(before))
     next_url = (f"/ui/audit?before={entries[-1]['at'].isoformat()}"
                 if len(entries) == PAGE_SIZE else None)

@@ -14,11 +14,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from admin.access import AdministersBus, AsCaller, Public, ReadsBus
 from admin.deps import Service, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.params import GeneratedId, Limit, TargetQuery, UserName
 from admin.schemas import LoginIn, TokenIn, UserIn
-from admin.security import SESSION_COOKIE, AsAdmin, AsViewer
+from admin.security import SESSION_COOKIE
 from msgbus.errors import Forbidden, InvalidInput, Unauthorized
 from msgbus.models import Timestamp
 from msgbus.users import Principal, Role, check_password, hash_password
@@ -32,7 +33,7 @@ def _user_view(doc: dict[str, Any]) -> dict[str, Any]:
 router = APIRouter()
 
 
-@router.post("/v1/session")
+@router.post("/v1/session", dependencies=[Public])
 async def login(body: LoginIn, request: Request, response: Response,
                 service: Service) -> dict[str, Any]:
     users, sessions = service.users, service.auth.sessions
@@ -50,25 +51,27 @@ async def login(body: LoginIn, request: Request, response: Response,
 
 
 @router.get("/v1/session")
-async def whoami(who: AsViewer, service: Service) -> dict[str, Any]:
-    answer: dict[str, Any] = {"name": who.name, "role": who.role.value, "via": who.via}
+async def whoami(who: AsCaller, service: Service) -> dict[str, Any]:
+    answer: dict[str, Any] = {"name": who.name, "role": who.role.value, "via": who.via,
+                              "teams": {team: role.value for team, role in who.teams.items()}}
     if who.session_id is not None:
         answer["csrf_token"] = service.auth.sessions.csrf_token(who.session_id)
     return answer
 
 
-@router.delete("/v1/session", status_code=204)
+@router.delete("/v1/session", status_code=204, dependencies=[Public])
 async def logout(response: Response) -> None:
     response.delete_cookie(SESSION_COOKIE)
 
 
 @router.get("/v1/users", responses=LIST_RESPONSES)
-async def list_users(_: AsAdmin, response: Response, users: Users) -> list[dict[str, Any]]:
+async def list_users(_: AdministersBus, response: Response, users: Users) -> list[dict[str, Any]]:
     return [_user_view(u) for u in valid_items(response, await users.load_users())]
 
 
 @router.put("/v1/users/{name}")
-async def put_user(name: UserName, body: UserIn, who: AsAdmin, users: Users) -> dict[str, Any]:
+async def put_user(name: UserName, body: UserIn, who: AdministersBus, users: Users) -> dict[str,
+                   Any]:
     state = await users.user_state(name)
     if state != "valid":  # a new user, or one in place of a stored one that is invalid
         if body.password is None or body.role is None:
@@ -94,7 +97,7 @@ async def put_user(name: UserName, body: UserIn, who: AsAdmin, users: Users) -> 
 
 
 @router.delete("/v1/users/{name}", status_code=204)
-async def delete_user(name: UserName, who: AsAdmin, users: Users) -> None:
+async def delete_user(name: UserName, who: AdministersBus, users: Users) -> None:
     if name == who.name:
         raise Forbidden("you cannot delete yourself")
     await users.delete_user(name)
@@ -102,7 +105,7 @@ async def delete_user(name: UserName, who: AsAdmin, users: Users) -> None:
 
 
 @router.post("/v1/tokens", status_code=201)
-async def create_token(body: TokenIn, who: AsViewer, users: Users) -> dict[str, Any]:
+async def create_token(body: TokenIn, who: AsCaller, users: Users) -> dict[str, Any]:
     if who.via == "bootstrap":
         raise InvalidInput("the bootstrap token has no user: create a user and log in as "
                            "them to make API tokens", field="authorization")
@@ -117,20 +120,20 @@ async def create_token(body: TokenIn, who: AsViewer, users: Users) -> dict[str, 
 
 
 @router.get("/v1/tokens", responses=LIST_RESPONSES)
-async def list_tokens(who: AsViewer, response: Response,
+async def list_tokens(who: AsCaller, response: Response,
                       users: Users) -> list[dict[str, Any]]:
     loaded = await users.load_tokens(None if who.role is Role.ADMIN else who.name)
     return valid_items(response, loaded)
 
 
 @router.delete("/v1/tokens/{token_id}", status_code=204)
-async def revoke_token(token_id: GeneratedId, who: AsViewer, users: Users) -> None:
+async def revoke_token(token_id: GeneratedId, who: AsCaller, users: Users) -> None:
     await users.revoke_token(token_id, None if who.role is Role.ADMIN else who.name)
     await users.audit(who, "token.revoke", token_id)
 
 
 @router.get("/v1/audit")
-async def audit_log(_: AsViewer, users: Users, limit: Limit = 100,
+async def audit_log(_: ReadsBus, users: Users, limit: Limit = 100,
                     before: Timestamp | None = None,
                     target: TargetQuery = None) -> list[dict[str, Any]]:
     return await users.audit_log(limit, before, target)

@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from msgbus.teams import PLATFORM_TEAM, TeamName, team_of_label
+
 CODE_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 _CODE_RE = re.compile(CODE_PATTERN)
@@ -209,7 +211,7 @@ class Destination(ConfigModel):
     code: Annotated[str, Field(pattern=CODE_PATTERN)]
     broker: BrokerKind = BrokerKind.DIRECT
     description: str = Field(default="", max_length=2000)
-    owner: str = Field(default="", max_length=200, description="the team that owns it")
+    team: TeamName = PLATFORM_TEAM  # the team that owns it (msgbus/teams.py)
     partitions: Integer = Field(default=4, ge=1, le=256,
                                   description="Kafka topic partitions")
     record_rate_per_s: StrictFloat = Field(
@@ -219,6 +221,16 @@ class Destination(ConfigModel):
     # that existed then has drained it (dispatcher/drains.py), then it leaves this list.
     retired: list[RetiredBroker] = Field(default_factory=list, max_length=20)
     created_at: datetime = Field(default_factory=utcnow)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _owner_label_is_a_team(cls, data: Any) -> Any:
+        """Documents written before teams name their owner in a free-text label."""
+        if isinstance(data, dict) and "owner" in data:
+            data = dict(data)
+            label = data.pop("owner")
+            data.setdefault("team", team_of_label(label or ""))
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -379,6 +391,8 @@ class SubscriptionSettings(ConfigModel):
 class Subscription(SubscriptionSettings):
     destination: Annotated[str, Field(pattern=CODE_PATTERN)]
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    # the team that owns it; None (stored before teams): its destination's team
+    team: TeamName | None = None
     signing_secrets: list[Annotated[str, Field(max_length=200)]] = Field(
         default_factory=lambda: [new_signing_secret()], max_length=10)
     created_at: datetime = Field(default_factory=utcnow)
@@ -536,3 +550,4 @@ class ProducerApp(BaseModel):
         min_length=1)
     created_at: datetime
     revoked_at: datetime | None = None
+    team: TeamName = PLATFORM_TEAM  # stored before teams: the bus's own until given away

@@ -1,7 +1,8 @@
 """Admin users: roles, password hashing, API tokens and who is asking (`Principal`).
 
-Roles are ordered: a viewer reads; an operator also pauses and resumes subscriptions, replays
-and re-drives; an admin also changes configuration, producer apps and users.
+Bus-wide roles are ordered: a viewer sees the catalogue; an operator also reads and operates
+everything (the bus's on-call); an admin also changes everything. Everyone else's rights come
+from their teams (msgbus/teams.py); msgbus/permissions.py holds the rules.
 
 Passwords are hashed with scrypt (memory-hard, in the standard library) and a random salt per
 user; API tokens are 32 random bytes, so, like producer keys, a SHA-256 of them is stored.
@@ -13,12 +14,15 @@ import base64
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated
 
 from pydantic import BaseModel, Field
+
+from msgbus.teams import TeamRole
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 TOKEN_PREFIX = "mbt_"
@@ -47,6 +51,7 @@ class Principal:
     role: Role
     via: str  # "session", "token", "bootstrap" (the shared admin token) or "cli"
     session_id: str | None = None
+    teams: Mapping[str, TeamRole] = field(default_factory=dict)  # team -> role in it
 
 
 class UserRecord(BaseModel):

@@ -21,7 +21,9 @@ ROLES = click.Choice([r.value for r in Role])
 def whoami(client: AdminClient) -> None:
     """Who the token acts as, with which role."""
     answer = client.call("GET", "/v1/session")
-    client.show(answer, lambda a: f"{a['name']} ({a['role']}, via {a['via']}) at {client.url}")
+    client.show(answer, lambda a: f"{a['name']} ({a['role']}, via {a['via']}) at {client.url}"
+                                  + "".join(f"\n  {role} of team {team}"
+                                            for team, role in a.get("teams", {}).items()))
 
 
 @click.command("list")
@@ -108,10 +110,12 @@ def apps() -> None:
 @click.argument("name")
 @click.option("--destination", "destinations", multiple=True,
               help="A destination it may send to (repeatable; default: every one, '*').")
-def apps_create(client: AdminClient, name: str, destinations: tuple[str, ...]) -> None:
+@click.option("--team", help="The team that owns it (default: yours, if you are in one).")
+def apps_create(client: AdminClient, name: str, destinations: tuple[str, ...],
+                team: str | None) -> None:
     """Producer app NAME with its first API key, shown once."""
-    answer = client.call("POST", "/v1/apps",
-                         json={"name": name, "destinations": list(destinations) or ["*"]})
+    body = {"name": name, "destinations": list(destinations) or ["*"], "team": team}
+    answer = client.call("POST", "/v1/apps", json={k: v for k, v in body.items() if v})
     client.show(answer, lambda a: f"{a['api_key']}\n(app {a['name']} may send to "
                                   f"{', '.join(a['destinations'])}; the key is shown only once)")
 
@@ -121,7 +125,7 @@ def apps_create(client: AdminClient, name: str, destinations: tuple[str, ...]) -
 def apps_list(client: AdminClient) -> None:
     """Producer apps: name, destinations, how many keys (never the keys)."""
     client.show_table(client.call("GET", "/v1/apps"),
-                      ("name", "destinations", "keys", "created_at", "revoked_at"),
+                      ("name", "team", "destinations", "keys", "created_at", "revoked_at"),
                       empty="no producer apps")
 
 

@@ -17,9 +17,10 @@ import orjson
 from msgbus_cli.admin_client import BY_OPTION, YES_OPTION, AdminClient, F, admin_options
 from msgbus_cli.schema_cmd import schema
 
-SUBSCRIPTION_COLUMNS = ("destination", "name", "url", "paused", "max_concurrency", "max_rate_per_s",
-                        "timeout_ms", "ordered_by_biz_id", "batch_max_messages", "delay_s")
-DESTINATION_COLUMNS = ("code", "broker", "partitions", "record_rate_per_s", "owner",
+SUBSCRIPTION_COLUMNS = ("destination", "name", "url", "paused", "max_concurrency",
+                        "max_rate_per_s", "timeout_ms", "ordered_by_biz_id",
+                        "batch_max_messages", "delay_s", "team")
+DESTINATION_COLUMNS = ("code", "broker", "partitions", "record_rate_per_s", "team",
                        "description")
 
 
@@ -78,7 +79,8 @@ def destination_list(client: AdminClient) -> None:
 @click.option("--broker", type=click.Choice(["direct", "kafka", "rabbitmq"]),
               help="Where its messages go (a change is a broker switch: docs/operations.md).")
 @click.option("--description")
-@click.option("--owner", help="The team that owns it.")
+@click.option("--team", help="The team that owns it (default: yours, if you are in one).")
+@click.option("--owner", hidden=True, help="Before 0.2: a free-text owner label, read as a team.")
 @click.option("--partitions", type=int)
 @click.option("--record-rate", "record_rate_per_s", type=float,
               help="MongoDB record writes/s of each receiver; 0: unlimited.")
@@ -87,6 +89,8 @@ def destination_put(client: AdminClient, code: str, from_file: Path | None,
                     **options: Any) -> None:
     """Create destination CODE, or change the settings given of an existing one."""
     current = _current_destination(client, code)
+    if options.get("owner"):  # the label names the team now (msgbus/teams.py)
+        current.pop("team", None)
     body = current | _file_body(from_file) | _changes(**options)
     answer = client.call("PUT", f"/v1/destinations/{code}", json=body)
     client.show(answer, lambda a: f"{'updated' if current else 'created'} {a['code']} "
@@ -149,6 +153,7 @@ def subscription_list(client: AdminClient, destination: str | None) -> None:
 @admin_options
 @_subscription_args
 @click.option("--url", help="The subscriber's endpoint (http or https).")
+@click.option("--team", help="The team that owns it (default: yours, if you are in one).")
 @click.option("--max-concurrency", type=int, help="Pushes at once, all processes together.")
 @click.option("--max-rate", "max_rate_per_s", type=int, help="Pushes per second at most.")
 @click.option("--timeout-ms", type=int)

@@ -36,6 +36,7 @@ from msgbus_cli.stack import (
     stop_on_signals,
 )
 from msgbus_cli.status_cmd import status
+from msgbus_cli.teams_cmd import teams
 from msgbus_cli.users_cmd import users
 
 DEFAULT_STATE_DIR = Path(".msgbus")
@@ -226,5 +227,5 @@ main.add_command(users)
 for _command in USERS_API_COMMANDS:
     users.add_command(_command)
 for _command in (whoami, tokens, apps, audit, messages, invalid_docs, runtime, analytics,
-                 status):
+                 status, teams):
     main.add_command(_command)

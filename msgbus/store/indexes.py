@@ -38,6 +38,7 @@ INDEXES: dict[str, list[IndexModel]] = {
     "subscriptions": [IndexModel([("destination", ASCENDING)])],
     "schemas": [IndexModel([("destination", ASCENDING), ("version", ASCENDING)])],
     "apps": [IndexModel([("key_hashes", ASCENDING)])],
+    "teams": [IndexModel([("members.user", ASCENDING)])],  # a user's teams, at each sign-in
     "instances": [IndexModel([("expires_at", ASCENDING)])],  # the live ones (cap shares)
     "push_stats": pushstats.INDEXES,
 }

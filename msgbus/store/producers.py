@@ -23,6 +23,7 @@ from msgbus.store.checked import (
     storable,
 )
 from msgbus.store.gate import MongoGate
+from msgbus.teams import PLATFORM_TEAM
 
 LOOKUP_TIMEOUT_S = 2.0  # a look-up a request waits for (an API key)
 
@@ -34,8 +35,9 @@ class ProducerStore:
         self._gate = gate
         self._invalid_log = invalid_log
 
-    async def create_app(self, name: str, key_hash: str, destinations: Sequence[str]) -> None:
-        doc = storable({"_id": name, "key_hashes": [key_hash],
+    async def create_app(self, name: str, key_hash: str, destinations: Sequence[str],
+                         team: str = PLATFORM_TEAM) -> None:
+        doc = storable({"_id": name, "key_hashes": [key_hash], "team": team,
                         "destinations": list(destinations), "created_at": utcnow()},
                        ProducerApp.model_validate)
         try:
@@ -65,7 +67,7 @@ class ProducerStore:
         self._invalid_log.whole_collection("apps", loaded.invalid)
         return loaded
 
-    async def _app(self, name: str) -> ProducerApp:
+    async def get_app(self, name: str) -> ProducerApp:
         doc = await self._apps.find_one({"_id": name})
         if doc is None:
             raise NotFound(f"unknown producer app {name!r}", field="name")
@@ -73,7 +75,7 @@ class ProducerStore:
 
     async def add_app_key(self, name: str, key_hash: str) -> None:
         """Another key for the app (the old ones keep working until revoked)."""
-        await self._app(name)  # an app that does not validate is replaced, not extended
+        await self.get_app(name)  # an app that does not validate is replaced, not extended
         await self._apps.update_one({"_id": name}, {
             "$push": {"key_hashes": key_hash}, "$set": {"revoked_at": None}})
 

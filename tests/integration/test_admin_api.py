@@ -24,7 +24,7 @@ def test_admin_producer_app_keys_are_listed_without_secrets_added_and_revoked(
     code = f"apps-{uuid.uuid4().hex[:6]}"
     bus.create_destination(code, "direct", owner="team-orders")
     assert next(d for d in bus.admin.get("/v1/destinations").json()
-                if d["code"] == code)["owner"] == "team-orders"
+                if d["code"] == code)["team"] == "team-orders"  # the label names the team
     name = f"app-{uuid.uuid4().hex[:6]}"
     first = bus.admin.post("/v1/apps", json={"name": name, "destinations": [code]}).json()
     assert _send(bus, first["api_key"], code).status_code == 202

@@ -39,9 +39,10 @@ def _client(url: str, token: str) -> httpx.Client:
 
 
 def _user_token(admin: httpx.Client) -> str:
-    """A new viewer's API token (its user and token live in MongoDB)."""
-    name = f"viewer-{uuid.uuid4().hex[:6]}"
-    admin.put(f"/v1/users/{name}", json={"password": PASSWORD, "role": "viewer"}
+    """A new operator's API token (its user and token live in MongoDB; the bus's on-call
+    reads every service's state)."""
+    name = f"operator-{uuid.uuid4().hex[:6]}"
+    admin.put(f"/v1/users/{name}", json={"password": PASSWORD, "role": "operator"}
               ).raise_for_status()
     with httpx.Client(base_url=str(admin.base_url), timeout=CLIENT_TIMEOUT_S) as session:
         login = session.post("/v1/session", json={"username": name, "password": PASSWORD})
@@ -117,8 +118,8 @@ def test_admin_dashboard_renders_within_seconds_when_mongodb_hangs_under_it(
     check, the figures and the list of services each wait a bounded time, then it renders
     what the admin last read."""
     with _client(admin_url, BOOTSTRAP) as admin:
-        name = f"viewer-{uuid.uuid4().hex[:6]}"
-        admin.put(f"/v1/users/{name}", json={"password": PASSWORD, "role": "viewer"}
+        name = f"operator-{uuid.uuid4().hex[:6]}"
+        admin.put(f"/v1/users/{name}", json={"password": PASSWORD, "role": "operator"}
                   ).raise_for_status()
     with httpx.Client(base_url=admin_url, timeout=CLIENT_TIMEOUT_S) as browser:
         browser.post("/v1/session", json={"username": name, "password": PASSWORD}

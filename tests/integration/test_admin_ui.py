@@ -161,7 +161,7 @@ def test_admin_ui_creates_a_destination_and_subscription_and_sends_a_test_messag
         form = page.locator("#new-destination")
         form.locator("input[name=code]").fill(code)
         form.locator("select[name=broker]").select_option("kafka")
-        form.locator("input[name=owner]").fill("team-ui")
+        form.locator("input[name=team]").fill("team-ui")
         form.get_by_role("button", name="Create destination").click()
         page.wait_for_selector(f"#dest-{code}")
         page.locator(f"#dest-{code}").get_by_role("link", name="+ subscription").click()

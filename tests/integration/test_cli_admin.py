@@ -77,9 +77,9 @@ def _verifies_with(subscriber: RecordingSubscriber, code: str, admin: list[str])
 def test_cli_configures_a_subscription_pauses_tests_and_manages_its_secret(
         bus: RunningBus, admin: list[str]) -> None:
     code = f"cli-cfg-{uuid.uuid4().hex[:6]}"
-    made = _json(_run("destination", "put", code, "--broker", "rabbitmq", "--owner", "ops",
+    made = _json(_run("destination", "put", code, "--broker", "rabbitmq", "--team", "ops",
                       *admin, "-o", "json"))
-    assert made["code"] == code and made["owner"] == "ops"
+    assert made["code"] == code and made["team"] == "ops"
     assert code in _ok(_run("destination", "list", *admin))
     subscriber = RecordingSubscriber()
     url = bus.serve_subscriber(subscriber)

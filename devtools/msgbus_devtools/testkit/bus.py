@@ -59,6 +59,9 @@ BACKLOG_INTERVAL_S = 3.0
 SHUTDOWN_TIMEOUT_S = 240.0
 SLOW_SHUTDOWN_S = 30.0
 
+USER_PASSWORD = "correct horse battery"
+
+
 class RunningBus:
     def __init__(
         self,
@@ -169,6 +172,27 @@ class RunningBus:
             return server.port
 
         return f"http://{HOST}:{self.loop.run(start())}/hook"
+
+    def add_user(self, role: str, password: str = USER_PASSWORD) -> str:
+        """A new user (name: `role` and a random suffix) of bus-wide `role`."""
+        name = f"{role}-{uuid.uuid4().hex[:6]}"
+        self.admin.put(f"/v1/users/{name}", json={"password": password, "role": role}
+                       ).raise_for_status()
+        return name
+
+    def client_of(self, name: str, password: str = USER_PASSWORD,
+                  token_role: str | None = None) -> httpx.Client:
+        """An admin API client with an API token of user `name` (made in a session of theirs;
+        `token_role`: a role below the user's)."""
+        with httpx.Client(base_url=self.admin_url, timeout=10) as session:
+            login = session.post("/v1/session", json={"username": name, "password": password})
+            login.raise_for_status()
+            made = session.post("/v1/tokens", headers={"x-csrf-token": login.json()["csrf_token"]},
+                                json={"name": "tests", **({"role": token_role} if token_role
+                                                          else {})})
+            made.raise_for_status()
+        return httpx.Client(base_url=self.admin_url, timeout=10,
+                            headers={"authorization": f"Bearer {made.json()['token']}"})
 
     def create_destination(self, code: str, broker: str, **options: Any) -> None:
         """Create or change a destination (changing `broker` switches it at runtime)."""

@@ -1,0 +1,92 @@
+"""Teams and their members: every signed-in user sees them; an admin makes and deletes teams;
+a team's owners manage its members (msgbus/permissions.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+from pydantic import BaseModel, Field
+
+from admin.access import AdministersBus, Catalogue, ManagesTeam
+from admin.deps import Store, Users
+from msgbus.errors import Conflict
+from msgbus.store import MongoStore
+from msgbus.teams import TEAM_PATTERN, Member, Team, TeamRole
+
+router = APIRouter()
+
+TeamPath = Annotated[str, Path(pattern=TEAM_PATTERN, description="a team's name")]
+MemberPath = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f/]+$",
+                                 description="a user's name")]
+
+
+class TeamIn(BaseModel):
+    description: str = Field(default="", max_length=2000)
+    members: list[Member] = Field(default_factory=list, max_length=10_000)
+
+
+class MemberIn(BaseModel):
+    role: TeamRole
+
+
+def _view(team: Team) -> dict[str, Any]:
+    return team.model_dump(mode="json", by_alias=False)
+
+
+@router.get("/v1/teams")
+async def list_teams(_: Catalogue, store: Store) -> list[dict[str, Any]]:
+    return [_view(t) for t in (await store.teams.load()).items]
+
+
+@router.get("/v1/teams/{team}")
+async def get_team(team: TeamPath, _: Catalogue, store: Store) -> dict[str, Any]:
+    return _view(await store.teams.get(team))
+
+
+@router.put("/v1/teams/{team}")
+async def put_team(team: TeamPath, body: TeamIn, who: ManagesTeam, store: Store,
+                   users: Users) -> dict[str, Any]:
+    """Makes the team (an admin) or replaces its description and members (its owners)."""
+    saved = await store.teams.save(team, body.description, body.members)
+    await users.audit(who, "team.put", team, body.model_dump(mode="json"))
+    return _view(saved)
+
+
+@router.put("/v1/teams/{team}/members/{user}")
+async def put_member(team: TeamPath, user: MemberPath, body: MemberIn, who: ManagesTeam,
+                     store: Store, users: Users) -> dict[str, Any]:
+    saved = await store.teams.set_member(team, user, body.role)
+    await users.audit(who, "team.member_put", team, {"user": user, "role": body.role.value})
+    return _view(saved)
+
+
+@router.delete("/v1/teams/{team}/members/{user}")
+async def delete_member(team: TeamPath, user: MemberPath, who: ManagesTeam, store: Store,
+                        users: Users) -> dict[str, Any]:
+    saved = await store.teams.set_member(team, user, None)
+    await users.audit(who, "team.member_delete", team, {"user": user})
+    return _view(saved)
+
+
+@router.delete("/v1/teams/{team}", status_code=204)
+async def delete_team(team: TeamPath, who: AdministersBus, store: Store, users: Users) -> None:
+    """Only a team that owns nothing: give its things to another team first."""
+    await store.teams.get(team)
+    owned = await _owned_by(store, team)
+    if owned:
+        raise Conflict(f"team {team} still owns {', '.join(owned[:10])}; give them to another "
+                       "team first", field="team")
+    await store.teams.delete(team)
+    await users.audit(who, "team.delete", team)
+
+
+async def _owned_by(store: MongoStore, team: str) -> list[str]:
+    destinations = await store.config.list_destinations()
+    teams = {d.code: d.team for d in destinations}
+    owned = [f"destination {d.code}" for d in destinations if d.team == team]
+    owned += [f"subscription {s.id}" for s in await store.config.list_subscriptions()
+              if (s.team or teams.get(s.destination)) == team]
+    owned += [f"producer app {a.name}" for a in (await store.producers.load_apps()).items
+              if a.team == team]
+    return owned

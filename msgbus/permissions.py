@@ -1,0 +1,92 @@
+"""Who may do what: the one rule set, enforced by the admin API, its UI and the CLI (which
+calls the API). docs/operations.md shows it as a table (`rules_table()`; a test keeps the two
+the same).
+
+A right is held on a team's things (its destinations, subscriptions and producer apps) by the
+team's members, by their role in it; or on everything, by a bus-wide role (`Role`: every user
+has one). Bus-wide, a viewer sees the catalogue only, an operator is the bus's on-call (reads
+and operates everything), an admin also changes everything and administers the bus.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from msgbus.errors import Forbidden
+from msgbus.teams import TeamRole
+from msgbus.users import Principal, Role
+
+
+class Right(StrEnum):
+    SEE_CATALOGUE = "see the catalogue"  # each destination's description, team and schemas
+    READ = "read"  # configuration, health, parked and scheduled messages, replays, pushers
+    OPERATE = "operate"  # pause, resume, replay, re-drive, skip, discard, test pushes
+    CHANGE = "change"  # create, change and delete; secrets, schemas, producer keys
+    MANAGE_MEMBERS = "manage members"  # of the team
+    ADMINISTER = "administer the bus"  # runtime settings, users, teams, invalid documents
+
+
+_READ = frozenset({Right.SEE_CATALOGUE, Right.READ})
+TEAM_RIGHTS: dict[TeamRole, frozenset[Right]] = {
+    TeamRole.VIEWER: _READ,
+    TeamRole.MAINTAINER: _READ | {Right.OPERATE, Right.CHANGE},
+    TeamRole.OWNER: _READ | {Right.OPERATE, Right.CHANGE, Right.MANAGE_MEMBERS},
+}
+BUS_RIGHTS: dict[Role, frozenset[Right]] = {
+    Role.VIEWER: frozenset({Right.SEE_CATALOGUE}),
+    Role.OPERATOR: _READ | {Right.OPERATE},
+    Role.ADMIN: frozenset(Right),
+}
+
+
+def may(who: Principal, right: Right, team: str | None) -> bool:
+    """Whether `who` holds `right` on what `team` owns (None: on the bus itself)."""
+    if right in BUS_RIGHTS[who.role]:
+        return True
+    role = None if team is None else who.teams.get(team)
+    return role is not None and right in TEAM_RIGHTS[role]
+
+
+def check(who: Principal, right: Right, team: str | None) -> None:
+    """Forbidden, naming the right that is missing, unless `may(who, right, team)`."""
+    if may(who, right, team):
+        return
+    if team is None:
+        raise Forbidden(f"{who.name} may not {right}: that needs the bus-wide role "
+                        f"{_least_bus_role(right)}")
+    needed = _least_team_role(right)
+    role = who.teams.get(team)
+    has = f"is a {role} of team {team}" if role else f"is not a member of team {team}"
+    raise Forbidden(f"{who.name} may not {right} what team {team} owns: that needs a {needed} "
+                    f"of {team} (or the bus-wide role {_least_bus_role(right)}); {who.name} {has}")
+
+
+def check_somewhere(who: Principal, right: Right) -> None:
+    """Forbidden unless `who` holds `right` on the bus or on at least one team's things: a
+    request that makes something is refused early, before what it names is looked at."""
+    if right in BUS_RIGHTS[who.role] or any(right in TEAM_RIGHTS[r] for r in who.teams.values()):
+        return
+    raise Forbidden(f"{who.name} may not {right} anything: that needs a "
+                    f"{_least_team_role(right)} of a team (or the bus-wide role "
+                    f"{_least_bus_role(right)}); {who.name} is "
+                    + (f"a {' or '.join(sorted(set(who.teams.values())))} of its teams"
+                       if who.teams else "in no team"))
+
+
+def _least_team_role(right: Right) -> str:
+    return next((str(r) for r in TeamRole if right in TEAM_RIGHTS[r]), "nobody")
+
+
+def _least_bus_role(right: Right) -> str:
+    return next(str(r) for r in Role if right in BUS_RIGHTS[r])
+
+
+def rules_table() -> str:
+    """The rules as the Markdown table docs/operations.md shows."""
+    columns = [f"team {r}" for r in TeamRole] + [f"bus-wide {r}" for r in Role]
+    lines = ["| right | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for right in Right:
+        cells = ["yes" if right in TEAM_RIGHTS[r] else "" for r in TeamRole]
+        cells += ["yes" if right in BUS_RIGHTS[r] else "" for r in Role]
+        lines.append(f"| {right} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

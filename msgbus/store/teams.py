@@ -1,0 +1,67 @@
+"""`TeamStore`: the teams and their members (`teams` collection; `_id` is the team's name).
+
+A user's teams are read at each authentication (one indexed query on `members.user`), so a
+member removed from a team loses its rights with the next request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pymongo import ASCENDING
+from pymongo.asynchronous.database import AsyncDatabase
+
+from msgbus.errors import NotFound
+from msgbus.models import utcnow
+from msgbus.store.checked import InvalidDocumentLog, Loaded, read_each, read_one, storable
+from msgbus.teams import Member, Team, TeamRole
+
+
+def _team(doc: dict[str, Any]) -> Team:
+    return Team.model_validate(doc)
+
+
+class TeamStore:
+    def __init__(self, db: AsyncDatabase[dict[str, Any]],
+                 invalid_log: InvalidDocumentLog) -> None:
+        self._teams = db["teams"]
+        self._invalid_log = invalid_log
+
+    async def roles_of(self, user: str) -> dict[str, TeamRole]:
+        """Team -> `user`'s role in it, for every team `user` is a member of."""
+        found = [d async for d in self._teams.find({"members.user": user})]
+        teams = read_each(found, "teams", _team, self._invalid_log).items
+        return {team.name: role for team in teams if (role := team.role_of(user)) is not None}
+
+    async def get(self, name: str) -> Team:
+        doc = await self._teams.find_one({"_id": name})
+        if doc is None:
+            raise NotFound(f"unknown team {name!r}", field="team")
+        return read_one(doc, "teams", _team, self._invalid_log)
+
+    async def load(self) -> Loaded[Team]:
+        found = [d async for d in self._teams.find().sort("_id", ASCENDING)]
+        loaded = read_each(found, "teams", _team, self._invalid_log)
+        self._invalid_log.whole_collection("teams", loaded.invalid)
+        return loaded
+
+    async def save(self, name: str, description: str, members: list[Member]) -> Team:
+        """Creates the team or replaces its description and members."""
+        now = utcnow()
+        existing = await self._teams.find_one({"_id": name}, {"created_at": 1})
+        doc = {"_id": name, "description": description,
+               "members": [m.model_dump(mode="json") for m in members],
+               "created_at": now if existing is None else existing["created_at"],
+               "updated_at": now}
+        await self._teams.replace_one({"_id": name}, storable(doc, _team), upsert=True)
+        return _team(doc)
+
+    async def set_member(self, name: str, user: str, role: TeamRole | None) -> Team:
+        """`user` gets `role` in the team (None: leaves it)."""
+        team = await self.get(name)
+        members = [m for m in team.members if m.user != user]
+        if role is not None:
+            members.append(Member(user=user, role=role))
+        return await self.save(name, team.description, members)
+
+    async def delete(self, name: str) -> None:
+        await self._teams.delete_one({"_id": name})

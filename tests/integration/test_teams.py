@@ -1,0 +1,131 @@
+"""Teams own destinations, subscriptions and producer apps; a member acts on their team's things
+by their role in it and on no other team's, on the running bus (real MongoDB-protocol server).
+The tests are named `admin_teams` so that `pytest -k admin` selects them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from msgbus_devtools.testkit.bus import RunningBus
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Company:
+    """Two teams, A and B, each with a destination and a subscription of its own; in A a
+    maintainer and a viewer, in B a maintainer; C owns a destination nobody here is in."""
+
+    a: str
+    b: str
+    a_destination: str
+    b_destination: str
+    a_maintainer: httpx.Client
+    a_viewer: httpx.Client
+    b_maintainer: httpx.Client
+    a_maintainer_name: str
+
+
+def _team(bus: RunningBus, members: dict[str, str]) -> str:
+    name = f"team-{uuid.uuid4().hex[:6]}"
+    bus.admin.put(f"/v1/teams/{name}", json={
+        "description": "tests", "members": [{"user": u, "role": r} for u, r in members.items()]
+    }).raise_for_status()
+    return name
+
+
+@pytest.fixture
+def company(bus: RunningBus) -> Iterator[Company]:
+    names = {role: bus.add_user("viewer") for role in ("a-maint", "a-view", "b-maint")}
+    a = _team(bus, {names["a-maint"]: "maintainer", names["a-view"]: "viewer"})
+    b = _team(bus, {names["b-maint"]: "maintainer"})
+    a_destination, b_destination = f"{a}-orders", f"{b}-payments"
+    bus.create_destination(a_destination, "direct", team=a)
+    bus.create_destination(b_destination, "direct", team=b)
+    bus.subscribe(a_destination, "audit", "http://127.0.0.1:9/hook", team=a)
+    bus.subscribe(b_destination, "ledger", "http://127.0.0.1:9/hook", team=b)
+    clients = {role: bus.client_of(name) for role, name in names.items()}
+    yield Company(a, b, a_destination, b_destination, clients["a-maint"], clients["a-view"],
+                  clients["b-maint"], names["a-maint"])
+    for client in clients.values():
+        client.close()
+
+
+def _subscription(code: str, name: str) -> str:
+    return f"/v1/destinations/{code}/subscriptions/{name}"
+
+
+def test_admin_teams_a_maintainer_subscribes_to_another_teams_destination_and_runs_it(
+        company: Company) -> None:
+    c = company
+    made = c.a_maintainer.put(_subscription(c.b_destination, "a-reads-payments"),
+                              json={"url": "http://127.0.0.1:9/hook"})
+    assert made.status_code == 200, made.text
+    assert made.json()["team"] == c.a  # the caller's only team owns it
+    assert c.a_maintainer.post(_subscription(c.b_destination, "a-reads-payments") + "/pause"
+                               ).status_code == 200
+    listed = {(s["destination"], s["name"]) for s in c.a_maintainer.get("/v1/subscriptions").json()}
+    assert (c.b_destination, "a-reads-payments") in listed
+    assert (c.b_destination, "ledger") not in listed  # B's own: not A's to read
+    catalogue = {d["code"]: d["team"] for d in c.a_viewer.get("/v1/destinations").json()}
+    assert catalogue[c.b_destination] == c.b  # everyone sees the catalogue
+
+
+def test_admin_teams_no_member_acts_beyond_their_role_or_team(company: Company) -> None:
+    c = company
+    refused = c.a_maintainer.post(_subscription(c.b_destination, "ledger") + "/pause")
+    assert refused.status_code == 403
+    assert refused.json()["message"] == (
+        f"{c.a_maintainer_name} may not operate what team {c.b} owns: that needs a maintainer "
+        f"of {c.b} (or the bus-wide role operator); {c.a_maintainer_name} is not a member of "
+        f"team {c.b}")
+    own = _subscription(c.a_destination, "audit")
+    assert c.a_viewer.get(own + "/parked").status_code == 200  # a viewer reads...
+    assert c.a_viewer.post(own + "/pause").status_code == 403  # ...and does not operate
+    assert c.a_maintainer.delete(_subscription(c.b_destination, "ledger")).status_code == 403
+    # moving A's destination to B needs the right to change what B owns too
+    moved = c.a_maintainer.put(f"/v1/destinations/{c.a_destination}",
+                               json={"broker": "direct", "team": c.b})
+    assert moved.status_code == 403
+    assert c.a_maintainer.put(f"/v1/destinations/{c.a_destination}",
+                              json={"broker": "direct", "description": "A's"}).status_code == 200
+    # a maintainer does not manage members; only the team's owners (and admins) do
+    assert c.a_maintainer.put(f"/v1/teams/{c.a}/members/someone", json={"role": "viewer"}
+                              ).status_code == 403
+    assert c.b_maintainer.get("/v1/users").status_code == 403  # administers nothing bus-wide
+
+
+def test_admin_teams_a_member_removed_from_the_team_loses_its_rights_at_once(
+        bus: RunningBus, company: Company) -> None:
+    c = company
+    own = _subscription(c.a_destination, "audit")
+    assert c.a_maintainer.post(own + "/pause").status_code == 200
+    bus.admin.delete(f"/v1/teams/{c.a}/members/{c.a_maintainer_name}").raise_for_status()
+    assert c.a_maintainer.post(own + "/resume").status_code == 403  # the next request
+    assert c.a not in c.a_maintainer.get("/v1/session").json()["teams"]
+
+
+def test_admin_teams_a_team_that_owns_something_is_not_deleted(
+        bus: RunningBus, company: Company) -> None:
+    refused = bus.admin.delete(f"/v1/teams/{company.a}")
+    assert refused.status_code == 409
+    assert f"destination {company.a_destination}" in refused.json()["message"]
+
+
+def test_admin_teams_an_owner_label_of_the_previous_version_names_the_team(
+        bus: RunningBus) -> None:
+    code = f"label-{uuid.uuid4().hex[:6]}"
+
+    async def store_as_0_1() -> None:  # a destination document as version 0.1 wrote it
+        await bus.store.db.destinations.insert_one({
+            "_id": code, "broker": "direct", "description": "", "owner": "Team Orders",
+            "partitions": 4, "record_rate_per_s": 0.0, "retired": [],
+            "created_at": datetime.now(UTC)})
+    bus.loop.run(store_as_0_1())
+    listed = {d["code"]: d for d in bus.admin.get("/v1/destinations").json()}
+    assert listed[code]["team"] == "team-orders" and "owner" not in listed[code]
