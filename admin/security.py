@@ -11,6 +11,7 @@ A request is authenticated by, in this order:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import hashlib
@@ -18,7 +19,7 @@ import hmac
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Any, NoReturn
 
 import orjson
 from fastapi import Depends, Request, Security
@@ -29,7 +30,8 @@ from msgbus.errors import Forbidden, MongoUnavailable, Unauthorized
 from msgbus.store.gate import MongoGate
 from msgbus.store.teams import TeamStore
 from msgbus.store.users import UserStore
-from msgbus.users import Principal, Role, hash_api_token
+from msgbus.throttle import Policy, Throttle
+from msgbus.users import Principal, Role, check_password, hash_api_token
 
 SESSION_COOKIE = "msgbus_session"
 CSRF_HEADER = "x-csrf-token"
@@ -87,11 +89,54 @@ class Sessions:
         return self._sign(b"csrf:" + session_id.encode())
 
 
+def signin_policies(lock_first_s: float, lock_max_s: float) -> dict[str, Policy]:
+    """A user at one address is locked after 6 failures, an address (wrong passwords of any
+    user, wrong API tokens) after 20; a user from anywhere is only slowed (msgbus/throttle.py
+    says why)."""
+    locks = {"lock_first_s": lock_first_s, "lock_max_s": lock_max_s}
+    return {"user-address": Policy(free=3, slow_max_s=2.0, lock_after=6, **locks),
+            "address": Policy(free=10, slow_max_s=0.5, lock_after=20, **locks),
+            "user": Policy(free=5, slow_max_s=4.0, lock_after=None, **locks)}
+
+
+def client_address(request: Request) -> str:
+    """The caller's address (behind a proxy named in FORWARDED_ALLOW_IPS, the one it
+    forwards: uvicorn puts it here)."""
+    return request.client.host if request.client is not None else "unknown"
+
+
+async def failed(throttle: Throttle, keys: dict[str, str], error: Exception) -> NoReturn:
+    """Counts the failure, waits what the throttle says, then raises `error`."""
+    await asyncio.sleep(await throttle.failed(keys))
+    raise error
+
+
+class SignIns:
+    """Passwords, checked under the sign-in throttle."""
+
+    def __init__(self, users: UserStore, throttle: Throttle) -> None:
+        self._users = users
+        self.throttle = throttle
+
+    async def user(self, name: str, password: str, address: str) -> dict[str, Any]:
+        """The user `name` if `password` is theirs; TooManyAttempts (429) while locked out,
+        without looking at the password; else Unauthorized after the throttle's delay."""
+        keys = {"user-address": f"{name}|{address}", "address": address, "user": name}
+        await self.throttle.check(keys)
+        user = await self._users.find_user(name)
+        if (user is None or user.get("disabled")
+                or not check_password(password, user["password_hash"])):
+            await failed(self.throttle, keys, Unauthorized("wrong user name or password"))
+        await self.throttle.succeeded({k: keys[k] for k in ("user-address", "user")})
+        return user
+
+
 class Authenticator:
     def __init__(self, users: UserStore, teams: TeamStore, sessions: Sessions,
-                 bootstrap_token: str, gate: MongoGate) -> None:
+                 bootstrap_token: str, gate: MongoGate, throttle: Throttle) -> None:
         self._users = users
         self._teams = teams
+        self._throttle = throttle
         self.sessions = sessions
         self._bootstrap = bootstrap_token
         self._gate = gate
@@ -107,7 +152,10 @@ class Authenticator:
                                            lambda: self._with_teams(
                                                self._users.principal_for_token(token)))
             if found is None:
-                raise Unauthorized("unknown or revoked API token")
+                address = {"address": client_address(request)}
+                await self._throttle.check(address)  # 429 once its address is locked
+                await failed(self._throttle, address,
+                             Unauthorized("unknown or revoked API token"))
             return found
         cookie = request.cookies.get(SESSION_COOKIE)
         session = self.sessions.read(cookie) if cookie else None

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from admin.schemas import RuntimeIn, SubscriptionIn
-from admin.security import Authenticator, Sessions
+from admin.security import Authenticator, Sessions, SignIns, signin_policies
 from admin.services import ServiceDirectory
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.delivery.shares import CapShares
@@ -21,6 +21,7 @@ from msgbus.settings import AdminSettings
 from msgbus.store import MongoStore
 from msgbus.store.shares import ShareStore
 from msgbus.store.users import UserStore
+from msgbus.throttle import Throttle
 from msgbus.tracecontext import trace_id_of
 
 
@@ -33,9 +34,12 @@ class AdminService:
                                 component="admin")
         self.users = UserStore(self.store)
         secret = settings.session_secret.get_secret_value() or secrets.token_urlsafe(32)
+        throttle = Throttle(self.store.signins, signin_policies(settings.signin_lock_first_s,
+                                                                settings.signin_lock_max_s))
+        self.signins = SignIns(self.users, throttle)
         self.auth = Authenticator(self.users, self.store.teams,
                                   Sessions(secret, settings.session_ttl_s),
-                                  settings.token.get_secret_value(), self.store.gate)
+                                  settings.token.get_secret_value(), self.store.gate, throttle)
         conn = settings.connections
         # test pushes count against the subscription's cap like every other push
         self.shares = CapShares(ShareStore(self.store),

@@ -38,15 +38,16 @@ from admin.destination_view import broker_switches, destination_view, schema_sum
 from admin.message_list import SCAN_CAP, Cursor, ListQuery, Page, list_page
 from admin.operations import TRANSITIONS
 from admin.pushers import pushers_of
-from admin.security import SESSION_COOKIE
+from admin.security import SESSION_COOKIE, client_address
 from admin.subscription_health import RANGES, subscription_health
 from admin.templating import HERE, templates
-from msgbus.errors import InvalidStoredDocument, MsgbusError, NotFound
-from msgbus.http import include_routes
+from msgbus.errors import InvalidStoredDocument, MsgbusError, NotFound, Unauthorized
+from msgbus.http import include_routes, retry_after
 from msgbus.models import CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id
 from msgbus.permissions import Right, check
 from msgbus.store.schemas import SchemaStore
-from msgbus.users import Principal, Role, check_password
+from msgbus.throttle import TooManyAttempts
+from msgbus.users import Principal, Role
 
 PAGE_SIZE = 50
 # which buttons a replay in each state shows
@@ -107,12 +108,12 @@ async def login_form(request: Request) -> Response:
 async def login(request: Request, service: Service, username: str = Form(...),
                 password: str = Form(...)) -> Response:
     users, sessions = service.users, service.auth.sessions
-    user = await users.find_user(username)
-    if (user is None or user.get("disabled")
-            or not check_password(password, user["password_hash"])):
+    try:
+        user = await service.signins.user(username, password, client_address(request))
+    except (Unauthorized, TooManyAttempts) as refused:
         return templates.TemplateResponse(
-            request, "login.html", {"who": None, "error": "wrong user name or password"},
-            status_code=401)
+            request, "login.html", {"who": None, "error": refused.message},
+            status_code=refused.status_code, headers=retry_after(refused))
     cookie, session_id = sessions.issue(username)
     await users.audit(Principal(username, Role(user["role"]), "session", session_id),
                       "session.login", username)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -19,10 +20,10 @@ from admin.deps import Service, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
 from admin.params import GeneratedId, Limit, TargetQuery, UserName
 from admin.schemas import LoginIn, TokenIn, UserIn
-from admin.security import SESSION_COOKIE
-from msgbus.errors import Forbidden, InvalidInput, Unauthorized
+from admin.security import SESSION_COOKIE, client_address
+from msgbus.errors import Forbidden, InvalidInput
 from msgbus.models import Timestamp
-from msgbus.users import Principal, Role, check_password, hash_password
+from msgbus.users import Principal, Role, hash_password
 
 
 def _user_view(doc: dict[str, Any]) -> dict[str, Any]:
@@ -37,10 +38,7 @@ router = APIRouter()
 async def login(body: LoginIn, request: Request, response: Response,
                 service: Service) -> dict[str, Any]:
     users, sessions = service.users, service.auth.sessions
-    user = await users.find_user(body.username)
-    if (user is None or user.get("disabled")
-            or not check_password(body.password, user["password_hash"])):
-        raise Unauthorized("wrong user name or password")
+    user = await service.signins.user(body.username, body.password, client_address(request))
     cookie, session_id = sessions.issue(body.username)
     response.set_cookie(SESSION_COOKIE, cookie, max_age=int(sessions.ttl_s), httponly=True,
                         samesite="strict", secure=request.url.scheme == "https")
@@ -69,9 +67,20 @@ async def list_users(_: AdministersBus, response: Response, users: Users) -> lis
     return [_user_view(u) for u in valid_items(response, await users.load_users())]
 
 
+@router.get("/v1/signins/locked")
+async def locked_signins(_: AdministersBus, service: Service) -> list[dict[str, Any]]:
+    """Who is locked out after failed sign-ins or wrong tokens, and until when: a user at an
+    address (`user-address`) or an address (msgbus/throttle.py)."""
+    locked = await service.signins.throttle.locked()
+    return [{"kind": name.partition(":")[0], "key": name.partition(":")[2],
+             "failures": f.count, "last_failure_at": datetime.fromtimestamp(f.last, UTC),
+             "locked_until": datetime.fromtimestamp(f.locked_until, UTC)}
+            for name, f in locked.items()]
+
+
 @router.put("/v1/users/{name}")
-async def put_user(name: UserName, body: UserIn, who: AdministersBus, users: Users) -> dict[str,
-                   Any]:
+async def put_user(name: UserName, body: UserIn, who: AdministersBus,
+                   users: Users) -> dict[str, Any]:
     state = await users.user_state(name)
     if state != "valid":  # a new user, or one in place of a stored one that is invalid
         if body.password is None or body.role is None:

@@ -61,6 +61,9 @@ STANDARD_ERRORS: dict[str, tuple[str, dict[str, Any]]] = {
         "what is stored under that name no longer validates (fix or delete it first)")),
     "422": ("Invalid", error_response_doc(
         "A parameter, header or body field is not valid; `field` names it")),
+    "429": ("TooManyAttempts", error_response_doc(
+        "Too many failed sign-ins or wrong credentials from here (msgbus/throttle.py); retry "
+        "after Retry-After seconds", retry_after=True)),
     "503": ("Unavailable", error_response_doc(
         "A dependency (MongoDB, a broker) is down or a buffer is full; retry after Retry-After "
         "seconds", retry_after=True)),
@@ -74,9 +77,9 @@ _FASTAPI_422 = "#/components/schemas/HTTPValidationError"
 
 def error_statuses(operation: dict[str, Any]) -> list[str]:
     """What an operation can answer besides success, from what it takes: input (parameters,
-    body) can be invalid (400, 422); input or credentials can be refused (401, 403) and need
-    MongoDB (503); a name in the path or the body can be unknown (404) or in a conflicting
-    state (409)."""
+    body) can be invalid (400, 422); input or credentials can be refused (401, 403; 429 after
+    too many wrong ones) and need MongoDB (503); a name in the path or the body can be unknown
+    (404) or in a conflicting state (409)."""
     parameters = operation.get("parameters", [])
     names_something = "requestBody" in operation or any(
         p.get("in") == "path" for p in parameters)
@@ -85,7 +88,7 @@ def error_statuses(operation: dict[str, Any]) -> list[str]:
     if takes_input:
         statuses += ["400", "422"]
     if takes_input or operation.get("security"):
-        statuses += ["401", "403", "503"]
+        statuses += ["401", "403", "429", "503"]
     if names_something:
         statuses += ["404", "409"]
     return sorted(statuses)

@@ -82,8 +82,13 @@ def include_routes(app: FastAPI, router: APIRouter) -> None:
     app.router.routes.extend(router.routes)
 
 
+def retry_after(exc: MsgbusError) -> dict[str, str]:
+    """The Retry-After header of an error that says when to try again (none if it does not)."""
+    return {} if exc.retry_after_s is None else {"retry-after": str(exc.retry_after_s)}
+
+
 def error_response(exc: MsgbusError) -> JSONResponse:
-    headers = None if exc.retry_after_s is None else {"retry-after": str(exc.retry_after_s)}
+    headers = retry_after(exc) or None
     return JSONResponse(exc.to_json(), status_code=exc.status_code, headers=headers)
 
 

@@ -259,6 +259,12 @@ class AdminSettings(BaseSettings):
     # random one per process (sessions then end when the admin restarts).
     session_secret: SecretStr = SecretStr("")
     session_ttl_s: float = 8 * 3600
+    # Failed sign-ins (msgbus/throttle.py): a user at one address, or an address, is locked
+    # for this long after too many, twice as long after each further one, up to the maximum.
+    # Behind a proxy, uvicorn's FORWARDED_ALLOW_IPS names it, so that the caller's address is
+    # the one the proxy forwards (X-Forwarded-For), not the proxy's.
+    signin_lock_first_s: float = Field(default=30.0, gt=0)
+    signin_lock_max_s: float = Field(default=900.0, gt=0)
     push: PushSettings = Field(default_factory=PushSettings)  # the test push's
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 

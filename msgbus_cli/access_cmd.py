@@ -63,7 +63,16 @@ def users_delete(client: AdminClient, name: str, yes: bool) -> None:
     client.show({"deleted": name}, f"deleted user {name}")
 
 
-USERS_API_COMMANDS = (users_list, users_set, users_delete)
+@click.command("locked")
+@admin_options
+def users_locked(client: AdminClient) -> None:
+    """Who is locked out after failed sign-ins or wrong tokens (a user at an address, or an
+    address), and until when."""
+    client.show_table(client.call("GET", "/v1/signins/locked"),
+                      ("kind", "key", "failures", "locked_until"), empty="nobody is locked out")
+
+
+USERS_API_COMMANDS = (users_list, users_set, users_delete, users_locked)
 
 
 @click.group()

@@ -87,6 +87,13 @@ def _code_of(scope: dict[str, Any]) -> str:
     return str(scope["path"])[len(_SINGLE_PREFIX):-len(_SINGLE_SUFFIX)]
 
 
+def _client_of(scope: dict[str, Any]) -> str:
+    """The caller's address (behind a proxy named in FORWARDED_ALLOW_IPS, the one it
+    forwards: uvicorn puts it in the scope)."""
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
 def _headers_of(scope: dict[str, Any]) -> dict[bytes, str]:
     """The few request headers the handlers read, first occurrence of each (as Starlette's
     Headers.get; ASGI servers give lower-case names)."""
@@ -220,7 +227,7 @@ class IngestEndpoints:
         headers = _headers_of(scope)
         destination = ""  # the metric label: only a known destination, never any URL text
         try:
-            producer = await auth.authenticate(headers.get(_AUTHORIZATION))
+            producer = await auth.authenticate(headers.get(_AUTHORIZATION), _client_of(scope))
             await ingest.check_destination(code)
             destination = code
             producer.check_allowed(code)
@@ -262,7 +269,7 @@ class IngestEndpoints:
         settings, auth, ingest = self._settings, self._auth, self._ingest
         headers = _headers_of(scope)
         try:
-            producer = await auth.authenticate(headers.get(_AUTHORIZATION))
+            producer = await auth.authenticate(headers.get(_AUTHORIZATION), _client_of(scope))
             _require_json(headers.get(_CONTENT_TYPE), raw_allowed=False)
             raw = await _read_limited(receive, headers, settings.max_batch_bytes)
             data = load_json(raw)

@@ -132,6 +132,8 @@ _RESPONSES = {  # the receiver's own words for msgbus.http.STANDARD_ERRORS, and 
     "UnsupportedMediaType": _error("A Content-Type other than application/json, without "
                                    f"the {ID_HEADER} header of a raw message"),
     "Invalid": _error("The message is malformed; `field` names what is wrong"),
+    "TooManyAttempts": _error("Too many wrong API keys from this address; retry after "
+                              "Retry-After seconds", retry_after=True),
     "Unavailable": _error("Busy or degraded: the receiver's buffer is full (error "
                           "'buffer_full'), or MongoDB is down and the API key or destination "
                           "is not cached. Retry after Retry-After seconds.", retry_after=True),
@@ -145,7 +147,8 @@ def _raw_header(name: str, description: str, schema: dict[str, Any]) -> dict[str
 
 def _error_responses(*statuses: int) -> dict[str, Any]:
     names = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
-             413: "TooLarge", 415: "UnsupportedMediaType", 422: "Invalid", 503: "Unavailable"}
+             413: "TooLarge", 415: "UnsupportedMediaType", 422: "Invalid",
+             429: "TooManyAttempts", 503: "Unavailable"}
     return {str(status): _ref("responses", names[status]) for status in statuses}
 
 
@@ -192,7 +195,7 @@ def _single_operation() -> dict[str, Any]:
         responses={
             "202": {"description": "Accepted and durable (or already accepted: 'duplicate')",
                     "content": {"application/json": {"schema": _ref("schemas", "Accepted")}}},
-            **_error_responses(400, 401, 403, 404, 413, 415, 422, 503),
+            **_error_responses(400, 401, 403, 404, 413, 415, 422, 429, 503),
         })
 
 
@@ -207,7 +210,7 @@ def _batch_operation() -> dict[str, Any]:
             "200": {"description": "One result per message",
                     "content": {"application/json": {
                         "schema": _ref("schemas", "BatchResults")}}},
-            **_error_responses(400, 401, 413, 415, 503),
+            **_error_responses(400, 401, 413, 415, 429, 503),
         })
 
 

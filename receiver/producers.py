@@ -4,6 +4,10 @@ A key is looked up again once its cache entry is `ttl_s` old, so a revoked key s
 within `ttl_s`. When MongoDB cannot answer, a key that was known keeps working from the cache
 (the bus's promise is to keep accepting messages through a MongoDB outage), while a key never
 seen gets 503 (we cannot tell whether it is valid). The outage is logged once, not per request.
+
+Wrong keys from one address are slowed, then that address is locked out for a while (429 with
+Retry-After; msgbus/throttle.py), counted in this process: keys are 256-bit random and not
+guessed, so this guards the receiver's time, not the keys. Known keys never wait for it.
 """
 
 from __future__ import annotations
@@ -13,19 +17,22 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from pymongo.errors import PyMongoError
 
 from msgbus.auth import bearer_token, hash_api_key
 from msgbus.errors import Forbidden, MongoUnavailable, Unauthorized, Unavailable
 from msgbus.models import ProducerApp
+from msgbus.throttle import MemoryFailures, Policy, Throttle
 
 log = logging.getLogger(__name__)
 
 CACHE_TTL_S = 30.0
 OUTAGE_RETRY_AFTER_S = 5
 MAX_REMEMBERED_MISSES = 10_000
+# wrong keys per address: 20 answered at once, then each waits 0.25 s; from 30, locked
+WRONG_KEYS = Policy(free=20, slow_max_s=0.25, lock_after=30, lock_first_s=10.0, lock_max_s=300.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +58,11 @@ class ProducerAuthenticator:
         self._misses: dict[str, float] = {}  # key hash -> refused until
         self._lookups: dict[str, asyncio.Task[Producer | None]] = {}
         self._outage: str | None = None  # why MongoDB failed, while it does
+        self._wrong_keys = Throttle(MemoryFailures(), {"address": WRONG_KEYS})
 
-    async def authenticate(self, authorization: str | None) -> Producer:
+    async def authenticate(self, authorization: str | None, address: str = "") -> Producer:
+        """The producer whose key `authorization` carries; `address`: the caller's, whose
+        wrong keys are throttled."""
         key = bearer_token(authorization)
         if key is None:
             raise Unauthorized("missing 'Authorization: Bearer <api key>' header")
@@ -60,8 +70,10 @@ class ProducerAuthenticator:
         known = self._known.get(key_hash)
         if known is not None and known[0] > time.monotonic():
             return known[1]
+        if known is None:
+            await self._wrong_keys.check({"address": address})
         if known is None and self._misses.get(key_hash, 0.0) > time.monotonic():
-            raise Unauthorized("unknown or revoked API key")
+            await self._refuse(address)
         lookup = self._start_lookup(key_hash)
         if known is not None:
             # stale while revalidating: a known key never waits for MongoDB (which may be
@@ -76,8 +88,12 @@ class ProducerAuthenticator:
         except (PyMongoError, MongoUnavailable):
             raise self._unavailable() from None
         if producer is None:
-            raise Unauthorized("unknown or revoked API key")
+            await self._refuse(address)
         return producer
+
+    async def _refuse(self, address: str) -> NoReturn:
+        await asyncio.sleep(await self._wrong_keys.failed({"address": address}))
+        raise Unauthorized("unknown or revoked API key")
 
     @staticmethod
     def _unavailable() -> Unavailable:

@@ -25,7 +25,8 @@ async def latest_schema(
     """The version of the destination's payload schema the receiver validates against now
     (404 when the destination has none)."""
     service: ReceiverService = request.app.state.service
-    producer = await service.auth.authenticate(authorization)
+    producer = await service.auth.authenticate(
+        authorization, request.client.host if request.client is not None else "")
     await service.registry.destination(code)
     producer.check_allowed(code)
     schema = service.registry.payload_schema(code)

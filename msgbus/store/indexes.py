@@ -8,7 +8,7 @@ from typing import Any
 from pymongo import ASCENDING, DESCENDING, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
 
-from msgbus.store import pushstats
+from msgbus.store import pushstats, signins
 
 INDEXES: dict[str, list[IndexModel]] = {
     "messages": [
@@ -41,6 +41,7 @@ INDEXES: dict[str, list[IndexModel]] = {
     "teams": [IndexModel([("members.user", ASCENDING)])],  # a user's teams, at each sign-in
     "instances": [IndexModel([("expires_at", ASCENDING)])],  # the live ones (cap shares)
     "push_stats": pushstats.INDEXES,
+    "signin_failures": signins.INDEXES,
 }
 # Indexes earlier versions created that no query uses any more: dropped by `ensure_indexes`,
 # since every index costs a write per document written to its collection (docs/decisions.md).
