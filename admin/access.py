@@ -36,6 +36,7 @@ class On(StrEnum):
     TEAM = "the team {team}"
     CALLER = "the caller's own session and tokens"
     BODY = "what the body names (checked by the route)"
+    MESSAGES = "the messages the route reads (checked by the route: admin/message_access.py)"
 
 
 RULE_ATTRIBUTE = "msgbus_rule"  # on each rule's dependency: (right, On), or "public"
@@ -72,7 +73,7 @@ def needs(right: Right, on: On) -> Callable[..., Awaitable[Principal]]:
             _session: Annotated[str | None, Security(SESSION_AUTH)]) -> Principal:
         authenticator: Authenticator = request.app.state.authenticator
         who = await authenticator.principal(request)
-        if on is On.CALLER:
+        if on in (On.CALLER, On.MESSAGES):
             return who
         if on is On.BODY:
             check_somewhere(who, right)
@@ -158,6 +159,7 @@ Catalogue = Annotated[Principal, Depends(needs(Right.SEE_CATALOGUE, On.BUS))]
 ReadsBus = Annotated[Principal, Depends(needs(Right.READ, On.BUS))]
 OperatesBus = Annotated[Principal, Depends(needs(Right.OPERATE, On.BUS))]
 AdministersBus = Annotated[Principal, Depends(needs(Right.ADMINISTER, On.BUS))]
+ReadsMessages = Annotated[Principal, Depends(needs(Right.READ_MESSAGES, On.MESSAGES))]
 ReadsDestination = Annotated[Principal, Depends(needs(Right.READ, On.DESTINATION))]
 ChangesDestination = Annotated[Principal, Depends(needs(Right.CHANGE, On.DESTINATION))]
 OperatesDestination = Annotated[Principal, Depends(needs(Right.OPERATE, On.DESTINATION))]

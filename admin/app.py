@@ -39,6 +39,7 @@ from admin.access import (
     OperatesSubscription,
     Public,
     ReadsBus,
+    ReadsMessages,
     check_moved,
     check_new,
     is_bus_admin,
@@ -47,7 +48,7 @@ from admin.access import (
 )
 from admin.deps import AdminParts, Deletions, Service, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
-from admin.message_list import Cursor, ListQuery, list_page
+from admin.message_list import Cursor, ListQuery
 from admin.outage import MongoOutageGuard, install_outage_handlers
 from admin.params import (
     AppName,
@@ -61,7 +62,7 @@ from admin.params import (
     SubscriptionQuery,
 )
 from admin.removal import refuse_while_deleting
-from admin.schemas import AppIn, DestinationIn, RotateIn, RuntimeIn, SubscriptionIn
+from admin.schemas import AppIn, BreakGlassIn, DestinationIn, RotateIn, RuntimeIn, SubscriptionIn
 from admin.service import AdminService
 from admin.ui import add_ui
 from msgbus.auth import hash_api_key, new_api_key
@@ -328,7 +329,7 @@ async def revoke_app_keys(name: AppName, who: ChangesApp, store: Store, users: U
 
 
 @router.get("/v1/messages")
-async def find_messages(_: ReadsBus, service: Service, response: Response,
+async def find_messages(who: ReadsMessages, service: Service, response: Response,
                         biz_id: BizIdQuery = None, destination: DestinationQuery = None,
                         subscription: SubscriptionQuery = None,
                         status: DeliveryStatus | None = None,
@@ -337,12 +338,14 @@ async def find_messages(_: ReadsBus, service: Service, response: Response,
                         limit: Limit = 100) -> list[dict[str, Any]]:
     """Messages newest first, each with its delivery state per subscription (`deliveries`),
     in keyset pages: the `x-next-cursor` header of an answer is the `before` of the next
-    (older) page, `x-previous-cursor` the `after` of the newer one (admin/message_list.py)."""
+    (older) page, `x-previous-cursor` the `after` of the newer one (admin/message_list.py).
+    Only the messages of destinations the caller reads (admin/message_access.py): a page may
+    hold fewer than `limit` then."""
     query = ListQuery(biz_id=biz_id, destination=destination, subscription=subscription,
                       state=status, since=since, until=until)
     cursor = (Cursor.decode(after, "after") if after
               else Cursor.decode(before, "before") if before else None)
-    page = await list_page(service.store, query, cursor, older=after is None, limit=limit)
+    page = await service.message_page(who, query, cursor, older=after is None, limit=limit)
     for header, at in (("x-next-cursor", page.older), ("x-previous-cursor", page.newer)):
         if at is not None:
             response.headers[header] = at.encode()
@@ -350,5 +353,18 @@ async def find_messages(_: ReadsBus, service: Service, response: Response,
 
 
 @router.get("/v1/messages/{message_id}")
-async def message_detail(message_id: StoredId, _: ReadsBus, service: Service) -> dict[str, Any]:
-    return await service.message_timeline(message_id)
+async def message_detail(message_id: StoredId, who: ReadsMessages,
+                         service: Service) -> dict[str, Any]:
+    return await service.message_timeline(message_id, who)
+
+
+@router.post("/v1/break-glass", status_code=201)
+async def break_glass(body: BreakGlassIn, who: AdministersBus, service: Service
+                      ) -> dict[str, Any]:
+    """An admin reads every destination's messages for `minutes` (at most an hour); the
+    start and every read are in the audit log, with the reason."""
+    until = utcnow() + timedelta(minutes=body.minutes)
+    broken = await service.users.break_glass(who.name, body.reason, until)
+    await service.users.audit(who, "break_glass.start", who.name,
+                              {"reason": body.reason, "until": until.isoformat()})
+    return broken

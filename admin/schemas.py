@@ -78,6 +78,12 @@ class RotateIn(ConfigModel):
                     "null: until DELETE .../secrets/previous")
 
 
+class BreakGlassIn(BaseModel):
+    reason: str = Field(min_length=10, max_length=1000,
+                        description="why every destination's messages must be read (audited)")
+    minutes: int = Field(default=30, ge=1, le=60, description="how long, at most an hour")
+
+
 class AppIn(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
     destinations: list[Annotated[str, Field(pattern=APP_DESTINATION_PATTERN)]] = Field(

@@ -89,13 +89,15 @@ class Sessions:
         return self._sign(b"csrf:" + session_id.encode())
 
 
-def signin_policies(lock_first_s: float, lock_max_s: float) -> dict[str, Policy]:
+def signin_policies(lock_first_s: float, lock_max_s: float,
+                    address_lock_after: int) -> dict[str, Policy]:
     """A user at one address is locked after 6 failures, an address (wrong passwords of any
-    user, wrong API tokens) after 20; a user from anywhere is only slowed (msgbus/throttle.py
-    says why)."""
+    user, wrong API tokens) after `address_lock_after`; a user from anywhere is only slowed
+    (msgbus/throttle.py says why)."""
     locks = {"lock_first_s": lock_first_s, "lock_max_s": lock_max_s}
     return {"user-address": Policy(free=3, slow_max_s=2.0, lock_after=6, **locks),
-            "address": Policy(free=10, slow_max_s=0.5, lock_after=20, **locks),
+            "address": Policy(free=min(10, address_lock_after), slow_max_s=0.5,
+                              lock_after=address_lock_after, **locks),
             "user": Policy(free=5, slow_max_s=4.0, lock_after=None, **locks)}
 
 

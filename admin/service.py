@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import socket
@@ -10,6 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from admin.message_access import MessageAccess
+from admin.message_list import Cursor, ListQuery, Page, list_page
 from admin.schemas import RuntimeIn, SubscriptionIn
 from admin.security import Authenticator, Sessions, SignIns, signin_policies
 from admin.services import ServiceDirectory
@@ -23,6 +26,7 @@ from msgbus.store.shares import ShareStore
 from msgbus.store.users import UserStore
 from msgbus.throttle import Throttle
 from msgbus.tracecontext import trace_id_of
+from msgbus.users import Principal
 
 
 class AdminService:
@@ -34,9 +38,11 @@ class AdminService:
                                 component="admin")
         self.users = UserStore(self.store)
         secret = settings.session_secret.get_secret_value() or secrets.token_urlsafe(32)
-        throttle = Throttle(self.store.signins, signin_policies(settings.signin_lock_first_s,
-                                                                settings.signin_lock_max_s))
+        throttle = Throttle(self.store.signins, signin_policies(
+            settings.signin_lock_first_s, settings.signin_lock_max_s,
+            settings.signin_address_lock_after))
         self.signins = SignIns(self.users, throttle)
+        self.messages = MessageAccess(self.store, self.users)
         self.auth = Authenticator(self.users, self.store.teams,
                                   Sessions(secret, settings.session_ttl_s),
                                   settings.token.get_secret_value(), self.store.gate, throttle)
@@ -114,8 +120,28 @@ class AdminService:
             summary["trace_id"] = trace_id_of(doc["traceparent"])
         return summary
 
-    async def message_timeline(self, message_id: str) -> dict[str, Any]:
+    async def message_page(self, who: Principal, query: ListQuery, cursor: Cursor | None, *,
+                           older: bool, limit: int) -> Page:
+        """A page of the message list (admin/message_list.py) with only the messages of
+        destinations `who` reads: one named is checked (a 403 when not), else the others are
+        left out (the page may hold fewer than `limit` then)."""
+        named = query.destination or (query.subscription.partition("/")[0]
+                                      if query.subscription else None)
+        readable = None
+        if named:
+            await self.messages.check(who, named, "a message list")
+        else:
+            readable = await self.messages.readable(who)
+        found = await list_page(self.store, query, cursor, older=older, limit=limit)
+        if readable is None:
+            return found
+        return dataclasses.replace(found, messages=[
+            m for m in found.messages if m["destination"] in readable])
+
+    async def message_timeline(self, message_id: str, who: Principal) -> dict[str, Any]:
+        """The message and its trace, if `who` reads its destination's messages."""
         message = await self.store.traces.get_message(message_id)
+        await self.messages.check(who, message["destination"], message_id)
         body = bytes(message["body"])
         summary = self.message_summary(message)
         summary["body"] = body.decode("utf-8", "replace")

@@ -6,6 +6,10 @@ A right is held on a team's things (its destinations, subscriptions and producer
 team's members, by their role in it; or on everything, by a bus-wide role (`Role`: every user
 has one). Bus-wide, a viewer sees the catalogue only, an operator is the bus's on-call (reads
 and operates everything), an admin also changes everything and administers the bus.
+
+Messages (bodies and traces) are the exception: a destination's are read by the members of its
+team and of every team with a subscription to it (`may_read_messages`), and by nobody else,
+admins included, unless an admin breaks the glass (audited, for at most an hour).
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ class Right(StrEnum):
     CHANGE = "change"  # create, change and delete; secrets, schemas, producer keys
     MANAGE_MEMBERS = "manage members"  # of the team
     ADMINISTER = "administer the bus"  # runtime settings, users, teams, invalid documents
+    READ_MESSAGES = "read messages"  # bodies and traces: the destination's and its subscribers'
 
 
-_READ = frozenset({Right.SEE_CATALOGUE, Right.READ})
+_READ = frozenset({Right.SEE_CATALOGUE, Right.READ, Right.READ_MESSAGES})
 TEAM_RIGHTS: dict[TeamRole, frozenset[Right]] = {
     TeamRole.VIEWER: _READ,
     TeamRole.MAINTAINER: _READ | {Right.OPERATE, Right.CHANGE},
@@ -34,8 +39,8 @@ TEAM_RIGHTS: dict[TeamRole, frozenset[Right]] = {
 }
 BUS_RIGHTS: dict[Role, frozenset[Right]] = {
     Role.VIEWER: frozenset({Right.SEE_CATALOGUE}),
-    Role.OPERATOR: _READ | {Right.OPERATE},
-    Role.ADMIN: frozenset(Right),
+    Role.OPERATOR: frozenset({Right.SEE_CATALOGUE, Right.READ, Right.OPERATE}),
+    Role.ADMIN: frozenset(Right) - {Right.READ_MESSAGES},  # unless the glass is broken
 }
 
 
@@ -45,6 +50,12 @@ def may(who: Principal, right: Right, team: str | None) -> bool:
         return True
     role = None if team is None else who.teams.get(team)
     return role is not None and right in TEAM_RIGHTS[role]
+
+
+def may_read_messages(who: Principal, readers: set[str]) -> bool:
+    """Whether `who` reads a destination's messages: `readers` are its team and the teams
+    with a subscription to it."""
+    return any(may(who, Right.READ_MESSAGES, team) for team in readers)
 
 
 def check(who: Principal, right: Right, team: str | None) -> None:
@@ -78,7 +89,7 @@ def _least_team_role(right: Right) -> str:
 
 
 def _least_bus_role(right: Right) -> str:
-    return next(str(r) for r in Role if right in BUS_RIGHTS[r])
+    return next((str(r) for r in Role if right in BUS_RIGHTS[r]), "admin, with the glass broken")
 
 
 def rules_table() -> str:

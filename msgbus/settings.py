@@ -265,6 +265,9 @@ class AdminSettings(BaseSettings):
     # the one the proxy forwards (X-Forwarded-For), not the proxy's.
     signin_lock_first_s: float = Field(default=30.0, gt=0)
     signin_lock_max_s: float = Field(default=900.0, gt=0)
+    # failures of any users (and wrong API tokens) from one address before it is locked: raise
+    # it where many people share one address (an office behind NAT)
+    signin_address_lock_after: int = Field(default=20, ge=1)
     push: PushSettings = Field(default_factory=PushSettings)  # the test push's
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 

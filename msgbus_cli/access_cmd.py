@@ -63,6 +63,18 @@ def users_delete(client: AdminClient, name: str, yes: bool) -> None:
     client.show({"deleted": name}, f"deleted user {name}")
 
 
+@click.command("break-glass")
+@admin_options
+@click.option("--reason", required=True, help="Why (10 characters at least; audited).")
+@click.option("--minutes", type=click.IntRange(1, 60), default=30, show_default=True)
+def break_glass(client: AdminClient, reason: str, minutes: int) -> None:
+    """Read every destination's messages for a while (an admin; the start and every read are
+    audited)."""
+    answer = client.call("POST", "/v1/break-glass", json={"reason": reason, "minutes": minutes})
+    client.show(answer, lambda a: f"{a['user']} reads every destination's messages until "
+                                  f"{a['until']} (audited)")
+
+
 @click.command("locked")
 @admin_options
 def users_locked(client: AdminClient) -> None:

@@ -20,7 +20,14 @@ from msgbus import telemetry
 from msgbus.processes import pid_alive
 from msgbus.serving import ServerGroup, reuse_port_socket
 from msgbus.settings import TracingSettings
-from msgbus_cli.access_cmd import USERS_API_COMMANDS, apps, audit, tokens, whoami
+from msgbus_cli.access_cmd import (
+    USERS_API_COMMANDS,
+    apps,
+    audit,
+    break_glass,
+    tokens,
+    whoami,
+)
 from msgbus_cli.aliases import former_name
 from msgbus_cli.analytics_cmd import analytics
 from msgbus_cli.config_cmd import destination, subscription
@@ -227,5 +234,5 @@ main.add_command(users)
 for _command in USERS_API_COMMANDS:
     users.add_command(_command)
 for _command in (whoami, tokens, apps, audit, messages, invalid_docs, runtime, analytics,
-                 status, teams):
+                 status, teams, break_glass):
     main.add_command(_command)

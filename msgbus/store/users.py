@@ -54,10 +54,12 @@ class UserStore:
         self._users = store.db["users"]
         self._tokens = store.db["api_tokens"]
         self._audit = store.db["audit"]
+        self._glass = store.db["break_glass"]
 
     async def ensure_indexes(self) -> None:
         await self._tokens.create_index([("user", ASCENDING)])
         await self._audit.create_index([("at", DESCENDING)])
+        await self._glass.create_index([("user", ASCENDING), ("until", DESCENDING)])
 
     # --- users ---------------------------------------------------------------------------
 
@@ -172,6 +174,21 @@ class UserStore:
         if doc is None:
             raise NotFound(f"unknown token {token_id!r}", field="token_id")
         return {k: v for k, v in doc.items() if k != "_id"}
+
+    # --- break glass -----------------------------------------------------------------------
+
+    async def break_glass(self, user: str, reason: str, until: datetime) -> dict[str, Any]:
+        """`user` (an admin) reads every destination's messages until `until`."""
+        doc = {"_id": uuid7(), "user": user, "reason": reason, "since": utcnow(),
+               "until": until}
+        await self._glass.insert_one(doc)
+        return {k: v for k, v in doc.items() if k != "_id"}
+
+    async def glass_broken_until(self, user: str) -> datetime | None:
+        """Until when `user` has the glass broken (None: not now)."""
+        doc = await self._glass.find_one({"user": user, "until": {"$gt": utcnow()}},
+                                         sort=[("until", DESCENDING)])
+        return None if doc is None else doc["until"]
 
     # --- audit ---------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
+from msgbus.teams import PLATFORM_TEAM
 from msgbus_cli.main import main as cli
 
 ARTIFACTS = Path(__file__).parents[1] / "artifacts" / "admin"
@@ -49,6 +50,7 @@ def test_admin_ui_login_pause_find_timeline_and_replay(bus: RunningBus, api_key:
     user, code = f"ui-{tag}", f"ui-{tag}"
     bus.admin.put(f"/v1/users/{user}", json={"password": PASSWORD, "role": "admin"}
                   ).raise_for_status()
+    bus.join_team("team-ui", user)  # reads the messages of the team's destination
     bus.create_destination(code, "direct", owner="team-ui", description="UI test orders")
     subscriber = bus.subscribe_recorder(code, "billing")
     since = utcnow() - timedelta(seconds=1)
@@ -140,6 +142,7 @@ def _logged_in_page(bus: RunningBus, browser: object, role: str = "admin") -> ob
     user = f"ui-{uuid.uuid4().hex[:6]}"
     bus.admin.put(f"/v1/users/{user}", json={"password": PASSWORD, "role": role}
                   ).raise_for_status()
+    bus.join_team(PLATFORM_TEAM, user)  # reads the messages of what the tests make
     page = browser.new_page(base_url=bus.admin_url)  # type: ignore[attr-defined]
     page.goto("/ui/login")
     page.fill("input[name=username]", user)

@@ -65,6 +65,7 @@ def seeded(bus: RunningBus) -> dict[str, str]:
     user = f"walk-{tag}"
     bus.admin.put(f"/v1/users/{user}", json={"password": PASSWORD, "role": "admin"}
                   ).raise_for_status()
+    bus.join_team("team-walk", user)  # reads the messages of the walked destination
     return {"code": code, "message_id": message_id, "user": user}
 
 

@@ -12,6 +12,10 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 from msgbus_devtools.testkit.bus import RunningBus
+from msgbus_devtools.testkit.sending import post_batches
+from msgbus_devtools.testkit.waiting import eventually
+
+from msgbus.ids import uuid7
 
 pytestmark = pytest.mark.integration
 
@@ -129,3 +133,44 @@ def test_admin_teams_an_owner_label_of_the_previous_version_names_the_team(
     bus.loop.run(store_as_0_1())
     listed = {d["code"]: d for d in bus.admin.get("/v1/destinations").json()}
     assert listed[code]["team"] == "team-orders" and "owner" not in listed[code]
+
+
+def _send(bus: RunningBus, code: str) -> str:
+    key = bus.create_app(f"app-{uuid.uuid4().hex[:6]}", [code])
+    message_id = uuid7()
+    post_batches(bus.receiver_url, key, [{"message_id": message_id, "destination": code,
+                                          "body": {"secret": "A's"}}])
+    eventually(lambda: bus.admin.get(f"/v1/messages/{message_id}").status_code == 200, 30,
+               "the message to be recorded")
+    return message_id
+
+
+def test_admin_teams_messages_are_read_by_the_destination_and_subscriber_teams_only(
+        bus: RunningBus, company: Company) -> None:
+    c = company
+    message_id = _send(bus, c.a_destination)
+    detail = f"/v1/messages/{message_id}"
+    assert c.a_viewer.get(detail).json()["message"]["body"] == '{"secret":"A\'s"}'
+    refused = c.b_maintainer.get(detail)
+    assert refused.status_code == 403 and f"a member of {c.a}" in refused.json()["message"]
+    assert c.b_maintainer.get("/v1/messages", params={"destination": c.a_destination}
+                              ).status_code == 403
+    assert message_id not in {m["message_id"] for m in c.b_maintainer.get("/v1/messages").json()}
+
+    # B subscribes to A's destination: B reads its messages from then on
+    assert c.b_maintainer.put(_subscription(c.a_destination, "b-copy"),
+                              json={"url": "http://127.0.0.1:9/hook"}).status_code == 200
+    assert c.b_maintainer.get(detail).status_code == 200
+
+    # an admin too needs to break the glass, and both the refusal and the read are audited
+    admin_name = bus.add_user("admin")
+    with bus.client_of(admin_name) as admin:
+        assert admin.get(detail).status_code == 403
+        assert admin.post("/v1/break-glass", json={"reason": "incident 42: lost orders",
+                                                   "minutes": 5}).status_code == 201
+        assert admin.get(detail).status_code == 200
+    actions = [(a["by"], a["action"], a["target"]) for a in bus.admin.get(
+        "/v1/audit", params={"limit": 50}).json()]
+    assert (admin_name, "messages.read_refused", c.a_destination) in actions
+    assert (admin_name, "break_glass.start", admin_name) in actions
+    assert (admin_name, "messages.read_through_broken_glass", c.a_destination) in actions
