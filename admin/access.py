@@ -22,8 +22,8 @@ from fastapi.security import HTTPAuthorizationCredentials
 
 from admin.security import BEARER_AUTH, SESSION_AUTH, Authenticator
 from msgbus.errors import Forbidden, InvalidConfig, InvalidStoredDocument, NotFound
-from msgbus.models import subscription_id
-from msgbus.permissions import Right, check, check_somewhere, may
+from msgbus.models import Destination, SubscribePolicy, subscription_id
+from msgbus.permissions import Right, check, check_somewhere, may, may_subscribe
 from msgbus.store import MongoStore
 from msgbus.users import Principal
 
@@ -116,6 +116,17 @@ def team_for_new(who: Principal, asked: str | None, fallback: str | None = None)
 def check_new(who: Principal, team: str) -> None:
     """The caller may make a thing that `team` owns."""
     check(who, Right.CHANGE, team)
+
+
+def check_subscribe(who: Principal, team: str, destination: Destination) -> None:
+    """A subscription of `team` may be made to `destination` (a bus admin may always)."""
+    if is_bus_admin(who) or may_subscribe(team, destination):
+        return
+    how = ("on its team's approval: ask with POST /v1/destinations/{code}/subscription-"
+           "requests" if destination.subscribers is SubscribePolicy.APPROVAL
+           else f"by team {destination.team} and listed teams only")
+    raise Forbidden(f"team {team} may not subscribe to {destination.code}: it takes "
+                    f"subscriptions {how.format(code=destination.code)}", field="team")
 
 
 def check_moved(who: Principal, current: str, asked: str | None) -> str:

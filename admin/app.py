@@ -42,6 +42,7 @@ from admin.access import (
     ReadsMessages,
     check_moved,
     check_new,
+    check_subscribe,
     is_bus_admin,
     sees,
     team_for_new,
@@ -71,6 +72,7 @@ from msgbus.http import ServerTiming, add_readiness, include_routes, service_app
 from msgbus.models import (
     DeliveryStatus,
     Destination,
+    PublishPolicy,
     Subscription,
     Timestamp,
     new_signing_secret,
@@ -137,7 +139,7 @@ async def put_destination(code: DestinationCode, body: DestinationIn, who: Chang
                           store: Store, users: Users, deletions: Deletions) -> dict[str, Any]:
     await refuse_while_deleting(deletions, code)
     asked = body.team or (team_of_label(body.owner) if body.owner else None)
-    fields = body.model_dump(exclude={"team", "owner"})
+    fields = body.model_dump(exclude={"team", "owner"}, exclude_none=True)
     try:  # a broker switch is remembered: dispatchers drain the previous broker
         existing = await store.config.get_destination(code)
         team = check_moved(who, existing.team, asked)
@@ -148,7 +150,8 @@ async def put_destination(code: DestinationCode, body: DestinationIn, who: Chang
     except (NotFound, InvalidStoredDocument):  # new, or replacing one that is invalid
         team = team_for_new(who, asked, PLATFORM_TEAM if is_bus_admin(who) else None)
         check_new(who, team)
-        destination = Destination(code=code, team=team, **fields)
+        destination = Destination(code=code, team=team,
+                                  **({"publishers": PublishPolicy.TEAM} | fields))
     await store.config.save_destination(destination)
     await users.audit(who, "destination.put", code, body.model_dump(mode="json"))
     return destination.model_dump(mode="json")
@@ -197,6 +200,7 @@ async def put_subscription(code: DestinationCode, name: SubscriptionName,
     except NotFound:
         team = team_for_new(who, body.team, destination.team)
         check_new(who, team)
+        check_subscribe(who, team, destination)
         sub = Subscription(destination=code, name=name, **(body.model_dump() | {"team": team}))
     except InvalidStoredDocument:
         sub = await service.replacement_subscription(code, name, body)

@@ -12,8 +12,10 @@ from msgbus.models import (
     BrokerKind,
     ConfigModel,
     Integer,
+    PublishPolicy,
     ReplaySpec,
     SchemaCompatibility,
+    SubscribePolicy,
     SubscriptionSettings,
 )
 from msgbus.teams import TeamName
@@ -33,6 +35,17 @@ class DestinationIn(ConfigModel):
     record_rate_per_s: StrictFloat = Field(
         default=0, ge=0, le=10_000_000,
         description="MongoDB record writes/s of each receiver; 0: unlimited")
+    publishers: PublishPolicy | None = Field(
+        default=None, description="which producer apps may send to it: `any` app whose own "
+                                  "list names it, its `team`'s apps, or `listed` ones only "
+                                  "(with publisher_apps); default: as now, `team` for a new one")
+    publisher_apps: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(
+        default=None, max_length=1000, description="apps that may send to it besides")
+    subscribers: SubscribePolicy | None = Field(
+        default=None, description="which teams may subscribe: `any`, listed `teams`, or on "
+                                  "its team's `approval`; default: as now, `any` for a new one")
+    subscriber_teams: list[TeamName] | None = Field(
+        default=None, max_length=1000, description="teams that may subscribe besides")
 
 
 class SchemaIn(BaseModel):

@@ -207,11 +207,32 @@ class RetiredBroker(ConfigModel):
     retired_at: datetime
 
 
+class PublishPolicy(StrEnum):
+    ANY = "any"  # every app whose own list names the destination (before teams: the default)
+    TEAM = "team"  # the apps of the destination's team, and `publisher_apps`
+    LISTED = "listed"  # `publisher_apps` only
+
+
+class SubscribePolicy(StrEnum):
+    ANY = "any"  # every team
+    TEAMS = "teams"  # the destination's team and `subscriber_teams`
+    APPROVAL = "approval"  # another team asks; the destination's team accepts or declines
+
+
 class Destination(ConfigModel):
     code: Annotated[str, Field(pattern=CODE_PATTERN)]
     broker: BrokerKind = BrokerKind.DIRECT
     description: str = Field(default="", max_length=2000)
     team: TeamName = PLATFORM_TEAM  # the team that owns it (msgbus/teams.py)
+    publishers: PublishPolicy = Field(
+        default=PublishPolicy.ANY, description="which producer apps may send to it (a new "
+                                               "destination: its team's, `team`)")
+    publisher_apps: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
+        default_factory=list, max_length=1000, description="apps that may send to it besides")
+    subscribers: SubscribePolicy = Field(
+        default=SubscribePolicy.ANY, description="which teams may subscribe to it")
+    subscriber_teams: list[TeamName] = Field(
+        default_factory=list, max_length=1000, description="teams that may subscribe besides")
     partitions: Integer = Field(default=4, ge=1, le=256,
                                   description="Kafka topic partitions")
     record_rate_per_s: StrictFloat = Field(

@@ -17,6 +17,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from msgbus.errors import Forbidden
+from msgbus.models import Destination, PublishPolicy, SubscribePolicy
 from msgbus.teams import TeamRole
 from msgbus.users import Principal, Role
 
@@ -82,6 +83,35 @@ def check_somewhere(who: Principal, right: Right) -> None:
                     f"{_least_bus_role(right)}); {who.name} is "
                     + (f"a {' or '.join(sorted(set(who.teams.values())))} of its teams"
                        if who.teams else "in no team"))
+
+
+def may_publish(app: str, app_team: str, destination: Destination) -> bool:
+    """Whether producer app `app` of `app_team` may send to `destination` (its own list of
+    destinations is checked besides)."""
+    if destination.publishers is PublishPolicy.ANY:
+        return True
+    listed = app in destination.publisher_apps
+    return listed or (destination.publishers is PublishPolicy.TEAM
+                      and app_team == destination.team)
+
+
+def check_publish(app: str, app_team: str, destination: Destination) -> None:
+    if may_publish(app, app_team, destination):
+        return
+    takes = (f"the apps of team {destination.team}"
+             if destination.publishers is PublishPolicy.TEAM else "listed apps only")
+    raise Forbidden(f"producer app {app!r} (team {app_team}) may not send to "
+                    f"{destination.code!r}: it takes {takes} and those its team lists "
+                    "(publisher_apps)", field="destination")
+
+
+def may_subscribe(team: str, destination: Destination) -> bool:
+    """Whether a subscription of `team` may be made to `destination` without its team's
+    approval."""
+    if destination.subscribers is SubscribePolicy.ANY or team == destination.team:
+        return True
+    return (destination.subscribers is SubscribePolicy.TEAMS
+            and team in destination.subscriber_teams)
 
 
 def _least_team_role(right: Right) -> str:

@@ -40,7 +40,7 @@ from msgbus.http import (
     service_app,
 )
 from msgbus.metrics import BUFFER_BYTES, MESSAGES_REJECTED, REQUEST_LATENCY
-from msgbus.models import JSON_CONTENT_TYPE, Envelope, is_destination_code, utcnow
+from msgbus.models import JSON_CONTENT_TYPE, Destination, Envelope, is_destination_code, utcnow
 from msgbus.settings import ReceiverSettings
 from msgbus.tracecontext import TraceContext, from_request
 from receiver.intake import Intake
@@ -172,12 +172,12 @@ class Ingest:
         self._intake: Intake = service.intake
         self.validator = BodyValidator(service.registry)
 
-    async def check_destination(self, code: str) -> None:
+    async def check_destination(self, code: str) -> Destination:
         if not is_destination_code(code):
             raise NotFound(f"unknown destination {code[:100]!r} (a code is 1-100 characters "
                            "of a-z, 0-9, '_', '.' and '-')", field="destination")
         try:
-            await self._registry.destination(code)
+            return await self._registry.destination(code)
         except PyMongoError as exc:
             raise Unavailable(f"cannot look up destination {code!r} while MongoDB is "
                               "unavailable; retry later") from exc
@@ -228,9 +228,9 @@ class IngestEndpoints:
         destination = ""  # the metric label: only a known destination, never any URL text
         try:
             producer = await auth.authenticate(headers.get(_AUTHORIZATION), _client_of(scope))
-            await ingest.check_destination(code)
+            found = await ingest.check_destination(code)
             destination = code
-            producer.check_allowed(code)
+            producer.check_allowed(found)
             now = utcnow()
             content_type = headers.get(_CONTENT_TYPE)
             if _RAW_ID in headers and not _is_json(content_type):
@@ -295,9 +295,9 @@ class IngestEndpoints:
                 if not isinstance(code, str):
                     raise InvalidMessage("each message of a batch needs a 'destination' string",
                                          field="destination")
-                await ingest.check_destination(code)
+                found = await ingest.check_destination(code)
                 destination = code
-                producer.check_allowed(code)
+                producer.check_allowed(found)
                 envelope = parse_envelope(item, destination=code, source_app=producer.name,
                                           max_body_bytes=settings.max_message_bytes, now=now,
                                           exact=partial(_batch_item, exact_batch, index),

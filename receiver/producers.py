@@ -23,7 +23,9 @@ from pymongo.errors import PyMongoError
 
 from msgbus.auth import bearer_token, hash_api_key
 from msgbus.errors import Forbidden, MongoUnavailable, Unauthorized, Unavailable
-from msgbus.models import ProducerApp
+from msgbus.models import Destination, ProducerApp
+from msgbus.permissions import check_publish
+from msgbus.teams import PLATFORM_TEAM
 from msgbus.throttle import MemoryFailures, Policy, Throttle
 
 log = logging.getLogger(__name__)
@@ -39,11 +41,15 @@ WRONG_KEYS = Policy(free=20, slow_max_s=0.25, lock_after=30, lock_first_s=10.0, 
 class Producer:
     name: str
     destinations: frozenset[str]  # "*" allows every destination
+    team: str = PLATFORM_TEAM
 
-    def check_allowed(self, destination: str) -> None:
-        if "*" not in self.destinations and destination not in self.destinations:
-            raise Forbidden(f"producer app {self.name!r} may not send to {destination!r}",
+    def check_allowed(self, destination: Destination) -> None:
+        """Its own list names the destination, and the destination takes its messages."""
+        code = destination.code
+        if "*" not in self.destinations and code not in self.destinations:
+            raise Forbidden(f"producer app {self.name!r} may not send to {code!r}",
                             field="destination")
+        check_publish(self.name, self.team, destination)
 
 
 class AppLookup(Protocol):
@@ -135,7 +141,7 @@ class ProducerAuthenticator:
                 self._misses.clear()  # random keys must not grow memory without bound
             self._misses[key_hash] = now + self._ttl_s
             return None
-        producer = Producer(app.name, frozenset(app.destinations))
+        producer = Producer(app.name, frozenset(app.destinations), app.team)
         self._known[key_hash] = (now + self._ttl_s, producer)
         return producer
 

@@ -27,8 +27,7 @@ async def latest_schema(
     service: ReceiverService = request.app.state.service
     producer = await service.auth.authenticate(
         authorization, request.client.host if request.client is not None else "")
-    await service.registry.destination(code)
-    producer.check_allowed(code)
+    producer.check_allowed(await service.registry.destination(code))
     schema = service.registry.payload_schema(code)
     if schema is None:
         raise NotFound(f"destination {code!r} has no payload schema", field="code")

@@ -26,13 +26,15 @@ def test_admin_producer_app_keys_are_listed_without_secrets_added_and_revoked(
     assert next(d for d in bus.admin.get("/v1/destinations").json()
                 if d["code"] == code)["team"] == "team-orders"  # the label names the team
     name = f"app-{uuid.uuid4().hex[:6]}"
-    first = bus.admin.post("/v1/apps", json={"name": name, "destinations": [code]}).json()
+    first = bus.admin.post("/v1/apps", json={"name": name, "destinations": [code],
+                                             "team": "team-orders"}).json()
     assert _send(bus, first["api_key"], code).status_code == 202
 
     second = bus.admin.post(f"/v1/apps/{name}/keys")
     assert second.status_code == 201
     listed = next(a for a in bus.admin.get("/v1/apps").json() if a["name"] == name)
     assert listed["keys"] == 2 and listed["destinations"] == [code]
+    assert listed["team"] == "team-orders"
     assert first["api_key"] not in str(listed) and "key_hashes" not in listed
 
     assert bus.admin.delete(f"/v1/apps/{name}/keys").status_code == 204

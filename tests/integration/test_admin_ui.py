@@ -51,7 +51,8 @@ def test_admin_ui_login_pause_find_timeline_and_replay(bus: RunningBus, api_key:
     bus.admin.put(f"/v1/users/{user}", json={"password": PASSWORD, "role": "admin"}
                   ).raise_for_status()
     bus.join_team("team-ui", user)  # reads the messages of the team's destination
-    bus.create_destination(code, "direct", owner="team-ui", description="UI test orders")
+    bus.create_destination(code, "direct", owner="team-ui", description="UI test orders",
+                           publisher_apps=["ui-tests"])  # besides team-ui's own apps
     subscriber = bus.subscribe_recorder(code, "billing")
     since = utcnow() - timedelta(seconds=1)
     message_id = uuid7()

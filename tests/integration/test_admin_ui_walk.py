@@ -48,7 +48,7 @@ def seeded(bus: RunningBus) -> dict[str, str]:
                   retry_policy={"permanent_status_codes": [410]})
     fine = bus.subscribe_recorder(code, "fine")
     bus.wait_for_workers([f"{code}/picky"])
-    key = bus.create_app(f"walk-{tag}")
+    key = bus.create_app(f"walk-{tag}", team="team-walk")  # the destination takes its team's
     message_id = uuid7()
     for body in ({"message_id": message_id, "biz_id": f"order-{tag}", "body": {"sku": "a"}},
                  {"message_id": uuid7(), "biz_id": f"later-{tag}", "body": {"sku": "b"},

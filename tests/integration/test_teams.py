@@ -135,8 +135,8 @@ def test_admin_teams_an_owner_label_of_the_previous_version_names_the_team(
     assert listed[code]["team"] == "team-orders" and "owner" not in listed[code]
 
 
-def _send(bus: RunningBus, code: str) -> str:
-    key = bus.create_app(f"app-{uuid.uuid4().hex[:6]}", [code])
+def _send(bus: RunningBus, code: str, team: str) -> str:
+    key = bus.create_app(f"app-{uuid.uuid4().hex[:6]}", [code], team=team)
     message_id = uuid7()
     post_batches(bus.receiver_url, key, [{"message_id": message_id, "destination": code,
                                           "body": {"secret": "A's"}}])
@@ -148,7 +148,7 @@ def _send(bus: RunningBus, code: str) -> str:
 def test_admin_teams_messages_are_read_by_the_destination_and_subscriber_teams_only(
         bus: RunningBus, company: Company) -> None:
     c = company
-    message_id = _send(bus, c.a_destination)
+    message_id = _send(bus, c.a_destination, c.a)
     detail = f"/v1/messages/{message_id}"
     assert c.a_viewer.get(detail).json()["message"]["body"] == '{"secret":"A\'s"}'
     refused = c.b_maintainer.get(detail)
@@ -174,3 +174,38 @@ def test_admin_teams_messages_are_read_by_the_destination_and_subscriber_teams_o
     assert (admin_name, "messages.read_refused", c.a_destination) in actions
     assert (admin_name, "break_glass.start", admin_name) in actions
     assert (admin_name, "messages.read_through_broken_glass", c.a_destination) in actions
+
+
+def test_admin_teams_a_destination_takes_messages_from_its_teams_apps_and_listed_ones(
+        bus: RunningBus, company: Company) -> None:
+    c = company
+    url = f"{bus.receiver_url}/v1/destinations/{c.b_destination}/messages"
+    a_app = f"a-app-{uuid.uuid4().hex[:6]}"
+    a_key = bus.create_app(a_app, team=c.a)
+    b_key = bus.create_app(f"b-app-{uuid.uuid4().hex[:6]}", team=c.b)
+
+    def send(key: str) -> httpx.Response:
+        return httpx.post(url, json={"message_id": uuid7(), "body": {}}, timeout=30,
+                          headers={"authorization": f"Bearer {key}"})
+
+    refused = send(a_key)
+    assert refused.status_code == 403 and "it takes the apps of team" in refused.json()["message"]
+    assert send(b_key).status_code == 202
+    assert c.b_maintainer.put(f"/v1/destinations/{c.b_destination}", json={
+        "broker": "direct", "publisher_apps": [a_app]}).status_code == 200
+    eventually(lambda: send(a_key).status_code == 202, 30,
+               "the receivers to see that B lists A's app")
+
+
+def test_admin_teams_a_destination_on_approval_takes_other_teams_subscriptions_only_if_asked(
+        company: Company) -> None:
+    c = company
+    assert c.b_maintainer.put(f"/v1/destinations/{c.b_destination}", json={
+        "broker": "direct", "subscribers": "approval"}).status_code == 200
+    refused = c.a_maintainer.put(_subscription(c.b_destination, "a-wants"),
+                                 json={"url": "http://127.0.0.1:9/hook"})
+    assert refused.status_code == 403
+    assert "subscription-requests" in refused.json()["message"]
+    own = c.b_maintainer.put(_subscription(c.b_destination, "b-own"),
+                             json={"url": "http://127.0.0.1:9/hook"})
+    assert own.status_code == 200  # the destination's own team needs nobody's approval

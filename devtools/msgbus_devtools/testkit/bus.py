@@ -234,10 +234,12 @@ class RunningBus:
             self.wait_for_workers([f"{destination}/{name}"])
         return subscriber
 
-    def create_app(self, name: str, destinations: list[str] | None = None) -> str:
-        response = self.admin.post(
-            "/v1/apps", json={"name": name, "destinations": destinations or ["*"]}
-        )
+    def create_app(self, name: str, destinations: list[str] | None = None,
+                   team: str | None = None) -> str:
+        """A producer app (of `team`; default: the bootstrap admin's, platform) and its key."""
+        response = self.admin.post("/v1/apps", json={
+            "name": name, "destinations": destinations or ["*"],
+            **({} if team is None else {"team": team})})
         response.raise_for_status()
         return str(response.json()["api_key"])
 
