@@ -25,6 +25,7 @@ from msgbus.errors import Forbidden, InvalidConfig, InvalidStoredDocument, NotFo
 from msgbus.models import Destination, SubscribePolicy, subscription_id
 from msgbus.permissions import Right, check, check_somewhere, may, may_subscribe
 from msgbus.store import MongoStore
+from msgbus.store.requests import SubscriptionRequests
 from msgbus.users import Principal
 
 
@@ -36,6 +37,7 @@ class On(StrEnum):
     TEAM = "the team {team}"
     CALLER = "the caller's own session and tokens"
     BODY = "what the body names (checked by the route)"
+    REQUEST = "the destination of the subscription request {request_id}"
     MESSAGES = "the messages the route reads (checked by the route: admin/message_access.py)"
 
 
@@ -44,6 +46,9 @@ RULE_ATTRIBUTE = "msgbus_rule"  # on each rule's dependency: (right, On), or "pu
 
 async def owning_team(store: MongoStore, on: On, path: dict[str, Any]) -> str | None:
     """The team that owns what the path names (None: the bus, or a thing not yet made)."""
+    if on is On.REQUEST:  # an unknown request is a 404
+        asked = await SubscriptionRequests(store).get(path["request_id"])
+        return (await store.config.get_destination(asked.destination)).team
     try:
         if on is On.DESTINATION:
             return (await store.config.get_destination(path["code"])).team
@@ -178,4 +183,5 @@ ReadsSubscription = Annotated[Principal, Depends(needs(Right.READ, On.SUBSCRIPTI
 OperatesSubscription = Annotated[Principal, Depends(needs(Right.OPERATE, On.SUBSCRIPTION))]
 ChangesSubscription = Annotated[Principal, Depends(needs(Right.CHANGE, On.SUBSCRIPTION))]
 ChangesApp = Annotated[Principal, Depends(needs(Right.CHANGE, On.APP))]
+DecidesRequest = Annotated[Principal, Depends(needs(Right.CHANGE, On.REQUEST))]
 ManagesTeam = Annotated[Principal, Depends(needs(Right.MANAGE_MEMBERS, On.TEAM))]

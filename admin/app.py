@@ -22,6 +22,7 @@ from admin import (
     pushers,
     removal,
     replication,
+    requests_routes,
     scheduled,
     schema_routes,
     schema_ui,
@@ -98,7 +99,8 @@ def create_app(service: AdminService) -> FastAPI:
     for routes in (router, invalid_docs.router, pushers.router, removal.router,
                    operations.router, users_routes.router, replication.router,
                    replication.ui_router, schema_routes.router, scheduled.router,
-                   scheduled.ui_router, subscription_health.router, teams_routes.router):
+                   scheduled.ui_router, subscription_health.router, teams_routes.router,
+                   requests_routes.router):
         include_routes(app, routes)
     add_ui(app)
     include_routes(app, schema_ui.router)

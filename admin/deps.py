@@ -23,6 +23,7 @@ from msgbus.store import MongoStore
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.deletions import DeletionStore
 from msgbus.store.replays import ReplayStore
+from msgbus.store.requests import SubscriptionRequests
 from msgbus.store.users import UserStore
 from msgbus.users import Principal
 
@@ -37,6 +38,7 @@ class AdminParts:
     ui_claims: DeliveryClaims  # owner "admin-ui": the UI's parked page
     replays: ReplayStore
     dashboard: DashboardData
+    requests: SubscriptionRequests
 
     @classmethod
     def of(cls, service: AdminService) -> AdminParts:
@@ -44,7 +46,8 @@ class AdminParts:
         return cls(service=service, deletions=DeletionStore(store),
                    claims=DeliveryClaims(store, owner="admin"),
                    ui_claims=DeliveryClaims(store, owner="admin-ui"),
-                   replays=ReplayStore(store), dashboard=DashboardData(store))
+                   replays=ReplayStore(store), dashboard=DashboardData(store),
+                   requests=SubscriptionRequests(store))
 
 
 def parts_of(request: Request) -> AdminParts:
@@ -93,6 +96,13 @@ Shares = Annotated[CapShares, Depends(_shares)]
 Deletions = Annotated[DeletionStore, Depends(_deletions)]
 Claims = Annotated[DeliveryClaims, Depends(_claims)]
 Replays = Annotated[ReplayStore, Depends(_replays)]
+
+
+async def _requests(request: Request) -> SubscriptionRequests:
+    return parts_of(request).requests
+
+
+Requests = Annotated[SubscriptionRequests, Depends(_requests)]
 
 
 class LoginRequired(Exception):

@@ -18,7 +18,7 @@ from admin.security import Authenticator, Sessions, SignIns, signin_policies
 from admin.services import ServiceDirectory
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.delivery.shares import CapShares
-from msgbus.errors import InvalidConfig
+from msgbus.errors import Conflict, InvalidConfig
 from msgbus.models import BrokerKind, RuntimeConfig, Subscription, utcnow
 from msgbus.settings import AdminSettings
 from msgbus.store import MongoStore
@@ -72,6 +72,16 @@ class AdminService:
         key = new_api_key()
         await self.store.producers.create_app(name, hash_api_key(key), destinations, team)
         return key
+
+    async def create_subscription(self, code: str, name: str, team: str,
+                                  settings: dict[str, Any]) -> Subscription:
+        """A new subscription `name` of `team` to destination `code` (a Conflict if it
+        exists)."""
+        sub = Subscription(destination=code, name=name, **(settings | {"team": team}))
+        if await self.store.config.stored_subscription(sub.id) is not None:
+            raise Conflict(f"subscription {sub.id} exists already", field="name")
+        await self.store.config.save_subscription(sub)
+        return sub
 
     async def replacement_subscription(self, code: str, name: str,
                                        body: SubscriptionIn) -> Subscription:

@@ -84,10 +84,20 @@ def destination_list(client: AdminClient) -> None:
 @click.option("--partitions", type=int)
 @click.option("--record-rate", "record_rate_per_s", type=float,
               help="MongoDB record writes/s of each receiver; 0: unlimited.")
+@click.option("--publishers", type=click.Choice(["any", "team", "listed"]),
+              help="Which producer apps may send to it (besides --publisher-app).")
+@click.option("--publisher-app", "publisher_apps", multiple=True,
+              help="An app that may send to it (repeatable; replaces the list).")
+@click.option("--subscribers", type=click.Choice(["any", "teams", "approval"]),
+              help="Which teams may subscribe (besides --subscriber-team).")
+@click.option("--subscriber-team", "subscriber_teams", multiple=True,
+              help="A team that may subscribe (repeatable; replaces the list).")
 @FROM_FILE
 def destination_put(client: AdminClient, code: str, from_file: Path | None,
                     **options: Any) -> None:
     """Create destination CODE, or change the settings given of an existing one."""
+    for listed in ("publisher_apps", "subscriber_teams"):  # none given: the list stays
+        options[listed] = list(options[listed]) or None
     current = _current_destination(client, code)
     if options.get("owner"):  # the label names the team now (msgbus/teams.py)
         current.pop("team", None)

@@ -34,6 +34,7 @@ from msgbus_cli.config_cmd import destination, subscription
 from msgbus_cli.messages_cmd import invalid_docs, messages, runtime
 from msgbus_cli.node_rescuer_cmd import node_rescuer
 from msgbus_cli.ops_cmd import parked, replay, scheduled
+from msgbus_cli.requests_cmd import requests
 from msgbus_cli.spool_cmd import spool
 from msgbus_cli.stack import (
     ServiceApps,
@@ -234,5 +235,5 @@ main.add_command(users)
 for _command in USERS_API_COMMANDS:
     users.add_command(_command)
 for _command in (whoami, tokens, apps, audit, messages, invalid_docs, runtime, analytics,
-                 status, teams, break_glass):
+                 status, teams, break_glass, requests):
     main.add_command(_command)

@@ -36,6 +36,10 @@ INDEXES: dict[str, list[IndexModel]] = {
         IndexModel([("subscription", ASCENDING), ("started_at", DESCENDING)]),
     ],
     "subscriptions": [IndexModel([("destination", ASCENDING)])],
+    # the pending request of a subscription (one at a time), and the newest requests
+    "subscription_requests": [
+        IndexModel([("destination", ASCENDING), ("name", ASCENDING), ("state", ASCENDING)]),
+        IndexModel([("requested_at", DESCENDING)])],
     "schemas": [IndexModel([("destination", ASCENDING), ("version", ASCENDING)])],
     "apps": [IndexModel([("key_hashes", ASCENDING)])],
     "teams": [IndexModel([("members.user", ASCENDING)])],  # a user's teams, at each sign-in

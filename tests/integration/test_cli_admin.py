@@ -236,3 +236,26 @@ def test_cli_takes_the_admin_url_and_token_from_flag_env_config_then_state_dir(
     nothing = _run("whoami", "--state-dir", str(tmp_path / "none"))
     assert nothing.exit_code == 2
     assert "--admin-url" in nothing.output and "MSGBUS_ADMIN_URL" in nothing.output
+
+
+def test_cli_teams_members_and_a_subscription_request_decided_by_the_owning_team(
+        bus: RunningBus, admin: list[str]) -> None:
+    owners, askers = f"own-{uuid.uuid4().hex[:6]}", f"ask-{uuid.uuid4().hex[:6]}"
+    owner_name, owner_token = _user_token(bus, "viewer")
+    asker_name, asker_token = _user_token(bus, "viewer")
+    for team, user in ((owners, owner_name), (askers, asker_name)):
+        _ok(_run("teams", "put", team, "--description", "tests", *admin))
+        _ok(_run("teams", "add-member", team, user, "--role", "maintainer", *admin))
+    assert f"{owner_name} (maintainer)" in _ok(_run("teams", "list", *admin))
+    as_owner = ["--admin-url", bus.admin_url, "--token", owner_token]
+    as_asker = ["--admin-url", bus.admin_url, "--token", asker_token]
+    code = f"cli-req-{uuid.uuid4().hex[:6]}"
+    _ok(_run("destination", "put", code, "--subscribers", "approval", *as_owner))
+    refused = _run("subscription", "put", code, "mine", "--url", "http://127.0.0.1:9/h",
+                   *as_asker)
+    assert refused.exit_code != 0 and "subscription-requests" in refused.output
+    asked = _json(_run("requests", "ask", code, "mine", "--url", "http://127.0.0.1:9/h",
+                       "--note", "we need it", *as_asker, "-o", "json"))
+    assert asked["request_id"] in _ok(_run("requests", "list", "--state", "pending", *as_owner))
+    accepted = _ok(_run("requests", "accept", asked["request_id"], *as_owner))
+    assert f"accepted: {code}/mine of team {askers}" in accepted

@@ -209,3 +209,18 @@ def test_admin_teams_a_destination_on_approval_takes_other_teams_subscriptions_o
     own = c.b_maintainer.put(_subscription(c.b_destination, "b-own"),
                              json={"url": "http://127.0.0.1:9/hook"})
     assert own.status_code == 200  # the destination's own team needs nobody's approval
+
+    asked = c.a_maintainer.post(f"/v1/destinations/{c.b_destination}/subscription-requests",
+                                json={"name": "a-wants", "note": "for our ledger",
+                                      "settings": {"url": "http://127.0.0.1:9/hook"}})
+    assert asked.status_code == 201, asked.text
+    request_id = asked.json()["request_id"]
+    seen = {r["request_id"]: r for r in c.b_maintainer.get("/v1/subscription-requests").json()}
+    assert seen[request_id]["team"] == c.a and seen[request_id]["state"] == "pending"
+    decide = f"/v1/subscription-requests/{request_id}"
+    assert c.a_maintainer.post(f"{decide}/accept").status_code == 403  # not A's to decide
+    accepted = c.b_maintainer.post(f"{decide}/accept", json={"reason": "fine"})
+    assert accepted.status_code == 200 and accepted.json()["subscription"]["team"] == c.a
+    assert c.a_maintainer.post(_subscription(c.b_destination, "a-wants") + "/pause"
+                               ).status_code == 200  # A's subscription now
+    assert c.b_maintainer.post(f"{decide}/decline").status_code == 409  # decided once
