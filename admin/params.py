@@ -10,6 +10,7 @@ from fastapi import Path, Query
 
 from msgbus.models import CODE_PATTERN, NAME_PATTERN
 from msgbus.store.documents import CONFIG_PARSERS
+from msgbus.teams import TEAM_PATTERN
 from msgbus.users import USERNAME_PATTERN
 
 # ids the bus makes (replays, tokens: UUIDv7) and ids of stored documents, which may be anything
@@ -33,6 +34,7 @@ DestinationQuery = Annotated[str | None, Query(pattern=CODE_PATTERN,
 BizIdQuery = Annotated[str | None, Query(min_length=1, max_length=256,
                                          pattern=PRINTABLE_ID_PATTERN)]
 Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many")]
+TeamQuery = Annotated[str | None, Query(pattern=TEAM_PATTERN, description="a team's name")]
 TargetQuery = Annotated[str | None, Query(max_length=300, pattern=PRINTABLE_ID_PATTERN,
                                           description="only entries about this target")]
 SubscriptionQuery = Annotated[str | None, Query(

@@ -15,14 +15,15 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from admin.access import AdministersBus, AsCaller, Public, ReadsBus
+from admin.access import AdministersBus, AsCaller, Catalogue, Public
 from admin.deps import Service, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
-from admin.params import GeneratedId, Limit, TargetQuery, UserName
+from admin.params import GeneratedId, Limit, TargetQuery, TeamQuery, UserName
 from admin.schemas import LoginIn, TokenIn, UserIn
 from admin.security import SESSION_COOKIE, client_address
 from msgbus.errors import Forbidden, InvalidInput
 from msgbus.models import Timestamp
+from msgbus.permissions import Right, check
 from msgbus.users import Principal, Role, hash_password
 
 
@@ -142,7 +143,10 @@ async def revoke_token(token_id: GeneratedId, who: AsCaller, users: Users) -> No
 
 
 @router.get("/v1/audit")
-async def audit_log(_: ReadsBus, users: Users, limit: Limit = 100,
-                    before: Timestamp | None = None,
-                    target: TargetQuery = None) -> list[dict[str, Any]]:
-    return await users.audit_log(limit, before, target)
+async def audit_log(who: Catalogue, users: Users, limit: Limit = 100,
+                    before: Timestamp | None = None, target: TargetQuery = None,
+                    team: TeamQuery = None) -> list[dict[str, Any]]:
+    """Who changed what: every entry (the bus's operators and admins), or, with `team`, what
+    that team owns and what its members did (its members)."""
+    check(who, Right.READ, team)
+    return await users.audit_log(limit, before, target, team)

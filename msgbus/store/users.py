@@ -13,7 +13,7 @@ from typing import Any
 from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import DuplicateKeyError
 
-from msgbus.errors import Conflict, NotFound
+from msgbus.errors import Conflict, InvalidStoredDocument, NotFound
 from msgbus.ids import uuid7
 from msgbus.models import utcnow
 from msgbus.store.checked import (
@@ -50,6 +50,7 @@ class UserStore:
     the user replaces it) or deleted."""
 
     def __init__(self, store: MongoStore) -> None:
+        self._store = store
         self._invalid_log = store.invalid_log
         self._users = store.db["users"]
         self._tokens = store.db["api_tokens"]
@@ -60,6 +61,8 @@ class UserStore:
         await self._tokens.create_index([("user", ASCENDING)])
         await self._audit.create_index([("at", DESCENDING)])
         await self._glass.create_index([("user", ASCENDING), ("until", DESCENDING)])
+        await self._audit.create_index([("owner_team", ASCENDING), ("at", DESCENDING)])
+        await self._audit.create_index([("teams", ASCENDING), ("at", DESCENDING)])
 
     # --- users ---------------------------------------------------------------------------
 
@@ -194,16 +197,43 @@ class UserStore:
 
     async def audit(self, by: Principal, action: str, target: str,
                     details: dict[str, Any] | None = None) -> None:
-        await self._audit.insert_one({"_id": uuid7(), "at": utcnow(), "by": by.name,
-                                      "role": by.role.value, "via": by.via, "action": action,
-                                      "target": target, "details": details or {}})
+        """Who (their bus-wide role and their teams) did what to `target`, and the team that
+        owns `target` (`owner_team`), when."""
+        await self._audit.insert_one({
+            "_id": uuid7(), "at": utcnow(), "by": by.name, "role": by.role.value,
+            "teams": sorted(by.teams), "via": by.via, "action": action, "target": target,
+            "owner_team": await self._owner_team(action, target), "details": details or {}})
+
+    async def _owner_team(self, action: str, target: str) -> str | None:
+        """The team that owns what an action changed, by the kind of action (None: the bus,
+        a user, or a thing gone already)."""
+        kind = action.partition(".")[0]
+        code, _, name = target.partition("/")
+        try:
+            if kind == "team":
+                return target
+            if kind == "app":
+                return (await self._store.producers.get_app(target)).team
+            if name:
+                sub = await self._store.config.get_subscription(target)
+                return sub.team or (await self._store.config.get_destination(code)).team
+            if kind in ("destination", "messages", "subscription_request", "schema"):
+                return (await self._store.config.get_destination(code)).team
+        except (NotFound, InvalidStoredDocument):
+            return None
+        return None
 
     async def audit_log(self, limit: int, before: datetime | None = None,
-                        target: str | None = None) -> list[dict[str, Any]]:
+                        target: str | None = None, team: str | None = None
+                        ) -> list[dict[str, Any]]:
+        """The newest entries (before `before`), of `target`, or of what `team` owns or
+        its members did."""
         query: dict[str, Any] = {}
         if before is not None:
             query["at"] = {"$lt": before}
         if target is not None:
             query["target"] = target
+        if team is not None:
+            query["$or"] = [{"owner_team": team}, {"teams": team}]
         cursor = self._audit.find(query, {"_id": 0}).sort("at", DESCENDING).limit(limit)
         return [a async for a in cursor]

@@ -79,6 +79,14 @@ def test_admin_teams_a_maintainer_subscribes_to_another_teams_destination_and_ru
     catalogue = {d["code"]: d["team"] for d in c.a_viewer.get("/v1/destinations").json()}
     assert catalogue[c.b_destination] == c.b  # everyone sees the catalogue
 
+    # the audit names the person, their teams and the team that owns what changed
+    audit = c.a_viewer.get("/v1/audit", params={"team": c.a}).json()
+    paused = next(e for e in audit if e["action"] == "subscription.pause")
+    assert paused["by"] == c.a_maintainer_name and paused["teams"] == [c.a]
+    assert paused["owner_team"] == c.a and paused["target"] == f"{c.b_destination}/a-reads-payments"
+    assert c.b_maintainer.get("/v1/audit", params={"team": c.a}).status_code == 403
+    assert c.a_viewer.get("/v1/audit").status_code == 403  # every team's: the bus's on-call
+
 
 def test_admin_teams_no_member_acts_beyond_their_role_or_team(company: Company) -> None:
     c = company
