@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat
 
@@ -151,6 +151,14 @@ class TokenIn(BaseModel):
     name: str = Field(pattern=NAME_PATTERN, description="what the token is for")
     role: Role | None = Field(default=None,
                               description="acts with this role at most; default the user's")
+    expires_in_days: int = Field(default=90, ge=1, le=365, description="it stops working then")
+
+
+class TeamTokenIn(BaseModel):
+    name: str = Field(pattern=NAME_PATTERN, description="what the token is for")
+    role: Literal["viewer", "maintainer"] = Field(
+        default="maintainer", description="acts as this member of the team (never an owner)")
+    expires_in_days: int = Field(default=90, ge=1, le=365, description="it stops working then")
 
 
 class DiscardIn(BaseModel):

@@ -179,7 +179,8 @@ class Authenticator:
         principal = await looked_up
         if principal is None:
             return None
-        return dataclasses.replace(principal, teams=await self._teams.roles_of(principal.name))
+        teams = {**principal.teams, **await self._teams.roles_of(principal.name)}
+        return dataclasses.replace(principal, teams=teams)
 
     async def _session_user(self, name: str) -> Principal | None:
         user = await self._users.find_user(name)

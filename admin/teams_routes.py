@@ -3,6 +3,7 @@ a team's owners manage its members (msgbus/permissions.py)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
@@ -10,9 +11,13 @@ from pydantic import BaseModel, Field
 
 from admin.access import AdministersBus, Catalogue, ManagesTeam
 from admin.deps import Store, Users
+from admin.params import GeneratedId
+from admin.schemas import TeamTokenIn
 from msgbus.errors import Conflict
+from msgbus.models import utcnow
 from msgbus.store import MongoStore
 from msgbus.teams import TEAM_PATTERN, Member, Team, TeamRole
+from msgbus.users import Role, team_token_holder
 
 router = APIRouter()
 
@@ -67,6 +72,36 @@ async def delete_member(team: TeamPath, user: MemberPath, who: ManagesTeam, stor
     saved = await store.teams.set_member(team, user, None)
     await users.audit(who, "team.member_delete", team, {"user": user})
     return _view(saved)
+
+
+@router.post("/v1/teams/{team}/tokens", status_code=201)
+async def create_team_token(team: TeamPath, body: TeamTokenIn, who: ManagesTeam, store: Store,
+                            users: Users) -> dict[str, Any]:
+    """A token of the team itself, for its automation: it acts as a `role` of the team (and
+    sees the catalogue), whoever comes and goes; it expires, and the team's owners list and
+    revoke its tokens."""
+    await store.teams.get(team)
+    expires_at = utcnow() + timedelta(days=body.expires_in_days)
+    token, doc = await users.create_token(team_token_holder(team), body.name, Role.VIEWER,
+                                          expires_at, TeamRole(body.role))
+    await users.audit(who, "team.token_create", team, {
+        "token_id": doc["token_id"], "name": body.name, "role": body.role,
+        "expires_at": expires_at.isoformat()})
+    return {"token": token, "token_id": doc["token_id"], "team": team, "name": body.name,
+            "role": body.role, "expires_at": expires_at, "note": "the token is shown only once"}
+
+
+@router.get("/v1/teams/{team}/tokens")
+async def list_team_tokens(team: TeamPath, _: ManagesTeam,
+                           users: Users) -> list[dict[str, Any]]:
+    return await users.list_tokens(team_token_holder(team))
+
+
+@router.delete("/v1/teams/{team}/tokens/{token_id}", status_code=204)
+async def revoke_team_token(team: TeamPath, token_id: GeneratedId, who: ManagesTeam,
+                            users: Users) -> None:
+    await users.revoke_token(token_id, team_token_holder(team))
+    await users.audit(who, "team.token_revoke", team, {"token_id": token_id})
 
 
 @router.delete("/v1/teams/{team}", status_code=204)

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -22,7 +22,7 @@ from admin.params import GeneratedId, Limit, TargetQuery, TeamQuery, UserName
 from admin.schemas import LoginIn, TokenIn, UserIn
 from admin.security import SESSION_COOKIE, client_address
 from msgbus.errors import Forbidden, InvalidInput
-from msgbus.models import Timestamp
+from msgbus.models import Timestamp, utcnow
 from msgbus.permissions import Right, check
 from msgbus.users import Principal, Role, hash_password
 
@@ -122,11 +122,13 @@ async def create_token(body: TokenIn, who: AsCaller, users: Users) -> dict[str, 
     role = body.role or who.role
     if not who.role.allows(role):
         raise Forbidden(f"a {who.role.value} cannot make a {role.value} token")
-    token, doc = await users.create_token(who.name, body.name, role)
+    expires_at = utcnow() + timedelta(days=body.expires_in_days)
+    token, doc = await users.create_token(who.name, body.name, role, expires_at)
     await users.audit(who, "token.create", doc["token_id"],
-                      {"name": body.name, "role": role.value})
+                      {"name": body.name, "role": role.value,
+                       "expires_at": expires_at.isoformat()})
     return {"token": token, "token_id": doc["token_id"], "name": body.name,
-            "role": role.value, "note": "the token is shown only once"}
+            "role": role.value, "expires_at": expires_at, "note": "the token is shown only once"}
 
 
 @router.get("/v1/tokens", responses=LIST_RESPONSES)

@@ -75,6 +75,16 @@ class TokenRecord(BaseModel):
     role: Role
     created_at: datetime
     last_used_at: datetime | None = None
+    expires_at: datetime | None = None  # None: made before 0.2, when tokens did not expire
+    # a team's token (for automation): `user` is "team:<team>", and it acts as a `team_role`
+    # of the team, and as a bus-wide viewer
+    team: str | None = None
+    team_role: TeamRole | None = None
+
+
+def team_token_holder(team: str) -> str:
+    """The `user` of a team's tokens (no user name has a colon)."""
+    return f"team:{team}"
 
 
 def hash_password(password: str) -> str:

@@ -24,6 +24,7 @@ from msgbus.store.checked import (
     storable,
 )
 from msgbus.store.mongo import MongoStore
+from msgbus.teams import TeamRole
 from msgbus.users import (
     Principal,
     Role,
@@ -131,13 +132,18 @@ class UserStore:
 
     # --- API tokens ----------------------------------------------------------------------
 
-    async def create_token(self, user: str, name: str, role: Role) -> tuple[str, dict[str, Any]]:
-        """A new token of `user` acting with `role`; returns (the token, shown once; its
+    async def create_token(self, user: str, name: str, role: Role, expires_at: datetime,
+                           team_role: TeamRole | None = None) -> tuple[str, dict[str, Any]]:
+        """A new token of `user` acting with `role` until `expires_at` (with `team_role`: of
+        the team `user` names, `team_token_holder`); returns (the token, shown once; its
         record)."""
         token = new_api_token()
+        team = user.removeprefix("team:") if team_role is not None else None
         doc = storable({"_id": hash_api_token(token), "token_id": uuid7(), "user": user,
                         "name": name, "role": role.value, "created_at": utcnow(),
-                        "last_used_at": None}, TokenRecord.model_validate)
+                        "last_used_at": None, "expires_at": expires_at, "team": team,
+                        "team_role": None if team_role is None else team_role.value},
+                       TokenRecord.model_validate)
         await self._tokens.insert_one(doc)
         return token, doc
 
@@ -148,8 +154,11 @@ class UserStore:
         if doc is None:
             return None
         record = read_valid(doc, "api_tokens", TokenRecord.model_validate, self._invalid_log)
-        if record is None:
+        if record is None or (record.expires_at is not None and record.expires_at <= utcnow()):
             return None
+        if record.team is not None and record.team_role is not None:
+            return Principal(name=f"{record.user}/{record.name}", role=Role.VIEWER, via="token",
+                             teams={record.team: record.team_role})
         user = await self.find_user(record.user)
         if user is None or user.get("disabled"):
             return None

@@ -232,3 +232,33 @@ def test_admin_teams_a_destination_on_approval_takes_other_teams_subscriptions_o
     assert c.a_maintainer.post(_subscription(c.b_destination, "a-wants") + "/pause"
                                ).status_code == 200  # A's subscription now
     assert c.b_maintainer.post(f"{decide}/decline").status_code == 409  # decided once
+
+
+def test_admin_teams_a_team_token_acts_for_the_team_expires_and_is_revoked(
+        bus: RunningBus, company: Company) -> None:
+    c = company
+    made = bus.admin.post(f"/v1/teams/{c.a}/tokens", json={"name": "deploys", "role": "maintainer",
+                                                           "expires_in_days": 30})
+    assert made.status_code == 201, made.text
+    own, other = (_subscription(c.a_destination, "audit"),
+                  _subscription(c.b_destination, "ledger"))
+    with httpx.Client(base_url=bus.admin_url, timeout=10, headers={
+            "authorization": f"Bearer {made.json()['token']}"}) as automation:
+        assert automation.post(own + "/pause").status_code == 200
+        assert automation.post(other + "/pause").status_code == 403
+        listed = bus.admin.get(f"/v1/teams/{c.a}/tokens").json()
+        assert [t["name"] for t in listed] == ["deploys"] and listed[0]["expires_at"]
+        assert bus.admin.delete(f"/v1/teams/{c.a}/tokens/{made.json()['token_id']}"
+                                ).status_code == 204
+        assert automation.post(own + "/resume").status_code == 401
+
+
+def test_admin_teams_an_expired_token_stops_working(bus: RunningBus, company: Company) -> None:
+    token_id = next(t["token_id"] for t in company.a_viewer.get("/v1/tokens").json())
+    assert company.a_viewer.get("/v1/session").status_code == 200
+
+    async def expire() -> None:  # as if its 90 days had passed
+        await bus.store.db.api_tokens.update_one({"token_id": token_id}, {"$set": {
+            "expires_at": datetime.now(UTC)}})
+    bus.loop.run(expire())
+    assert company.a_viewer.get("/v1/session").status_code == 401
