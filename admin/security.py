@@ -59,7 +59,7 @@ class Sessions:
         self._key = hashlib.sha256(b"msgbus-session:" + secret.encode()).digest()
         self.ttl_s = ttl_s
 
-    def _sign(self, payload: bytes) -> str:
+    def sign(self, payload: bytes) -> str:
         return base64.urlsafe_b64encode(hmac.new(self._key, payload, "sha256").digest()
                                         ).decode().rstrip("=")
 
@@ -69,7 +69,7 @@ class Sessions:
         payload = orjson.dumps({"u": user, "sid": session_id,
                                 "exp": int(time.time() + self.ttl_s)})
         encoded = base64.urlsafe_b64encode(payload).decode().rstrip("=")
-        return f"{encoded}.{self._sign(payload)}", session_id
+        return f"{encoded}.{self.sign(payload)}", session_id
 
     def read(self, cookie: str) -> tuple[str, str] | None:
         """(user, session id) of a valid, unexpired cookie; None otherwise."""
@@ -79,14 +79,14 @@ class Sessions:
             data = orjson.loads(payload)
         except (ValueError, orjson.JSONDecodeError):
             return None
-        if not hmac.compare_digest(signature, self._sign(payload)):
+        if not hmac.compare_digest(signature, self.sign(payload)):
             return None
         if not isinstance(data, dict) or data.get("exp", 0) < time.time():
             return None
         return str(data["u"]), str(data["sid"])
 
     def csrf_token(self, session_id: str) -> str:
-        return self._sign(b"csrf:" + session_id.encode())
+        return self.sign(b"csrf:" + session_id.encode())
 
 
 def signin_policies(lock_first_s: float, lock_max_s: float,
@@ -139,6 +139,9 @@ class Authenticator:
         self._users = users
         self._teams = teams
         self._throttle = throttle
+        # reads a company session's groups again when due (admin/oidc.py); None: no company
+        # sign-in
+        self.refresh_company_session: Callable[[str], Awaitable[None]] | None = None
         self.sessions = sessions
         self._bootstrap = bootstrap_token
         self._gate = gate
@@ -165,6 +168,8 @@ class Authenticator:
             raise Unauthorized("log in (POST /v1/session) or send an API token"
                                if not cookie else "session expired or invalid; log in again")
         name, session_id = session
+        if self.refresh_company_session is not None:
+            await self.refresh_company_session(session_id)
         user = await self._remembered(f"user:{name}",
                                       lambda: self._with_teams(self._session_user(name)))
         if user is None:

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from admin.message_access import MessageAccess
 from admin.message_list import Cursor, ListQuery, Page, list_page
+from admin.oidc import CompanySignIn
 from admin.schemas import RuntimeIn, SubscriptionIn
 from admin.security import Authenticator, Sessions, SignIns, signin_policies
 from admin.services import ServiceDirectory
@@ -46,6 +47,11 @@ class AdminService:
         self.auth = Authenticator(self.users, self.store.teams,
                                   Sessions(secret, settings.session_ttl_s),
                                   settings.token.get_secret_value(), self.store.gate, throttle)
+        self.company: CompanySignIn | None = None
+        if settings.oidc.enabled:
+            self.company = CompanySignIn(settings.oidc, self.store, self.users,
+                                         self.auth.sessions, secret)
+            self.auth.refresh_company_session = self.company.refresh_if_due
         conn = settings.connections
         # test pushes count against the subscription's cap like every other push
         self.shares = CapShares(ShareStore(self.store),

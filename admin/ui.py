@@ -36,6 +36,7 @@ from admin.deps import (
 )
 from admin.destination_view import broker_switches, destination_view, schema_summary
 from admin.message_list import SCAN_CAP, Cursor, ListQuery, Page
+from admin.oidc import FLOW_COOKIE, FLOW_TTL_S
 from admin.operations import TRANSITIONS
 from admin.pushers import pushers_of
 from admin.security import SESSION_COOKIE, client_address
@@ -100,8 +101,56 @@ async def dashboard_page(request: Request, who: UiUser, parts: Parts) -> Respons
 
 
 @router.get("/ui/login", response_model=None)
-async def login_form(request: Request) -> Response:
-    return templates.TemplateResponse(request, "login.html", {"who": None})
+async def login_form(request: Request, service: Service) -> Response:
+    return _login_page(request, service)
+
+
+def _login_page(request: Request, service: Service, error: str | None = None,
+                status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return templates.TemplateResponse(
+        request, "login.html",
+        {"who": None, "error": error, "company": service.company is not None},
+        status_code=status_code, headers=headers)
+
+
+@router.get("/ui/oidc/start", response_model=None)
+async def company_sign_in(request: Request, service: Service) -> Response:
+    """To the company's identity provider (admin/oidc.py)."""
+    if service.company is None:
+        return _login_page(request, service, "company sign-in is not set up here", 404)
+    url, flow = await service.company.start()
+    response = RedirectResponse(url, status_code=303)
+    response.set_cookie(FLOW_COOKIE, flow, max_age=FLOW_TTL_S, httponly=True, samesite="lax",
+                        secure=request.url.scheme == "https", path="/ui/oidc")
+    return response
+
+
+@router.get("/ui/oidc/callback", response_model=None)
+async def company_signed_in(request: Request, service: Service, code: str = "",
+                            state: str = "", error: str = "") -> Response:
+    """Back from the identity provider: a session, as a password's gives."""
+    if service.company is None:
+        return _login_page(request, service, "company sign-in is not set up here", 404)
+    if error or not code:
+        why = error or "no code"
+        return _login_page(request, service,
+                           f"the company sign-in did not succeed ({why})", 401)
+    try:
+        cookie, session_id, user = await service.company.finish(
+            code, state, request.cookies.get(FLOW_COOKIE))
+    except Unauthorized as refused:
+        return _login_page(request, service, refused.message, 401)
+    await service.users.audit(Principal(user["_id"], Role(user["role"]), "oidc", session_id),
+                              "session.login", user["_id"])
+    return _signed_in(request, service, cookie)
+
+
+def _signed_in(request: Request, service: Service, cookie: str) -> Response:
+    response = RedirectResponse("/ui/dashboard", status_code=303)
+    response.set_cookie(SESSION_COOKIE, cookie, max_age=int(service.auth.sessions.ttl_s),
+                        httponly=True, samesite="lax", secure=request.url.scheme == "https")
+    response.delete_cookie(FLOW_COOKIE, path="/ui/oidc")
+    return response
 
 
 @router.post("/ui/login", response_model=None)
@@ -111,9 +160,8 @@ async def login(request: Request, service: Service, username: str = Form(...),
     try:
         user = await service.signins.user(username, password, client_address(request))
     except (Unauthorized, TooManyAttempts) as refused:
-        return templates.TemplateResponse(
-            request, "login.html", {"who": None, "error": refused.message},
-            status_code=refused.status_code, headers=retry_after(refused))
+        return _login_page(request, service, refused.message, refused.status_code,
+                           retry_after(refused))
     cookie, session_id = sessions.issue(username)
     await users.audit(Principal(username, Role(user["role"]), "session", session_id),
                       "session.login", username)

@@ -246,6 +246,33 @@ class CompensatorSettings(BaseSettings):
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 
 
+class OidcSettings(BaseSettings):
+    """Company sign-in through an OpenID Connect provider (Okta, Entra ID, Keycloak, Google):
+    off while `issuer` is empty. admin/oidc.py has the flow."""
+
+    model_config = SettingsConfigDict(env_prefix="MSGBUS_OIDC_", extra="ignore")
+
+    issuer: str = ""  # e.g. https://company.okta.com; its /.well-known/openid-configuration
+    client_id: str = ""
+    client_secret: SecretStr = SecretStr("")
+    # the admin's address as the browser reaches it: the callback is <base_url>/ui/oidc/callback
+    base_url: str = ""
+    scopes: str = "openid profile groups offline_access"
+    prompt: str = ""  # e.g. "consent": some providers issue refresh tokens only then
+    username_claim: str = "preferred_username"  # lower-cased: the bus's user name
+    groups_claim: str = "groups"
+    # provider group -> "team:role" (role: owner, maintainer or viewer); a person's teams follow
+    # their groups at every sign-in and refresh
+    team_map: dict[str, str] = Field(default_factory=dict)
+    admin_groups: list[str] = Field(default_factory=list)  # bus-wide admins
+    operator_groups: list[str] = Field(default_factory=list)  # bus-wide operators
+    refresh_s: float = Field(default=300.0, gt=0)  # how often a session's groups are read again
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.issuer)
+
+
 class AdminSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MSGBUS_ADMIN_", extra="ignore")
 
@@ -269,6 +296,7 @@ class AdminSettings(BaseSettings):
     # it where many people share one address (an office behind NAT)
     signin_address_lock_after: int = Field(default=20, ge=1)
     push: PushSettings = Field(default_factory=PushSettings)  # the test push's
+    oidc: OidcSettings = Field(default_factory=OidcSettings)
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -43,6 +43,9 @@ class Member(BaseModel):
     user: str = Field(max_length=200, description="a user's name (local or from the company's "
                                                   "identity provider)")
     role: TeamRole
+    # "oidc": from a group of the company's identity provider, which every sign-in and refresh
+    # sets again; "local": added here, which sign-ins leave alone
+    source: Literal["local", "oidc"] = "local"
 
 
 class Team(BaseModel):

@@ -8,7 +8,7 @@ from typing import Any
 from pymongo import ASCENDING, DESCENDING, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
 
-from msgbus.store import pushstats, signins
+from msgbus.store import pushstats, signin_sessions, signins
 
 INDEXES: dict[str, list[IndexModel]] = {
     "messages": [
@@ -46,6 +46,7 @@ INDEXES: dict[str, list[IndexModel]] = {
     "instances": [IndexModel([("expires_at", ASCENDING)])],  # the live ones (cap shares)
     "push_stats": pushstats.INDEXES,
     "signin_failures": signins.INDEXES,
+    "oidc_sessions": signin_sessions.INDEXES,
 }
 # Indexes earlier versions created that no query uses any more: dropped by `ensure_indexes`,
 # since every index costs a write per document written to its collection (docs/decisions.md).

@@ -40,6 +40,7 @@ from msgbus.store.invalid import InvalidDocumentStore
 from msgbus.store.producers import ProducerStore
 from msgbus.store.progress import DeliveryProgress
 from msgbus.store.records import RecordStore
+from msgbus.store.signin_sessions import CompanySessions
 from msgbus.store.signins import SigninFailures
 from msgbus.store.teams import TeamStore
 from msgbus.store.traces import TraceStore
@@ -74,6 +75,7 @@ class MongoStore:
         self.config = ConfigStore(self.db, self.invalid_log)
         self.teams = TeamStore(self.db, self.invalid_log)
         self.signins = SigninFailures(self.db)
+        self.company_sessions = CompanySessions(self.db)
         self.producers = ProducerStore(self.db, self.gate, self.invalid_log)
         self.invalid = InvalidDocumentStore(self.db, self.invalid_log)
         self.drains = DrainStore(self.db)

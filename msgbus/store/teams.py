@@ -55,13 +55,30 @@ class TeamStore:
         await self._teams.replace_one({"_id": name}, storable(doc, _team), upsert=True)
         return _team(doc)
 
-    async def set_member(self, name: str, user: str, role: TeamRole | None) -> Team:
+    async def set_member(self, name: str, user: str, role: TeamRole | None,
+                         source: str = "local") -> Team:
         """`user` gets `role` in the team (None: leaves it)."""
         team = await self.get(name)
         members = [m for m in team.members if m.user != user]
         if role is not None:
-            members.append(Member(user=user, role=role))
+            members.append(Member.model_validate({"user": user, "role": role, "source": source}))
         return await self.save(name, team.description, members)
+
+    async def follow_groups(self, user: str, wanted: dict[str, TeamRole]) -> None:
+        """`user`'s memberships from the identity provider become `wanted` (a team it names
+        is made); those added here by hand stay as they are."""
+        for team in (await self.load()).items:
+            had = next((m for m in team.members if m.user == user), None)
+            if had is not None and had.source == "oidc" and team.name not in wanted:
+                await self.set_member(team.name, user, None)
+        for name, role in wanted.items():
+            try:
+                team = await self.get(name)
+            except NotFound:
+                team = await self.save(name, "from the company's identity provider", [])
+            member = next((m for m in team.members if m.user == user), None)
+            if member is None or (member.source == "oidc" and member.role != role):
+                await self.set_member(name, user, role, source="oidc")
 
     async def delete(self, name: str) -> None:
         await self._teams.delete_one({"_id": name})

@@ -157,14 +157,16 @@ class RunningBus:
         return CompensatorService(CompensatorSettings(
             port=0, connections=self.connections, **{**self.compensator_options, **options}))
 
-    def start_admin(self, **settings: Any) -> str:
-        """Another admin service of this bus, with `settings` (e.g. session_ttl_s); its URL."""
+    def start_admin(self, port: int = 0, **settings: Any) -> str:
+        """Another admin service of this bus, with `settings` (e.g. session_ttl_s), on `port`
+        (0: any free one); its URL."""
 
         async def start() -> int:
             service = AdminService(AdminSettings(
-                port=0, token=SecretStr(self.admin_token), connections=self.connections,
+                port=port, token=SecretStr(self.admin_token), connections=self.connections,
                 **settings))
-            server = await self._group.start(make_server(admin_app(service), HOST, 0), "admin")
+            server = await self._group.start(make_server(admin_app(service), HOST, port),
+                                             "admin")
             return server.port
 
         return f"http://{HOST}:{self.loop.run(start())}"
