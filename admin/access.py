@@ -23,6 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from admin.security import BEARER_AUTH, SESSION_AUTH, Authenticator
 from msgbus.errors import Forbidden, InvalidConfig, InvalidStoredDocument, NotFound
 from msgbus.models import Destination, SubscribePolicy, subscription_id
+from msgbus.notify import Notifier
 from msgbus.permissions import Right, check, check_somewhere, may, may_subscribe
 from msgbus.store import MongoStore
 from msgbus.store.requests import SubscriptionRequests
@@ -123,6 +124,15 @@ def check_new(who: Principal, team: str) -> None:
     check(who, Right.CHANGE, team)
 
 
+async def tell_if_someone_else(store: MongoStore, notifier: Notifier, who: Principal,
+                               kind: str, code: str, name: str) -> None:
+    """The subscription's team hears of `kind` (msgbus/notify.py) when `who` is not in it
+    (an admin, the bus's on-call, another team's token)."""
+    team = await subscription_team(store, code, name)
+    if team not in who.teams:
+        notifier.emit(kind, subscription_id(code, name), {"by": who.name}, team)
+
+
 def check_subscribe(who: Principal, team: str, destination: Destination) -> None:
     """A subscription of `team` may be made to `destination` (a bus admin may always)."""
     if is_bus_admin(who) or may_subscribe(team, destination):
@@ -184,4 +194,5 @@ OperatesSubscription = Annotated[Principal, Depends(needs(Right.OPERATE, On.SUBS
 ChangesSubscription = Annotated[Principal, Depends(needs(Right.CHANGE, On.SUBSCRIPTION))]
 ChangesApp = Annotated[Principal, Depends(needs(Right.CHANGE, On.APP))]
 DecidesRequest = Annotated[Principal, Depends(needs(Right.CHANGE, On.REQUEST))]
+ReadsTeam = Annotated[Principal, Depends(needs(Right.READ, On.TEAM))]
 ManagesTeam = Annotated[Principal, Depends(needs(Right.MANAGE_MEMBERS, On.TEAM))]

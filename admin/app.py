@@ -47,6 +47,7 @@ from admin.access import (
     is_bus_admin,
     sees,
     team_for_new,
+    tell_if_someone_else,
 )
 from admin.deps import AdminParts, Deletions, Service, Store, Users
 from admin.invalid_docs import LIST_RESPONSES, valid_items
@@ -237,9 +238,12 @@ async def _set_paused(store: MongoStore, users: UserStore, code: str, name: str,
 @router.post("/v1/destinations/{code}/subscriptions/{name}/pause")
 async def pause_subscription(code: DestinationCode, name: SubscriptionName,
                              who: OperatesSubscription,
-                             store: Store, users: Users) -> dict[str, Any]:
-    """Dispatchers stop pushing within seconds; messages wait in the broker."""
-    return await _set_paused(store, users, code, name, who, paused=True)
+                             store: Store, users: Users, service: Service) -> dict[str, Any]:
+    """Dispatchers stop pushing within seconds; messages wait in the broker. Its team hears
+    of it when someone else paused it."""
+    paused = await _set_paused(store, users, code, name, who, paused=True)
+    await tell_if_someone_else(store, service.notifier, who, "subscription.paused", code, name)
+    return paused
 
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/resume")

@@ -17,8 +17,13 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from admin.access import ChangesDestination, ChangesSubscription, OperatesSubscription
-from admin.deps import Claims, Deletions, Store, Users
+from admin.access import (
+    ChangesDestination,
+    ChangesSubscription,
+    OperatesSubscription,
+    tell_if_someone_else,
+)
+from admin.deps import Claims, Deletions, Service, Store, Users
 from admin.operations import actor
 from admin.params import DestinationCode, SubscriptionName
 from admin.schemas import OPERATOR_PATTERN
@@ -58,11 +63,12 @@ async def _delete_one_subscription(store: MongoStore, deletions: DeletionStore, 
 @router.delete("/v1/destinations/{code}/subscriptions/{name}")
 async def delete_subscription(code: DestinationCode, name: SubscriptionName,
                               who: ChangesSubscription,
-                              store: Store, users: Users,
+                              store: Store, users: Users, service: Service,
                               deletions: Deletions) -> dict[str, Any]:
     """Stops its pushes everywhere and removes its consumer group and queue; its records
-    stay until retention."""
+    stay until retention. Its team hears of it when someone else deleted it."""
     sub = await store.config.get_subscription(subscription_id(code, name))
+    await tell_if_someone_else(store, service.notifier, who, "subscription.deleted", code, name)
     await _delete_one_subscription(store, deletions, code, name, who.name)
     await users.audit(who, "subscription.delete", sub.id)
     return {"deleted": sub.id}

@@ -55,6 +55,9 @@ async def request_subscription(code: DestinationCode, body: RequestIn, who: Crea
     await service.users.audit(who, "subscription_request.create", code,
                               {"request_id": asked.request_id, "name": body.name,
                                "team": team})
+    service.notifier.emit("subscription_request.created", f"{code}/{body.name}",
+                          {"request_id": asked.request_id, "team": team, "note": body.note},
+                          destination.team)
     return _view(asked)
 
 

@@ -21,6 +21,7 @@ from msgbus.auth import hash_api_key, new_api_key
 from msgbus.delivery.shares import CapShares
 from msgbus.errors import Conflict, InvalidConfig
 from msgbus.models import BrokerKind, RuntimeConfig, Subscription, utcnow
+from msgbus.notify import Notifier
 from msgbus.settings import AdminSettings
 from msgbus.store import MongoStore
 from msgbus.store.shares import ShareStore
@@ -59,17 +60,22 @@ class AdminService:
                                 component="admin", heartbeat_s=conn.share_heartbeat_s,
                                 lease_s=conn.share_lease_s,
                                 health_url=conn.health_url(settings.host, settings.port))
+        self.notifier = Notifier(self.store, component=self.shares.instance,
+                                 ui_url=conn.ui_url, cooldown_s=conn.notify_cooldown_s)
+        self.shares.on_circuit = self.notifier.circuit_changed
         self.services = ServiceDirectory(self.store, own_instance=self.shares.instance,
                                          own_health_url=self.shares.health_url)
 
     async def start(self) -> None:
         await self.store.ensure_indexes()
         await self.users.ensure_indexes()
+        self.notifier.start()
         self.shares.start()
         self.services.start()
 
     async def close(self) -> None:
         await self.services.close()
+        await self.notifier.close()
         await self.shares.close()
         await self.store.close()
 

@@ -9,13 +9,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
-from admin.access import AdministersBus, Catalogue, ManagesTeam
+from admin.access import AdministersBus, Catalogue, ManagesTeam, ReadsTeam
 from admin.deps import Store, Users
 from admin.params import GeneratedId
 from admin.schemas import TeamTokenIn
 from msgbus.errors import Conflict
 from msgbus.models import utcnow
 from msgbus.store import MongoStore
+from msgbus.store.notifications import NotificationStore
 from msgbus.teams import TEAM_PATTERN, Member, Team, TeamRole
 from msgbus.users import Role, team_token_holder
 
@@ -29,14 +30,21 @@ MemberPath = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\x00
 class TeamIn(BaseModel):
     description: str = Field(default="", max_length=2000)
     members: list[Member] = Field(default_factory=list, max_length=10_000)
+    notify_url: str | None = Field(
+        default=None, max_length=2000, pattern=r"^(https?://\S+)?$",
+        description="the team's webhook for what happens to its subscriptions (msgbus/notify.py):"
+                    " signed with `notify_secret`, made with the first URL; \"\": none; left "
+                    "out: unchanged")
 
 
 class MemberIn(BaseModel):
     role: TeamRole
 
 
-def _view(team: Team) -> dict[str, Any]:
-    return team.model_dump(mode="json", by_alias=False)
+def _view(team: Team, with_secret: bool = False) -> dict[str, Any]:
+    """The team; its notification secret only for those who manage it."""
+    return team.model_dump(mode="json", by_alias=False,
+                           exclude=None if with_secret else {"notify_secret"})
 
 
 @router.get("/v1/teams")
@@ -54,8 +62,16 @@ async def put_team(team: TeamPath, body: TeamIn, who: ManagesTeam, store: Store,
                    users: Users) -> dict[str, Any]:
     """Makes the team (an admin) or replaces its description and members (its owners)."""
     saved = await store.teams.save(team, body.description, body.members)
+    if "notify_url" in body.model_fields_set:
+        saved = await store.teams.set_notify_url(team, body.notify_url or None)
     await users.audit(who, "team.put", team, body.model_dump(mode="json"))
-    return _view(saved)
+    return _view(saved, with_secret=True)
+
+
+@router.get("/v1/teams/{team}/notifications")
+async def team_notifications(team: TeamPath, _: ReadsTeam, store: Store) -> list[dict[str, Any]]:
+    """What the team was told lately (msgbus/notify.py), newest first."""
+    return await NotificationStore(store).recent(team)
 
 
 @router.put("/v1/teams/{team}/members/{user}")

@@ -14,6 +14,7 @@ from compensator.retrier import SubscriptionRetrier
 from compensator.sweeper import Sweeper
 from msgbus.delivery.senders import make_sender
 from msgbus.delivery.shares import CapShares
+from msgbus.notify import Notifier
 from msgbus.registry import Registry
 from msgbus.settings import CompensatorSettings
 from msgbus.store import MongoStore
@@ -41,6 +42,9 @@ class CompensatorService:
                                 component="compensator", heartbeat_s=conn.share_heartbeat_s,
                                 lease_s=conn.share_lease_s,
                                 health_url=conn.health_url(settings.host, settings.port))
+        self.notifier = Notifier(self.store, component=self.shares.instance,
+                                 ui_url=conn.ui_url, cooldown_s=conn.notify_cooldown_s)
+        self.shares.on_circuit = self.notifier.circuit_changed
         self.replays = ReplayRunner(self.store, self.registry, self.sender, settings,
                                     self.shares, owner=self.instance)
         self.retriers: dict[str, SubscriptionRetrier] = {}
@@ -51,6 +55,7 @@ class CompensatorService:
         await self.store.ensure_indexes()
         await self.sender.start()
         await self.registry.start()
+        self.notifier.start()
         self.shares.start()
         await self.sync()
         self.sweeper.start()
@@ -74,7 +79,7 @@ class CompensatorService:
         await close_in_order("compensator", (
             ("replays", self.replays.close), ("sweeper", self.sweeper.close),
             ("registry", self.registry.close), ("retry loops", self._close_retriers),
-            ("cap shares", self.shares.close),
+            ("cap shares", self.shares.close), ("notifier", self.notifier.close),
             ("sender", self.sender.close), ("MongoDB client", self.store.close)))
 
     async def _close_retriers(self) -> None:

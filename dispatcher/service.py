@@ -23,6 +23,7 @@ from msgbus.delivery.senders import make_sender
 from msgbus.delivery.shares import CapShares
 from msgbus.localqueue import LocalQueue
 from msgbus.models import BrokerKind, Subscription
+from msgbus.notify import Notifier
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
 from msgbus.store import MongoStore
@@ -59,6 +60,9 @@ class DispatcherService:
                                 component="dispatcher", heartbeat_s=conn.share_heartbeat_s,
                                 lease_s=conn.share_lease_s,
                                 health_url=conn.health_url(settings.host, settings.port))
+        self.notifier = Notifier(self.store, component=self.shares.instance,
+                                 ui_url=conn.ui_url, cooldown_s=conn.notify_cooldown_s)
+        self.shares.on_circuit = self.notifier.circuit_changed
         self.drains = DrainWatch(self.store, self.registry, conn,
                                  on_change=lambda: self.supervisor.sync(),
                                  settle_s=settings.drain_settle_s,
@@ -93,6 +97,7 @@ class DispatcherService:
         await self._write_leftover_trace()
         self.trace.start()
         await self.registry.start()
+        self.notifier.start()
         self.shares.start()
         await self._load_drains()
         await self.supervisor.start()
@@ -150,6 +155,7 @@ class DispatcherService:
         steps += [("broker cleanup", self.cleanup.close), ("drain watch", self.drains.close),
                   ("backlog gauges", self.backlog.close), ("registry", self.registry.close),
                   ("workers", self.supervisor.close), ("cap shares", self.shares.close),
+                  ("notifier", self.notifier.close),
                   ("trace writer", self.trace.close),
                   ("trace flush", self._flush_trace), ("sender", self.sender.close),
                   ("MongoDB client", self.store.close)]

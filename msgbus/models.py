@@ -140,6 +140,15 @@ def _whole_float_as_int(value: object) -> object:
 # An integer as JSON Schema has it: 114 or 114.0, never true or "114".
 Integer = Annotated[int, BeforeValidator(_whole_float_as_int), Strict()]
 
+# Integers with bounds that also show in the JSON Schema inside a union (`... | None`) or a
+# list: there pydantic writes an `Integer`'s `Field(ge=...)` as unknown keys ("ge"), which
+# clients and fuzzers ignore; bounds placed before the validator come out as minimum/maximum.
+_WHOLE = (BeforeValidator(_whole_float_as_int), Strict())
+AttemptCount = Annotated[int, Field(ge=1, le=1_000_000), *_WHOLE]
+Count100k = Annotated[int, Field(ge=1, le=100_000), *_WHOLE]
+HttpStatus = Annotated[int, Field(ge=100, le=599), *_WHOLE]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_MESSAGES), *_WHOLE]
+
 
 class ConfigModel(BaseModel):
     """Base of what operators configure. Numbers are finite: Python's JSON parser takes the
@@ -155,10 +164,10 @@ class RetryPolicy(ConfigModel):
 
     delays_s: list[Annotated[StrictFloat, Field(ge=0, le=MAX_RETRY_DELAY_S)]] = Field(
         default_factory=lambda: list(DEFAULT_RETRY_DELAYS_S), max_length=100)
-    max_attempts: Integer | None = Field(default=None, ge=1, le=1_000_000,
-                                     description="None: until success")
+    max_attempts: AttemptCount | None = Field(
+        default=None, description="None: until success")
     max_age_s: StrictFloat | None = Field(default=None, gt=0, le=10 * 365 * 24 * 3600.0)
-    permanent_status_codes: list[Annotated[Integer, Field(ge=100, le=599)]] = Field(
+    permanent_status_codes: list[HttpStatus] = Field(
         default_factory=list, max_length=500)
 
 
@@ -357,16 +366,16 @@ class SubscriptionSettings(ConfigModel):
     url: HttpUrl = Field(description="http or https; at most 2,083 characters also in the form "
                                      "it is stored in (percent-encoded, '/' after a bare host)")
     max_concurrency: Integer = Field(default=16, ge=1, le=1024)
-    max_rate_per_s: Integer | None = Field(
-        default=None, ge=1, le=100_000,
+    max_rate_per_s: Count100k | None = Field(
+        default=None,
         description="At most this many pushes begin in any second, from all processes "
                     "together (dispatchers, retries, replays); None: no limit")
     timeout_ms: Integer = Field(default=5000, ge=10, le=300_000)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     circuit: CircuitPolicy = Field(default_factory=CircuitPolicy)
     paused: StrictBool = False
-    max_in_flight: Integer | None = Field(
-        default=None, ge=1, le=100_000,
+    max_in_flight: Count100k | None = Field(
+        default=None,
         description="Messages taken from the broker and not yet done (pushing, waiting for "
                     "a slot or for their turn); default max(64, 4 * max_concurrency)")
     ordered_by_biz_id: StrictBool = Field(
@@ -378,8 +387,8 @@ class SubscriptionSettings(ConfigModel):
         default_factory=list, max_length=100,
         description="All must match for a message to be pushed; the others are recorded as "
                     "skipped")
-    batch_max_messages: Integer | None = Field(
-        default=None, ge=1, le=MAX_BATCH_MESSAGES,
+    batch_max_messages: BatchSize | None = Field(
+        default=None,
         description="Push up to this many messages in one POST, a CloudEvents batch "
                     "(application/cloudevents-batch+json); None or 1: one message per push")
     batch_max_bytes: Integer = Field(

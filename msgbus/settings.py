@@ -58,6 +58,10 @@ class ConnectionSettings(BaseSettings):
     internal_token: SecretStr = SecretStr("")
     state_dir: Path = Path(".msgbus")
     config_refresh_s: float = 2.0
+    # the admin UI's address as people reach it: the links in teams' notifications
+    ui_url: str = ""
+    # a kind of event of a subscription is told to its team at most once per this long
+    notify_cooldown_s: float = Field(default=600.0, gt=0)
     # Dispatchers and compensators split each subscription's max_concurrency between them
     # (msgbus/delivery/shares.py): how often each renews its lease and settles its shares, and
     # how long a process that stops renewing keeps its share before the others may take it.

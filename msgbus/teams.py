@@ -54,6 +54,10 @@ class Team(BaseModel):
     name: Annotated[str, Field(alias="_id", pattern=TEAM_PATTERN)]
     description: str = Field(default="", max_length=2000)
     members: list[Member] = Field(default_factory=list, max_length=10_000)
+    # where the team is told about its subscriptions (msgbus/notify.py): a webhook, signed
+    # with `notify_secret` as pushes are
+    notify_url: str | None = Field(default=None, max_length=2000, pattern=r"^https?://")
+    notify_secret: str | None = Field(default=None, pattern=r"^whsec_")
     created_at: datetime
     updated_at: datetime
 

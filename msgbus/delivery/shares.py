@@ -134,6 +134,8 @@ class CapShares(PeriodicWork):
         self._leaving: set[str] = set()  # limits whose entry is to be removed
         self._pushers_seen: dict[str, int] = {}  # processes sharing each limit, last seen
         self._breakers: dict[str, CircuitBreaker] = {}  # by subscription id
+        # told of every circuit's transition (subscription id, open), e.g. msgbus/notify.py's
+        self.on_circuit: Callable[[str, bool], None] | None = None
         self._wake = asyncio.Event()  # a push waits with no slot at all: beat now
         self._lease_until = 0.0  # monotonic: when this process's lease ends unless renewed
         self._outage: str | None = None
@@ -160,8 +162,14 @@ class CapShares(PeriodicWork):
         found = self._breakers.get(sub.id)
         if found is None:
             gauge = CIRCUIT_OPEN.labels(sub.id, self._component)
+
+            def changed(is_open: bool, sub_id: str = sub.id) -> None:
+                gauge.set(is_open)
+                if self.on_circuit is not None:
+                    self.on_circuit(sub_id, is_open)
+
             found = self._breakers[sub.id] = CircuitBreaker(sub.id, sub.circuit,
-                                                            on_change=gauge.set)
+                                                            on_change=changed)
         found.policy = sub.circuit
         return found
 

@@ -43,6 +43,7 @@ INDEXES: dict[str, list[IndexModel]] = {
     "schemas": [IndexModel([("destination", ASCENDING), ("version", ASCENDING)])],
     "apps": [IndexModel([("key_hashes", ASCENDING)])],
     "teams": [IndexModel([("members.user", ASCENDING)])],  # a user's teams, at each sign-in
+    "notifications": [IndexModel([("team", ASCENDING), ("at", DESCENDING)])],  # a team's recent
     "instances": [IndexModel([("expires_at", ASCENDING)])],  # the live ones (cap shares)
     "push_stats": pushstats.INDEXES,
     "signin_failures": signins.INDEXES,

@@ -11,7 +11,7 @@ from pymongo import ASCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
 from msgbus.errors import NotFound
-from msgbus.models import utcnow
+from msgbus.models import new_signing_secret, utcnow
 from msgbus.store.checked import InvalidDocumentLog, Loaded, read_each, read_one, storable
 from msgbus.teams import Member, Team, TeamRole
 
@@ -45,15 +45,22 @@ class TeamStore:
         return loaded
 
     async def save(self, name: str, description: str, members: list[Member]) -> Team:
-        """Creates the team or replaces its description and members."""
+        """Creates the team or replaces its description and members (its notification
+        target stays)."""
         now = utcnow()
-        existing = await self._teams.find_one({"_id": name}, {"created_at": 1})
-        doc = {"_id": name, "description": description,
-               "members": [m.model_dump(mode="json") for m in members],
-               "created_at": now if existing is None else existing["created_at"],
-               "updated_at": now}
+        existing = await self._teams.find_one({"_id": name}) or {"created_at": now}
+        doc = {**existing, "_id": name, "description": description,
+               "members": [m.model_dump(mode="json") for m in members], "updated_at": now}
         await self._teams.replace_one({"_id": name}, storable(doc, _team), upsert=True)
         return _team(doc)
+
+    async def set_notify_url(self, name: str, url: str | None) -> Team:
+        """Where the team is told (None: nowhere); a first URL gets a signing secret."""
+        team = await self.get(name)
+        secret = team.notify_secret or (None if url is None else new_signing_secret())
+        await self._teams.update_one({"_id": name}, {"$set": {
+            "notify_url": url, "notify_secret": secret, "updated_at": utcnow()}})
+        return await self.get(name)
 
     async def set_member(self, name: str, user: str, role: TeamRole | None,
                          source: str = "local") -> Team:

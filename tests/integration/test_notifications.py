@@ -1,0 +1,61 @@
+"""The owning team is told (msgbus/notify.py), on the running bus: a subscriber that fails
+makes the circuit open, and the team's webhook gets one signed notification of it (not one per
+failure, though the dispatcher's and the compensator's breakers both open), and one when it
+recovers; a subscription paused by someone outside the team is told too."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+from msgbus_client.verify import verify_push
+from msgbus_devtools.testkit.bus import RunningBus
+from msgbus_devtools.testkit.sending import post_batches
+from msgbus_devtools.testkit.subscriber import RecordingSubscriber, ScriptedSubscriber
+from msgbus_devtools.testkit.waiting import eventually
+
+from msgbus.ids import uuid7
+
+
+def _told(webhook: RecordingSubscriber, secret: str, kind: str) -> list[dict[str, Any]]:
+    """The notifications of `kind` the team's webhook got, each checked for its signature."""
+    found = []
+    for push in list(webhook.pushes):
+        if push.headers.get("ce-type") == f"msgbus.{kind}":
+            verify_push(secret, push.headers, push.body)
+            found.append(orjson.loads(push.body))
+    return found
+
+
+def test_admin_notifications_a_circuit_that_opens_and_closes_is_told_once_each(
+        bus: RunningBus) -> None:
+    team, code = f"team-{uuid.uuid4().hex[:6]}", f"notify-{uuid.uuid4().hex[:6]}"
+    webhook = RecordingSubscriber()
+    made = bus.admin.put(f"/v1/teams/{team}", json={"notify_url": bus.serve_subscriber(webhook)})
+    secret = made.json()["notify_secret"]
+    healthy = {"now": False}
+    subscriber = ScriptedSubscriber(script=lambda _: 200 if healthy["now"] else 503)
+    bus.create_destination(code, "direct", team=team)
+    bus.subscribe(code, "flaky", bus.serve_subscriber(subscriber), team=team,
+                  circuit={"open_after_failures": 3, "alive_window_s": 0, "cooldowns_s": [0.5]},
+                  retry_policy={"delays_s": [0.5]})
+    bus.wait_for_workers([f"{code}/flaky"])
+    key = bus.create_app(f"app-{uuid.uuid4().hex[:6]}", team=team)
+    post_batches(bus.receiver_url, key, [{"message_id": uuid7(), "destination": code,
+                                          "body": {"n": n}} for n in range(10)])
+
+    eventually(lambda: _told(webhook, secret, "circuit.opened"), 60, "the circuit to be told")
+    healthy["now"] = True
+    eventually(lambda: _told(webhook, secret, "circuit.closed"), 60, "its recovery to be told")
+    [opened] = _told(webhook, secret, "circuit.opened")  # once, whoever saw it
+    assert opened["subscription"] == f"{code}/flaky" and opened["team"] == team
+    assert len(_told(webhook, secret, "circuit.closed")) == 1
+
+    bus.admin.post(f"/v1/destinations/{code}/subscriptions/flaky/pause").raise_for_status()
+    eventually(lambda: _told(webhook, secret, "subscription.paused"), 30,
+               "the pause by someone outside the team to be told")
+    recent = bus.admin.get(f"/v1/teams/{team}/notifications").json()
+    assert {n["kind"] for n in recent} >= {"circuit.opened", "circuit.closed",
+                                           "subscription.paused"}
+    assert all(n["outcome"] == "told (200)" for n in recent)
