@@ -26,7 +26,6 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
-import orjson
 from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
@@ -43,6 +42,7 @@ from msgbus.users import USERNAME_PATTERN, Role, hash_password, new_password
 
 FLOW_COOKIE = "msgbus_oidc_flow"
 FLOW_TTL_S = 600
+FLOW_PURPOSE = b"oidc-flow:"
 HTTP_TIMEOUT_S = 10.0
 CALLBACK_PATH = "/ui/oidc/callback"
 ID_TOKEN_ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA"]
@@ -79,14 +79,14 @@ class CompanySignIn:
                  "code_challenge": _s256(verifier),
                  "code_challenge_method": "S256",
                  **({"prompt": self.settings.prompt} if self.settings.prompt else {})}
-        flow = self._sign({"state": state, "nonce": nonce, "verifier": verifier,
-                           "exp": int(time.time()) + FLOW_TTL_S})
+        flow = self._sessions.seal({"state": state, "nonce": nonce, "verifier": verifier,
+                                    "exp": int(time.time()) + FLOW_TTL_S}, FLOW_PURPOSE)
         return f"{meta['authorization_endpoint']}?{urlencode(query)}", flow
 
     async def finish(self, code: str, state: str, flow_cookie: str | None
                      ) -> tuple[str, str, dict[str, Any]]:
         """The session cookie, its id, and the user of a sign-in that came back with `code`."""
-        flow = self._read(flow_cookie)
+        flow = self._sessions.unseal(flow_cookie, FLOW_PURPOSE) if flow_cookie else None
         if flow is None or not hmac.compare_digest(flow["state"], state):
             raise Unauthorized("the sign-in expired or did not start here; sign in again")
         token = await self._token({"grant_type": "authorization_code", "code": code,
@@ -206,23 +206,3 @@ class CompanySignIn:
 
     def _next_refresh(self) -> Any:
         return utcnow() + timedelta(seconds=self.settings.refresh_s)
-
-    # --- the flow cookie --------------------------------------------------------------------
-
-    def _sign(self, data: dict[str, Any]) -> str:
-        payload = orjson.dumps(data)
-        return (base64.urlsafe_b64encode(payload).decode().rstrip("=") + "."
-                + self._sessions.sign(b"oidc-flow:" + payload))
-
-    def _read(self, cookie: str | None) -> dict[str, Any] | None:
-        if not cookie:
-            return None
-        encoded, _, signature = cookie.partition(".")
-        try:
-            payload = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-            data = orjson.loads(payload)
-        except (ValueError, orjson.JSONDecodeError):
-            return None
-        if not hmac.compare_digest(signature, self._sessions.sign(b"oidc-flow:" + payload)):
-            return None
-        return data if isinstance(data, dict) and data.get("exp", 0) > time.time() else None

@@ -19,11 +19,11 @@ import hmac
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, NoReturn
+from typing import Any, NoReturn
 
 import orjson
-from fastapi import Depends, Request, Security
-from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Request
+from fastapi.security import APIKeyCookie, HTTPBearer
 
 from msgbus.auth import bearer_token, same_secret
 from msgbus.errors import Forbidden, MongoUnavailable, Unauthorized
@@ -63,27 +63,37 @@ class Sessions:
         return base64.urlsafe_b64encode(hmac.new(self._key, payload, "sha256").digest()
                                         ).decode().rstrip("=")
 
-    def issue(self, user: str) -> tuple[str, str]:
-        """A cookie value for `user`, and its session id."""
-        session_id = secrets.token_urlsafe(16)
-        payload = orjson.dumps({"u": user, "sid": session_id,
-                                "exp": int(time.time() + self.ttl_s)})
+    def seal(self, data: dict[str, Any], purpose: bytes = b"") -> str:
+        """`data` (with an "exp" epoch) as a signed cookie value; `purpose` keeps a value made
+        for one use from being taken for another."""
+        payload = orjson.dumps(data)
         encoded = base64.urlsafe_b64encode(payload).decode().rstrip("=")
-        return f"{encoded}.{self.sign(payload)}", session_id
+        return f"{encoded}.{self.sign(purpose + payload)}"
 
-    def read(self, cookie: str) -> tuple[str, str] | None:
-        """(user, session id) of a valid, unexpired cookie; None otherwise."""
+    def unseal(self, cookie: str, purpose: bytes = b"") -> dict[str, Any] | None:
+        """The data of a value `seal` made for `purpose`, unless forged or expired."""
         encoded, _, signature = cookie.partition(".")
         try:
             payload = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
             data = orjson.loads(payload)
         except (ValueError, orjson.JSONDecodeError):
             return None
-        if not hmac.compare_digest(signature, self.sign(payload)):
+        if not hmac.compare_digest(signature, self.sign(purpose + payload)):
             return None
         if not isinstance(data, dict) or data.get("exp", 0) < time.time():
             return None
-        return str(data["u"]), str(data["sid"])
+        return data
+
+    def issue(self, user: str) -> tuple[str, str]:
+        """A cookie value for `user`, and its session id."""
+        session_id = secrets.token_urlsafe(16)
+        cookie = self.seal({"u": user, "sid": session_id, "exp": int(time.time() + self.ttl_s)})
+        return cookie, session_id
+
+    def read(self, cookie: str) -> tuple[str, str] | None:
+        """(user, session id) of a valid, unexpired cookie; None otherwise."""
+        data = self.unseal(cookie)
+        return None if data is None else (str(data["u"]), str(data["sid"]))
 
     def csrf_token(self, session_id: str) -> str:
         return self.sign(b"csrf:" + session_id.encode())
@@ -222,26 +232,3 @@ class Authenticator:
             given = value if isinstance(value, str) else None
         if not same_secret(given, self.sessions.csrf_token(session_id)):
             raise Forbidden(f"missing or wrong CSRF token (send {CSRF_HEADER})")
-
-
-def require(role: Role) -> Callable[..., Awaitable[Principal]]:
-    """A FastAPI dependency: the request's principal, if its role allows `role` (the app's
-    `state.authenticator` authenticates it)."""
-
-    async def dependency(
-            request: Request,
-            _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER_AUTH)],
-            _session: Annotated[str | None, Security(SESSION_AUTH)]) -> Principal:
-        authenticator: Authenticator = request.app.state.authenticator
-        principal = await authenticator.principal(request)
-        if not principal.role.allows(role):
-            raise Forbidden(f"{principal.name} is {principal.role.value}; this needs "
-                            f"{role.value}")
-        return principal
-
-    return dependency
-
-
-AsViewer = Annotated[Principal, Depends(require(Role.VIEWER))]
-AsOperator = Annotated[Principal, Depends(require(Role.OPERATOR))]
-AsAdmin = Annotated[Principal, Depends(require(Role.ADMIN))]
