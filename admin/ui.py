@@ -27,6 +27,7 @@ from admin.deps import (
     LoginRequired,
     Parts,
     Replays,
+    Requests,
     Service,
     Store,
     UiUser,
@@ -45,7 +46,8 @@ from admin.templating import HERE, templates
 from msgbus.errors import Forbidden, InvalidStoredDocument, MsgbusError, NotFound, Unauthorized
 from msgbus.http import include_routes, retry_after
 from msgbus.models import CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id
-from msgbus.permissions import Right, check
+from msgbus.permissions import Right, check, may
+from msgbus.store.notifications import NotificationStore
 from msgbus.store.schemas import SchemaStore
 from msgbus.throttle import TooManyAttempts
 from msgbus.users import Principal, Role
@@ -294,6 +296,36 @@ async def subscription_page(request: Request, code: str, name: str, who: UiUser,
                 invalid=invalid, pushers=pushers, health=health, ranges=list(RANGES),
                 policy=sub.retry_policy if sub is not None else RetryPolicy(),
                 circuit=sub.circuit if sub is not None else CircuitPolicy(), filters=filters)
+
+
+@router.get("/ui/teams", response_model=None)
+async def teams_page(request: Request, who: UiUser, store: Store) -> Response:
+    return page(request, "teams.html", who, page="Teams",
+                teams=(await store.teams.load()).items)
+
+
+@router.get("/ui/teams/{team}", response_model=None)
+async def team_page(request: Request, team: str, who: UiUser, store: Store,
+                    requests: Requests) -> Response:
+    """A team's home: what it owns and how it does, its members, the subscription requests
+    it decides or made, what it was told lately."""
+    check(who, Right.READ, team)
+    found = await store.teams.get(team)
+    destinations = [d for d in await store.config.list_destinations() if d.team == team]
+    teams_of = {d.code: d.team for d in await store.config.list_destinations()}
+    subscriptions = [s for s in await store.config.list_subscriptions()
+                     if (s.team or teams_of.get(s.destination)) == team]
+    apps = [a for a in (await store.producers.load_apps()).items if a.team == team]
+    asked = [r for r in await requests.recent(50)
+             if r.team == team or teams_of.get(r.destination) == team]
+    decides = may(who, Right.CHANGE, team)  # on the requests to subscribe to its destinations
+    requests_shown = [r.model_dump(by_alias=False)
+                      | {"decides": decides and teams_of.get(r.destination) == team}
+                      for r in asked]
+    return page(request, "team.html", who, page="Teams", team=found, role=who.teams.get(team),
+                destinations=destinations, subscriptions=subscriptions, apps=apps,
+                requests=requests_shown,
+                notifications=await NotificationStore(store).recent(team, 20))
 
 
 @router.get("/ui/audit", response_model=None)

@@ -87,6 +87,8 @@ def pages(seeded: dict[str, str]) -> list[tuple[str, str]]:
         ("parked", f"/ui/parked/{code}/picky"),
         ("replays", "/ui/replays"),
         ("audit", "/ui/audit"),
+        ("teams", "/ui/teams"),
+        ("team", "/ui/teams/team-walk"),
     ]
 
 

@@ -8,10 +8,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 import pytest
-from msgbus_devtools.testkit.bus import RunningBus
+from msgbus_devtools.testkit.bus import USER_PASSWORD, RunningBus
 from msgbus_devtools.testkit.sending import post_batches
 from msgbus_devtools.testkit.waiting import eventually
 
@@ -262,3 +263,27 @@ def test_admin_teams_an_expired_token_stops_working(bus: RunningBus, company: Co
             "expires_at": datetime.now(UTC)}})
     bus.loop.run(expire())
     assert company.a_viewer.get("/v1/session").status_code == 401
+
+
+def test_admin_teams_a_teams_home_shows_what_it_owns_and_decides_a_request(
+        bus: RunningBus, company: Company, browser: Any) -> None:
+    c = company
+    c.b_maintainer.put(f"/v1/destinations/{c.b_destination}", json={
+        "broker": "direct", "subscribers": "approval"}).raise_for_status()
+    c.a_maintainer.post(f"/v1/destinations/{c.b_destination}/subscription-requests", json={
+        "name": "a-asks", "settings": {"url": "http://127.0.0.1:9/hook"}}).raise_for_status()
+    b_name = next(m["user"] for m in bus.admin.get(f"/v1/teams/{c.b}").json()["members"])
+    page = browser.new_context(base_url=bus.admin_url).new_page()
+    page.goto("/ui/login")
+    page.fill("input[name=username]", b_name)
+    page.fill("input[name=password]", USER_PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/ui/dashboard")
+    page.goto(f"/ui/teams/{c.b}")
+    assert c.b_destination in page.inner_text("#team-destinations")
+    assert "ledger" in page.inner_text("#team-subscriptions")
+    assert f"{b_name}\tmaintainer" in page.inner_text("#team-members")
+    page.locator("#team-requests").get_by_role("button", name="Accept").click()
+    eventually(lambda: c.a_maintainer.get(_subscription(c.b_destination, "a-asks") + "/health"
+                                          ).status_code == 200, 30, "the accepted subscription")
+    page.context.close()
