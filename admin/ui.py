@@ -46,7 +46,7 @@ from admin.templating import HERE, templates
 from msgbus.errors import Forbidden, InvalidStoredDocument, MsgbusError, NotFound, Unauthorized
 from msgbus.http import include_routes, retry_after
 from msgbus.models import CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id
-from msgbus.permissions import Right, check, may
+from msgbus.permissions import Right, check, holds_somewhere, may
 from msgbus.store.notifications import NotificationStore
 from msgbus.store.schemas import SchemaStore
 from msgbus.throttle import TooManyAttempts
@@ -83,7 +83,10 @@ def page(request: Request, template: str, who: Principal, **context: Any) -> HTM
     return templates.TemplateResponse(request, template, {
         "who": who, "csrf_token": csrf,
         "can_operate": who.role.allows(Role.OPERATOR),
-        "can_admin": who.role.allows(Role.ADMIN), **context})
+        "can_admin": who.role.allows(Role.ADMIN),
+        # what the buttons show follows the rules (msgbus/permissions.py): may("operate", team)
+        "may": lambda right, team=None: may(who, Right(right), team),
+        "makes": holds_somewhere(who, Right.CHANGE), **context})
 
 
 @router.get("/")
@@ -279,9 +282,10 @@ async def subscription_page(request: Request, code: str, name: str, who: UiUser,
                             store: Store, range: str = "hour") -> Response:
     """How a subscription is doing (charts over `range`: hour, day or week; its newest
     failures); edit (or, with name `new`, create) it; act on it; how to verify pushes."""
-    await store.config.get_destination(code)
+    team = (await store.config.get_destination(code)).team
     if name != "new":  # the form for a new one: the API decides who may make it
-        check(who, Right.READ, await subscription_team(store, code, name))
+        team = await subscription_team(store, code, name)
+        check(who, Right.READ, team)
     sub, invalid = None, None
     if name != "new":
         try:
@@ -291,7 +295,7 @@ async def subscription_page(request: Request, code: str, name: str, who: UiUser,
     pushers = await pushers_of(store, sub.id) if sub is not None else None
     health = await subscription_health(store, sub.id, range) if sub is not None else None
     filters = [f.model_dump() for f in sub.filters] if sub is not None else []
-    return page(request, "subscription.html", who, page="Destinations", code=code,
+    return page(request, "subscription.html", who, page="Destinations", code=code, team=team,
                 name=None if sub is None and invalid is None else name, sub=sub,
                 invalid=invalid, pushers=pushers, health=health, ranges=list(RANGES),
                 policy=sub.retry_policy if sub is not None else RetryPolicy(),

@@ -73,10 +73,16 @@ def check(who: Principal, right: Right, team: str | None) -> None:
                     f"of {team} (or the bus-wide role {_least_bus_role(right)}); {who.name} {has}")
 
 
+def holds_somewhere(who: Principal, right: Right) -> bool:
+    """Whether `who` holds `right` on the bus or on at least one team's things."""
+    return right in BUS_RIGHTS[who.role] or any(right in TEAM_RIGHTS[r]
+                                                for r in who.teams.values())
+
+
 def check_somewhere(who: Principal, right: Right) -> None:
-    """Forbidden unless `who` holds `right` on the bus or on at least one team's things: a
-    request that makes something is refused early, before what it names is looked at."""
-    if right in BUS_RIGHTS[who.role] or any(right in TEAM_RIGHTS[r] for r in who.teams.values()):
+    """Forbidden unless `holds_somewhere(who, right)`: a request that makes something is
+    refused early, before what it names is looked at."""
+    if holds_somewhere(who, right):
         return
     raise Forbidden(f"{who.name} may not {right} anything: that needs a "
                     f"{_least_team_role(right)} of a team (or the bus-wide role "

@@ -283,6 +283,12 @@ def test_admin_teams_a_teams_home_shows_what_it_owns_and_decides_a_request(
     assert c.b_destination in page.inner_text("#team-destinations")
     assert "ledger" in page.inner_text("#team-subscriptions")
     assert f"{b_name}\tmaintainer" in page.inner_text("#team-members")
+    page.goto("/ui/destinations")  # the buttons follow the rules: B's subscription, not A's
+    assert page.locator(f"#sub-{c.b_destination}-ledger").get_by_role("button",
+                                                                      name="Pause").count() == 1
+    assert page.locator(f"#sub-{c.a_destination}-audit").get_by_role("button",
+                                                                     name="Pause").count() == 0
+    page.goto(f"/ui/teams/{c.b}")
     page.locator("#team-requests").get_by_role("button", name="Accept").click()
     eventually(lambda: c.a_maintainer.get(_subscription(c.b_destination, "a-asks") + "/health"
                                           ).status_code == 200, 30, "the accepted subscription")
