@@ -22,6 +22,7 @@ from msgbus.backoff import backoff_s
 from msgbus.delivery.senders import make_sender
 from msgbus.delivery.shares import CapShares
 from msgbus.localqueue import LocalQueue
+from msgbus.metrics import SUBSCRIPTION_INFO
 from msgbus.models import BrokerKind, Subscription
 from msgbus.notify import Notifier
 from msgbus.registry import Registry
@@ -30,6 +31,7 @@ from msgbus.store import MongoStore
 from msgbus.store.deletions import DeletionStore
 from msgbus.store.shares import ShareStore
 from msgbus.tasks import CloseStep, cancel_and_wait, close_in_order
+from msgbus.teams import PLATFORM_TEAM
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,14 @@ class DispatcherService:
                 conn, self.subscriptions_by_broker, interval_s=settings.broker_health_interval_s,
                 mongo_ping=self.store.ping)
 
+    async def show_subscription_teams(self) -> None:
+        """`msgbus_subscription_info`: each subscription's team, for the alerts' team label."""
+        SUBSCRIPTION_INFO.clear()
+        for sub in self.registry.subscriptions():
+            destination = self.registry.known_destination(sub.destination)
+            team = sub.team or (destination.team if destination else PLATFORM_TEAM)
+            SUBSCRIPTION_INFO.labels(sub.id, sub.destination, team).set(1)
+
     def subscriptions_by_broker(self) -> list[tuple[Subscription, BrokerKind]]:
         """Every subscription the registry knows, with its destination's current broker."""
         found = []
@@ -96,6 +106,7 @@ class DispatcherService:
         await self.sender.start()
         await self._write_leftover_trace()
         self.trace.start()
+        self.registry.on_change(self.show_subscription_teams)
         await self.registry.start()
         self.notifier.start()
         self.shares.start()

@@ -116,6 +116,11 @@ PAUSED_PARTITIONS = Gauge(
     "msgbus_paused_partitions",
     "Kafka partitions a subscription's consumers paused because its in-flight budget is full",
     ["subscription"], multiprocess_mode="livesum")
+SUBSCRIPTION_INFO = Gauge(
+    "msgbus_subscription_info",
+    "1 for every subscription a dispatcher knows, labelled with its destination and the team "
+    "that owns it: alerts join on it (group_left) to carry a team label",
+    ["subscription", "destination", "team"], multiprocess_mode="livemax")
 CIRCUIT_OPEN = Gauge(
     "msgbus_subscription_circuit_open",
     "1 while pushes to the subscription are stopped because it kept failing (probed now and "

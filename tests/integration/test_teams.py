@@ -293,3 +293,12 @@ def test_admin_teams_a_teams_home_shows_what_it_owns_and_decides_a_request(
     eventually(lambda: c.a_maintainer.get(_subscription(c.b_destination, "a-asks") + "/health"
                                           ).status_code == 200, 30, "the accepted subscription")
     page.context.close()
+
+
+def test_admin_teams_alerts_can_name_the_team_a_subscription_belongs_to(
+        bus: RunningBus, company: Company) -> None:
+    """deploy/monitoring/alerts.yml joins msgbus_subscription_info for a `team` label."""
+    line = (f'msgbus_subscription_info{{destination="{company.a_destination}",'
+            f'subscription="{company.a_destination}/audit",team="{company.a}"}} 1.0')
+    eventually(lambda: line in httpx.get(f"{bus.dispatcher_url}/metrics", timeout=10).text, 30,
+               "the dispatcher to show the subscription's team")
