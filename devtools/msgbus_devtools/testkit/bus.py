@@ -60,6 +60,9 @@ SHUTDOWN_TIMEOUT_S = 240.0
 SLOW_SHUTDOWN_S = 30.0
 
 USER_PASSWORD = "correct horse battery"
+# uvicorn closes a connection idle for 5 s (timeout_keep_alive); a client that reuses one just
+# then gets "connection reset by peer" (seen once in CI): these clients drop theirs after 2 s
+CLIENT_LIMITS = httpx.Limits(keepalive_expiry=2.0)
 
 
 class RunningBus:
@@ -98,6 +101,7 @@ class RunningBus:
         self.admin = httpx.Client(
             base_url=self.admin_url,
             timeout=10,
+            limits=CLIENT_LIMITS,
             headers={"authorization": f"Bearer {self.admin_token}"},
         )
         # The tests read every destination's messages as the bootstrap admin, which only an
@@ -205,7 +209,7 @@ class RunningBus:
                                 json={"name": "tests", **({"role": token_role} if token_role
                                                           else {})})
             made.raise_for_status()
-        return httpx.Client(base_url=self.admin_url, timeout=10,
+        return httpx.Client(base_url=self.admin_url, timeout=10, limits=CLIENT_LIMITS,
                             headers={"authorization": f"Bearer {made.json()['token']}"})
 
     def create_destination(self, code: str, broker: str, **options: Any) -> None:
