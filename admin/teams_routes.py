@@ -4,10 +4,10 @@ a team's owners manage its members (msgbus/permissions.py)."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, HttpUrl
 
 from admin.access import AdministersBus, Catalogue, ManagesTeam, ReadsTeam
 from admin.deps import Store, Users
@@ -30,8 +30,8 @@ MemberPath = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\x00
 class TeamIn(BaseModel):
     description: str = Field(default="", max_length=2000)
     members: list[Member] = Field(default_factory=list, max_length=10_000)
-    notify_url: str | None = Field(
-        default=None, max_length=2000, pattern=r"^(https?://\S+)?$",
+    notify_url: HttpUrl | Literal[""] | None = Field(
+        default=None,
         description="the team's webhook for what happens to its subscriptions (msgbus/notify.py):"
                     " signed with `notify_secret`, made with the first URL; \"\": none; left "
                     "out: unchanged")
@@ -63,7 +63,8 @@ async def put_team(team: TeamPath, body: TeamIn, who: ManagesTeam, store: Store,
     """Makes the team (an admin) or replaces its description and members (its owners)."""
     saved = await store.teams.save(team, body.description, body.members)
     if "notify_url" in body.model_fields_set:
-        saved = await store.teams.set_notify_url(team, body.notify_url or None)
+        saved = await store.teams.set_notify_url(
+            team, str(body.notify_url) if body.notify_url else None)
     await users.audit(who, "team.put", team, body.model_dump(mode="json"))
     return _view(saved, with_secret=True)
 

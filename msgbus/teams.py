@@ -56,7 +56,7 @@ class Team(BaseModel):
     members: list[Member] = Field(default_factory=list, max_length=10_000)
     # where the team is told about its subscriptions (msgbus/notify.py): a webhook, signed
     # with `notify_secret` as pushes are
-    notify_url: str | None = Field(default=None, max_length=2000, pattern=r"^https?://")
+    notify_url: str | None = Field(default=None, max_length=2083, pattern=r"^https?://")
     notify_secret: str | None = Field(default=None, pattern=r"^whsec_")
     created_at: datetime
     updated_at: datetime

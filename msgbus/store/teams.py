@@ -58,9 +58,10 @@ class TeamStore:
         """Where the team is told (None: nowhere); a first URL gets a signing secret."""
         team = await self.get(name)
         secret = team.notify_secret or (None if url is None else new_signing_secret())
-        await self._teams.update_one({"_id": name}, {"$set": {
-            "notify_url": url, "notify_secret": secret, "updated_at": utcnow()}})
-        return await self.get(name)
+        doc = {**team.model_dump(by_alias=True), "notify_url": url, "notify_secret": secret,
+               "updated_at": utcnow()}
+        await self._teams.replace_one({"_id": name}, storable(doc, _team))  # 422 if too long
+        return _team(doc)
 
     async def set_member(self, name: str, user: str, role: TeamRole | None,
                          source: str = "local") -> Team:

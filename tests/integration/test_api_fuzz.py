@@ -57,6 +57,9 @@ RULES_BEYOND_THE_DOCUMENT: Lists = {
             "422": "the url is at most 2,083 characters also in the form it is stored in "
                    "(percent-encoded, '/' after a bare host); max_in_flight is at least "
                    "batch_max_messages"},
+        "PUT /v1/teams/{team}": {
+            "422": "the notify_url is at most 2,083 characters also in the form it is stored "
+                   "in"},
         "POST /v1/destinations/{code}/subscription-requests": {
             "422": "its settings keep the rules of a subscription's (PUT above)"},
         "PUT /v1/users/{name}": {"400": "a new user needs a password and a role; a change "
