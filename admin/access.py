@@ -63,13 +63,8 @@ async def owning_team(store: MongoStore, on: On, path: dict[str, Any]) -> str | 
 
 
 async def subscription_team(store: MongoStore, code: str, name: str) -> str:
-    """Its team; a subscription stored before teams, or whose stored document does not
-    validate (an admin or the destination's team replaces it), belongs to its destination's."""
-    try:
-        team = (await store.config.get_subscription(subscription_id(code, name))).team
-    except InvalidStoredDocument:
-        team = None
-    return team or (await store.config.get_destination(code)).team
+    """Its team (ConfigStore.subscription_team)."""
+    return await store.config.subscription_team(code, name)
 
 
 def needs(right: Right, on: On) -> Callable[..., Awaitable[Principal]]:

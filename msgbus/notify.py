@@ -29,7 +29,7 @@ from msgbus.backoff import backoff_s
 from msgbus.delivery.signing import sign
 from msgbus.errors import NotFound
 from msgbus.ids import uuid7
-from msgbus.models import subscription_id, utcnow
+from msgbus.models import utcnow
 from msgbus.store import MongoStore
 from msgbus.store.notifications import NotificationStore
 from msgbus.tasks import cancel_and_wait
@@ -108,8 +108,7 @@ class Notifier:
     async def _team_of(self, subscription: str) -> str | None:
         code, _, name = subscription.partition("/")
         try:
-            sub = await self._store.config.get_subscription(subscription_id(code, name))
-            return sub.team or (await self._store.config.get_destination(code)).team
+            return await self._store.config.subscription_team(code, name)
         except NotFound:
             return None
 

@@ -10,8 +10,14 @@ from typing import Any
 from pymongo import ASCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
-from msgbus.errors import NotFound
-from msgbus.models import Destination, RetiredBroker, RuntimeConfig, Subscription
+from msgbus.errors import InvalidStoredDocument, NotFound
+from msgbus.models import (
+    Destination,
+    RetiredBroker,
+    RuntimeConfig,
+    Subscription,
+    subscription_id,
+)
 from msgbus.store import documents as docs
 from msgbus.store.checked import InvalidDocumentLog, Loaded, read_each, read_one, storable
 
@@ -79,6 +85,16 @@ class ConfigStore:
         if doc is None:
             raise NotFound(f"unknown subscription {sub_id!r}", field="subscription")
         return read_one(doc, "subscriptions", docs.subscription_from_doc, self._invalid_log)
+
+    async def subscription_team(self, code: str, name: str) -> str:
+        """The team that owns subscription `code/name`: its own; one stored before teams, or
+        whose stored document does not validate, belongs to its destination's (NotFound when
+        neither exists)."""
+        try:
+            team = (await self.get_subscription(subscription_id(code, name))).team
+        except InvalidStoredDocument:
+            team = None
+        return team or (await self.get_destination(code)).team
 
     async def stored_subscription(self, sub_id: str) -> dict[str, Any] | None:
         """The subscription's document as stored, unchecked (None: there is none): what a

@@ -224,8 +224,7 @@ class UserStore:
             if kind == "app":
                 return (await self._store.producers.get_app(target)).team
             if name:
-                sub = await self._store.config.get_subscription(target)
-                return sub.team or (await self._store.config.get_destination(code)).team
+                return await self._store.config.subscription_team(code, name)
             if kind in ("destination", "messages", "subscription_request", "schema"):
                 return (await self._store.config.get_destination(code)).team
         except (NotFound, InvalidStoredDocument):
