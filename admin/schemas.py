@@ -94,7 +94,7 @@ class RotateIn(ConfigModel):
 class BreakGlassIn(BaseModel):
     reason: str = Field(min_length=10, max_length=1000,
                         description="why every destination's messages must be read (audited)")
-    minutes: int = Field(default=30, ge=1, le=60, description="how long, at most an hour")
+    minutes: Integer = Field(default=30, ge=1, le=60, description="how long, at most an hour")
 
 
 class AppIn(BaseModel):
@@ -151,14 +151,14 @@ class TokenIn(BaseModel):
     name: str = Field(pattern=NAME_PATTERN, description="what the token is for")
     role: Role | None = Field(default=None,
                               description="acts with this role at most; default the user's")
-    expires_in_days: int = Field(default=90, ge=1, le=365, description="it stops working then")
+    expires_in_days: Integer = Field(default=90, ge=1, le=365, description="it stops working then")
 
 
 class TeamTokenIn(BaseModel):
     name: str = Field(pattern=NAME_PATTERN, description="what the token is for")
     role: Literal["viewer", "maintainer"] = Field(
         default="maintainer", description="acts as this member of the team (never an owner)")
-    expires_in_days: int = Field(default=90, ge=1, le=365, description="it stops working then")
+    expires_in_days: Integer = Field(default=90, ge=1, le=365, description="it stops working then")
 
 
 class DiscardIn(BaseModel):
