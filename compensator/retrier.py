@@ -42,8 +42,10 @@ CLOSE_GRACE_S = 10.0
 class SubscriptionRetrier(PeriodicWork):
     def __init__(self, subscription_id: str, current: Callable[[], Subscription | None],
                  claims: DeliveryClaims, store: MongoStore, sender: Sender,
-                 settings: CompensatorSettings, shares: CapShares) -> None:
+                 settings: CompensatorSettings, shares: CapShares, *,
+                 on_recorded: Callable[[list[DeliveryOutcome]], None] = lambda _: None) -> None:
         super().__init__(close_grace_s=CLOSE_GRACE_S)
+        self._on_recorded = on_recorded  # the notifier looks for parked outcomes
         self.subscription_id = subscription_id
         self._shares = shares
         self._current = current  # the subscription as configured now (None: deleted)
@@ -169,6 +171,7 @@ class SubscriptionRetrier(PeriodicWork):
         while outcomes:
             try:
                 await self._store.records.record_outcomes(outcomes)
+                self._on_recorded(outcomes)
                 return
             except Exception as exc:
                 if self._closing.is_set():

@@ -71,7 +71,8 @@ class CompensatorService:
             for sub_id in wanted - set(self.retriers):
                 retrier = SubscriptionRetrier(
                     sub_id, functools.partial(self.registry.subscription, sub_id),
-                    self.claims, self.store, self.sender, self.settings, self.shares)
+                    self.claims, self.store, self.sender, self.settings, self.shares,
+                    on_recorded=self.notifier.saw_outcomes)
                 retrier.start()
                 self.retriers[sub_id] = retrier
 

@@ -1,7 +1,8 @@
 """`BacklogMonitor`: per subscription this dispatcher serves, the backlog and the age of the oldest
 undelivered message from the bus's own records (one measure for Kafka, RabbitMQ and the direct
 path; the broker's own lag is `dispatcher/brokerhealth.py`'s), and the partitions its consumers
-paused, as gauges; the backlog and age also as samples over time for the admin's subscription
+paused, as gauges; an age past the subscription's delivery objective is told to its team
+(`on_late`); the backlog and age also as samples over time for the admin's subscription
 page (`msgbus/store/pushstats.py`). See docs/decisions.md, "Backlog from the bus's own records,
 not broker watermarks"."""
 
@@ -23,10 +24,13 @@ BACKLOG_CAP = 10_000
 
 class BacklogMonitor(PeriodicWork):
     def __init__(self, store: MongoStore, paused_partitions: Callable[[], dict[str, int]], *,
-                 interval_s: float) -> None:
+                 interval_s: float, late_after_s: Callable[[str], float | None] = lambda _: None,
+                 on_late: Callable[[str, float, float], None] = lambda *_: None) -> None:
         super().__init__()
         self._store = store
         self._paused_partitions = paused_partitions  # subscription id -> paused partitions
+        self._late_after_s = late_after_s  # subscription id -> its delivery objective
+        self._on_late = on_late  # (subscription id, oldest age, objective)
         self._shown: set[str] = set()
         self.every(interval_s, self.update, what="backlog metrics", max_busy=GAUGE_MAX_BUSY,
                    ready=store.gate.wait_available)
@@ -45,5 +49,8 @@ class BacklogMonitor(PeriodicWork):
             BACKLOG.labels(sub_id).set(count)
             age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
             OLDEST_UNDELIVERED_AGE.labels(sub_id).set(age)
+            objective = self._late_after_s(sub_id)
+            if objective is not None and age > objective:
+                self._on_late(sub_id, age, objective)
             # and over time, for the admin's subscription page
             await self._store.figures.record_backlog_sample(sub_id, count, age)

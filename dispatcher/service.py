@@ -22,7 +22,7 @@ from msgbus.backoff import backoff_s
 from msgbus.delivery.senders import make_sender
 from msgbus.delivery.shares import CapShares
 from msgbus.localqueue import LocalQueue
-from msgbus.metrics import SUBSCRIPTION_INFO
+from msgbus.metrics import DELIVERY_OBJECTIVE, SUBSCRIPTION_INFO
 from msgbus.models import BrokerKind, Subscription
 from msgbus.notify import Notifier
 from msgbus.registry import Registry
@@ -65,6 +65,7 @@ class DispatcherService:
         self.notifier = Notifier(self.store, component=self.shares.instance,
                                  ui_url=conn.ui_url, cooldown_s=conn.notify_cooldown_s)
         self.shares.on_circuit = self.notifier.circuit_changed
+        self.trace.on_recorded = self.notifier.saw_outcomes
         self.drains = DrainWatch(self.store, self.registry, conn,
                                  on_change=lambda: self.supervisor.sync(),
                                  settle_s=settings.drain_settle_s,
@@ -74,7 +75,9 @@ class DispatcherService:
         self.cleanup = BrokerCleanup(DeletionStore(self.store), ShareStore(self.store), conn,
                                      interval_s=settings.cleanup_interval_s)
         self.backlog = BacklogMonitor(self.store, self.supervisor.paused_partitions,
-                                      interval_s=settings.backlog_interval_s)
+                                      interval_s=settings.backlog_interval_s,
+                                      late_after_s=self.late_after_s,
+                                      on_late=self.notifier.delivery_late)
         self.broker_health: BrokerHealthMonitor | None = None
         self._indexes: asyncio.Task[None] | None = None
         if settings.broker_health_interval_s > 0:
@@ -82,13 +85,20 @@ class DispatcherService:
                 conn, self.subscriptions_by_broker, interval_s=settings.broker_health_interval_s,
                 mongo_ping=self.store.ping)
 
-    async def show_subscription_teams(self) -> None:
-        """`msgbus_subscription_info`: each subscription's team, for the alerts' team label."""
+    async def show_subscription_info(self) -> None:
+        """`msgbus_subscription_info`: each subscription's team, for the alerts' team label;
+        `msgbus_subscription_late_after_seconds`: its delivery objective, for their threshold."""
         SUBSCRIPTION_INFO.clear()
+        DELIVERY_OBJECTIVE.clear()
         for sub in self.registry.subscriptions():
             destination = self.registry.known_destination(sub.destination)
             team = sub.team or (destination.team if destination else PLATFORM_TEAM)
             SUBSCRIPTION_INFO.labels(sub.id, sub.destination, team).set(1)
+            DELIVERY_OBJECTIVE.labels(sub.id).set(sub.late_after_s)
+
+    def late_after_s(self, sub_id: str) -> float | None:
+        sub = self.registry.subscription(sub_id)
+        return None if sub is None else sub.late_after_s
 
     def subscriptions_by_broker(self) -> list[tuple[Subscription, BrokerKind]]:
         """Every subscription the registry knows, with its destination's current broker."""
@@ -106,7 +116,7 @@ class DispatcherService:
         await self.sender.start()
         await self._write_leftover_trace()
         self.trace.start()
-        self.registry.on_change(self.show_subscription_teams)
+        self.registry.on_change(self.show_subscription_info)
         await self.registry.start()
         self.notifier.start()
         self.shares.start()

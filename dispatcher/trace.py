@@ -3,6 +3,7 @@ batches, so that a MongoDB outage never stops deliveries and a crash never loses
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,6 +55,8 @@ class TraceWriter:
         self._store = store
         self._flusher = Flusher(buffer, QUEUE, self._write, batch_size=batch_size,
                                 ready=store.gate.wait_available)
+        # told of every outcome once it is durable here (the notifier looks for parked ones)
+        self.on_recorded: Callable[[list[DeliveryOutcome]], None] = lambda _: None
 
     def start(self) -> None:
         self._flusher.start()
@@ -65,6 +68,7 @@ class TraceWriter:
         """Returns once the outcomes are durable locally: one write, its fsync shared with
         concurrent calls."""
         await self._buffer.append([(QUEUE, encode_outcome(o)) for o in outcomes])
+        self.on_recorded(outcomes)
 
     def backlog(self) -> int:
         return self._buffer.depth(QUEUE)

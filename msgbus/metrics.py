@@ -121,6 +121,11 @@ SUBSCRIPTION_INFO = Gauge(
     "1 for every subscription a dispatcher knows, labelled with its destination and the team "
     "that owns it: alerts join on it (group_left) to carry a team label",
     ["subscription", "destination", "team"], multiprocess_mode="livemax")
+DELIVERY_OBJECTIVE = Gauge(
+    "msgbus_subscription_late_after_seconds",
+    "The oldest undelivered message's age past which the subscription's delivery is late: "
+    "its delay_s plus its delivery_objective_s (the MsgbusUndeliveredOld alert compares)",
+    ["subscription"], multiprocess_mode="livemax")
 CIRCUIT_OPEN = Gauge(
     "msgbus_subscription_circuit_open",
     "1 while pushes to the subscription are stopped because it kept failing (probed now and "

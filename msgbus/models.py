@@ -34,6 +34,7 @@ MAX_BATCH_MESSAGES = 1000
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 # the longest a message may wait for its delivery (deliver_at, delay_s; a subscription's delay_s)
 MAX_DELIVERY_DELAY_S = 30 * 24 * 3600.0
+DEFAULT_DELIVERY_OBJECTIVE_S = 15 * 60.0
 
 JSON_CONTENT_TYPE = "application/json"
 DEFAULT_CLUSTER = "default"  # the cluster MSGBUS_KAFKA_BOOTSTRAP / MSGBUS_RABBITMQ_URL define
@@ -402,6 +403,11 @@ class SubscriptionSettings(ConfigModel):
         default=0.0, ge=0, le=MAX_DELIVERY_DELAY_S,
         description="Each message is pushed no sooner than this long after it was accepted "
                     "(and not before its own deliver_at)")
+    delivery_objective_s: StrictFloat = Field(
+        default=DEFAULT_DELIVERY_OBJECTIVE_S, ge=1, le=7 * 24 * 3600.0,
+        description="A message should be delivered within this long after its delay_s: when "
+                    "the oldest undelivered one is older, the owning team is told "
+                    "(delivery.late) and the MsgbusUndeliveredOld alert fires")
 
     @model_validator(mode="after")
     def _batch_fits_in_flight(self) -> SubscriptionSettings:
@@ -411,6 +417,11 @@ class SubscriptionSettings(ConfigModel):
                 f"max_in_flight ({self.max_in_flight}) must be at least batch_max_messages "
                 f"({self.batch_max_messages}): a batch is gathered from the messages in flight")
         return self
+
+    @property
+    def late_after_s(self) -> float:
+        """The oldest undelivered message's age past which delivery is late."""
+        return self.delay_s + self.delivery_objective_s
 
     @property
     def batched(self) -> bool:

@@ -59,3 +59,44 @@ def test_admin_notifications_a_circuit_that_opens_and_closes_is_told_once_each(
     assert {n["kind"] for n in recent} >= {"circuit.opened", "circuit.closed",
                                            "subscription.paused"}
     assert all(n["outcome"] == "told (200)" for n in recent)
+
+
+
+def test_admin_notifications_parked_messages_and_late_delivery_are_told_once(
+        bus: RunningBus) -> None:
+    """Ten messages the retry policy gives up on make one `messages.parked` per subscription,
+    whether the dispatcher parked them (410, permanent) or the compensator (503 twice); a
+    subscription whose oldest message waits past its delivery objective makes one
+    `delivery.late`."""
+    team, code = f"team-{uuid.uuid4().hex[:6]}", f"notify-{uuid.uuid4().hex[:6]}"
+    webhook = RecordingSubscriber()
+    made = bus.admin.put(f"/v1/teams/{team}", json={"notify_url": bus.serve_subscriber(webhook)})
+    secret = made.json()["notify_secret"]
+    bus.create_destination(code, "direct", team=team)
+    never = {"open_after_failures": 1000}  # every message is pushed, none held by a circuit
+    for name, status, policy in (("gone", 410, {"permanent_status_codes": [410]}),
+                                 ("failing", 503, {"delays_s": [0.2], "max_attempts": 2})):
+        bus.subscribe(code, name, bus.serve_subscriber(ScriptedSubscriber(
+            script=lambda _, status=status: status)), team=team, retry_policy=policy,
+            circuit=never)
+    bus.subscribe(code, "down", bus.serve_subscriber(ScriptedSubscriber(script=lambda _: 503)),
+                  team=team, retry_policy={"delays_s": [3600]}, delivery_objective_s=2)
+    bus.wait_for_workers([f"{code}/gone", f"{code}/failing", f"{code}/down"])
+    key = bus.create_app(f"app-{uuid.uuid4().hex[:6]}", team=team)
+    post_batches(bus.receiver_url, key, [{"message_id": uuid7(), "destination": code,
+                                          "body": {"n": n}} for n in range(10)])
+
+    def parked(name: str) -> int:
+        return len(bus.admin.get(f"/v1/destinations/{code}/subscriptions/{name}/parked").json())
+    eventually(lambda: parked("gone") == parked("failing") == 10, 60, "all to be parked")
+    eventually(lambda: len(_told(webhook, secret, "messages.parked")) == 2, 30,
+               "the parking to be told")
+    eventually(lambda: _told(webhook, secret, "delivery.late"), 60, "the late delivery")
+    told = {n["subscription"]: n for n in _told(webhook, secret, "messages.parked")}
+    assert told[f"{code}/gone"]["details"]["status_code"] == 410
+    assert told[f"{code}/failing"]["details"]["status_code"] == 503
+    [late] = _told(webhook, secret, "delivery.late")
+    assert late["subscription"] == f"{code}/down" and late["team"] == team
+    assert late["details"]["oldest_age_s"] > late["details"]["late_after_s"] == 2
+    recent = bus.admin.get(f"/v1/teams/{team}/notifications").json()
+    assert [n["kind"] for n in recent].count("messages.parked") == 2  # not one per message
