@@ -24,9 +24,8 @@ class MessageAccess:
     async def readers(self) -> dict[str, set[str]]:
         """Destination -> the teams that read its messages."""
         readers = {d.code: {d.team} for d in await self._store.config.list_destinations()}
-        for sub in await self._store.config.list_subscriptions():
-            if sub.team is not None and sub.destination in readers:
-                readers[sub.destination].add(sub.team)
+        for sub_id, team in (await self._store.config.subscription_teams()).items():
+            readers.get(sub_id.partition("/")[0], set()).add(team)
         return readers
 
     async def readable(self, who: Principal) -> set[str] | None:
