@@ -41,6 +41,7 @@ from admin.oidc import FLOW_COOKIE, FLOW_TTL_S
 from admin.operations import TRANSITIONS
 from admin.pushers import pushers_of
 from admin.security import SESSION_COOKIE, client_address
+from admin.subscribe_offer import subscribe_offer
 from admin.subscription_health import RANGES, subscription_health
 from admin.templating import HERE, templates
 from msgbus.errors import Forbidden, InvalidStoredDocument, MsgbusError, NotFound, Unauthorized
@@ -190,21 +191,24 @@ async def destinations_page(request: Request, who: UiUser, store: Store) -> Resp
     for sub in await store.config.list_subscriptions():
         subs.setdefault(sub.destination, []).append(sub)
     invalid = await store.invalid.in_every_collection()
+    destinations = await store.config.list_destinations()
     return page(request, "destinations.html", who, page="Destinations",
-                destinations=await store.config.list_destinations(), subscriptions=subs,
-                invalid=invalid, schema_versions=await SchemaStore(store).latest_versions())
+                destinations=destinations, subscriptions=subs, invalid=invalid,
+                offers={d.code: subscribe_offer(who, d) for d in destinations},
+                schema_versions=await SchemaStore(store).latest_versions())
 
 
 @router.get("/ui/destinations/{code}", response_model=None)
 async def destination_page(request: Request, code: str, who: UiUser, store: Store,
                            users: Users, parts: Parts) -> Response:
     """A destination: broker and switch history, its subscriptions' health, schema versions,
-    messages per hour."""
+    messages per hour; who may subscribe and the user's way to."""
     destination = await store.config.get_destination(code)
     view = destination_view(destination, await broker_switches(users, code),
                             await parts.dashboard.get(), await SchemaStore(store).versions(code))
     return page(request, "destination.html", who, page="Destinations", view=view,
-                d=destination, schema_summary=schema_summary)
+                d=destination, schema_summary=schema_summary,
+                offer=subscribe_offer(who, destination))
 
 
 @router.get("/ui/messages", response_model=None)

@@ -96,7 +96,8 @@ document.addEventListener("click", async (event) => {
 });
 
 // <form data-api="<API path, {field} filled from the form>" [data-method="PUT"]
-//  [data-then="<url, {field} filled>"]>: sent as JSON. Empty fields are left out, checkboxes are
+//  [data-then="<url, {field} filled>"]>: sent as JSON (a field that fills the API path is not
+// also in the body; one that fills only data-then is). Empty fields are left out, checkboxes are
 // booleans, number inputs numbers, data-json fields parsed, data-list fields split on commas
 // (data-list="number": into numbers), datetime-local read as UTC; a dotted name ("circuit.
 // cooldowns_s", "filters.0.field") sets a nested field, and a fieldset[data-row] whose fields
@@ -137,9 +138,9 @@ document.addEventListener("submit", async (event) => {
       return;
     }
     if (value === undefined) continue;
-    if (path.includes(`{${field.name}}`) || then.includes(`{${field.name}}`)) {
+    then = then.replace(`{${field.name}}`, encodeURIComponent(value));
+    if (path.includes(`{${field.name}}`)) {
       path = path.replace(`{${field.name}}`, encodeURIComponent(value));
-      then = then.replace(`{${field.name}}`, encodeURIComponent(value));
       continue;
     }
     setPath(body, field.name, value);

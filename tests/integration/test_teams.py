@@ -295,6 +295,53 @@ def test_admin_teams_a_teams_home_shows_what_it_owns_and_decides_a_request(
     page.context.close()
 
 
+def test_admin_teams_a_member_subscribes_from_the_catalogue_or_asks_on_approval(
+        bus: RunningBus, company: Company, browser: Any) -> None:
+    """The catalogue's subscribe form (admin/subscribe_offer.py): A's maintainer subscribes to
+    B's open destination, owned by A; to B's destination on approval the form asks instead."""
+    c = company
+    on_approval = f"{c.b}-approved"
+    bus.create_destination(on_approval, "direct", team=c.b, subscribers="approval")
+    page = browser.new_context(base_url=bus.admin_url).new_page()
+    page.goto("/ui/login")
+    page.fill("input[name=username]", c.a_maintainer_name)
+    page.fill("input[name=password]", USER_PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/ui/dashboard")
+
+    page.goto("/ui/destinations")
+    offer = page.locator(f"#subscribe-{c.b_destination}")
+    assert "Who may subscribe: any team may subscribe." in offer.inner_text()
+    assert offer.locator("select[name=team]").input_value() == c.a  # the user's only team
+    offer.locator("input[name=name]").fill("a-from-catalogue")
+    offer.locator("input[name=url]").fill("http://127.0.0.1:9/hook")
+    offer.get_by_role("button", name="Subscribe", exact=True).click()
+    page.wait_for_url(f"**/ui/subscriptions/{c.b_destination}/a-from-catalogue")
+    made = {(s["destination"], s["name"]): s["team"]
+            for s in c.a_maintainer.get("/v1/subscriptions").json()}
+    assert made[(c.b_destination, "a-from-catalogue")] == c.a
+
+    page.goto("/ui/destinations")
+    asks = page.locator(f"#subscribe-{on_approval}")
+    assert f"team {c.b} decides" in asks.inner_text()
+    # not without B's approval
+    assert asks.get_by_role("button", name="Subscribe", exact=True).count() == 0
+    asks.locator("input[name=name]").fill("a-asks-in-ui")
+    asks.locator("input[name='settings.url']").fill("http://127.0.0.1:9/hook")
+    asks.get_by_role("button", name="Ask to subscribe").click()
+    page.wait_for_url(f"**/ui/teams/{c.a}")  # the team's home lists what it asked
+    assert "a-asks-in-ui" in page.inner_text("#team-requests")
+    asked = [r for r in c.b_maintainer.get("/v1/subscription-requests").json()
+             if (r["destination"], r["name"]) == (on_approval, "a-asks-in-ui")]
+    assert [(r["team"], r["state"]) for r in asked] == [(c.a, "pending")]
+    listed = {(s["destination"], s["name"]) for s in c.a_maintainer.get("/v1/subscriptions").json()}
+    assert (on_approval, "a-asks-in-ui") not in listed  # until team B accepts
+
+    page.goto(f"/ui/destinations/{on_approval}")  # the destination's own page offers the same
+    assert page.locator("#subscribe").get_by_role("button", name="Ask to subscribe").count() == 1
+    page.context.close()
+
+
 def test_admin_teams_alerts_can_name_the_team_a_subscription_belongs_to(
         bus: RunningBus, company: Company) -> None:
     """deploy/monitoring/alerts.yml joins msgbus_subscription_info for a `team` label."""
