@@ -319,10 +319,12 @@ async def team_page(request: Request, team: str, who: UiUser, store: Store,
     it decides or made, what it was told lately."""
     check(who, Right.READ, team)
     found = await store.teams.get(team)
-    destinations = [d for d in await store.config.list_destinations() if d.team == team]
-    teams_of = {d.code: d.team for d in await store.config.list_destinations()}
+    every_destination = await store.config.list_destinations()
+    destinations = [d for d in every_destination if d.team == team]
+    teams_of = {d.code: d.team for d in every_destination}
+    owners = await store.config.subscription_teams()
     subscriptions = [s for s in await store.config.list_subscriptions()
-                     if (s.team or teams_of.get(s.destination)) == team]
+                     if owners.get(s.id) == team]
     apps = [a for a in (await store.producers.load_apps()).items if a.team == team]
     asked = [r for r in await requests.recent(50)
              if r.team == team or teams_of.get(r.destination) == team]
