@@ -194,6 +194,7 @@ async def put_subscription(code: DestinationCode, name: SubscriptionName,
     store = service.store
     destination = await store.config.get_destination(code)
     await refuse_while_deleting(deletions, code, name)
+    await service.check_egress(str(body.url))
     sub_id = subscription_id(code, name)
     try:
         existing = await store.config.get_subscription(sub_id)

@@ -46,6 +46,7 @@ async def request_subscription(code: DestinationCode, body: RequestIn, who: Crea
     destination = await service.store.config.get_destination(code)
     team = team_for_new(who, body.team)
     check_new(who, team)
+    await service.check_egress(str(body.settings.url), field="settings.url")
     if may_subscribe(team, destination):
         raise Conflict(f"team {team} needs no approval to subscribe to {code}: PUT "
                        f"/v1/destinations/{code}/subscriptions/{body.name}", field="team")

@@ -18,6 +18,7 @@ from admin.schemas import RuntimeIn, SubscriptionIn
 from admin.security import Authenticator, Sessions, SignIns, signin_policies
 from admin.services import ServiceDirectory
 from msgbus.auth import hash_api_key, new_api_key
+from msgbus.delivery.senders import make_sender
 from msgbus.delivery.shares import CapShares
 from msgbus.errors import Conflict, InvalidConfig
 from msgbus.models import BrokerKind, RuntimeConfig, Subscription, utcnow
@@ -60,7 +61,10 @@ class AdminService:
                                 component="admin", heartbeat_s=conn.share_heartbeat_s,
                                 lease_s=conn.share_lease_s,
                                 health_url=conn.health_url(settings.host, settings.port))
-        self.notifier = Notifier(self.store, component=self.shares.instance,
+        self.egress = settings.push.egress_policy()
+        self.notify_sender = make_sender("h1", instance=self.shares.instance,
+                                         push=settings.push, max_connections=8)
+        self.notifier = Notifier(self.store, self.notify_sender, component=self.shares.instance,
                                  ui_url=conn.ui_url, cooldown_s=conn.notify_cooldown_s)
         self.shares.on_circuit = self.notifier.circuit_changed
         self.services = ServiceDirectory(self.store, own_instance=self.shares.instance,
@@ -69,6 +73,7 @@ class AdminService:
     async def start(self) -> None:
         await self.store.ensure_indexes()
         await self.users.ensure_indexes()
+        await self.notify_sender.start()
         self.notifier.start()
         self.shares.start()
         self.services.start()
@@ -76,6 +81,7 @@ class AdminService:
     async def close(self) -> None:
         await self.services.close()
         await self.notifier.close()
+        await self.notify_sender.close()
         await self.shares.close()
         await self.store.close()
 
@@ -85,11 +91,19 @@ class AdminService:
         await self.store.producers.create_app(name, hash_api_key(key), destinations, team)
         return key
 
+    async def check_egress(self, url: str, field: str = "url") -> None:
+        """A 422 naming `field` when the egress policy refuses pushes to `url` (its host is, or
+        resolves to, only addresses it refuses); every push checks again."""
+        refusal = await self.egress.url_refusal(url)
+        if refusal is not None:
+            raise InvalidConfig(refusal, field=field)
+
     async def create_subscription(self, code: str, name: str, team: str,
                                   settings: dict[str, Any]) -> Subscription:
         """A new subscription `name` of `team` to destination `code` (a Conflict if it
         exists)."""
         sub = Subscription(destination=code, name=name, **(settings | {"team": team}))
+        await self.check_egress(str(sub.url))
         if await self.store.config.stored_subscription(sub.id) is not None:
             raise Conflict(f"subscription {sub.id} exists already", field="name")
         await self.store.config.save_subscription(sub)

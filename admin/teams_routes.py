@@ -10,7 +10,7 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field, HttpUrl
 
 from admin.access import AdministersBus, Catalogue, ManagesTeam, ReadsTeam
-from admin.deps import Store, Users
+from admin.deps import Service, Store, Users
 from admin.params import GeneratedId
 from admin.schemas import TeamTokenIn
 from msgbus.errors import Conflict
@@ -59,8 +59,10 @@ async def get_team(team: TeamPath, _: Catalogue, store: Store) -> dict[str, Any]
 
 @router.put("/v1/teams/{team}")
 async def put_team(team: TeamPath, body: TeamIn, who: ManagesTeam, store: Store,
-                   users: Users) -> dict[str, Any]:
+                   users: Users, service: Service) -> dict[str, Any]:
     """Makes the team (an admin) or replaces its description and members (its owners)."""
+    if body.notify_url:
+        await service.check_egress(str(body.notify_url), field="notify_url")
     saved = await store.teams.save(team, body.description, body.members)
     if "notify_url" in body.model_fields_set:
         saved = await store.teams.set_notify_url(

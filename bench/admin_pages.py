@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import os
 import secrets
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from urllib.parse import quote
 
 import httpx
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.env import service_env
 from msgbus_devtools.testkit.waiting import eventually
 from pydantic import HttpUrl
 
@@ -192,9 +192,9 @@ class PagesBench:
         self.seeded = asyncio.run(seed(mongo.url, db, self.args.messages,
                                        self.args.destinations))
         token, port = secrets.token_urlsafe(24), services.free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")} | {
+        env = service_env({
             "MSGBUS_MONGO_URI": mongo.url, "MSGBUS_MONGO_DB": db, "MSGBUS_ADMIN_TOKEN": token,
-            "MSGBUS_ADMIN_PORT": str(port)}
+            "MSGBUS_ADMIN_PORT": str(port)})
         with open(workdir / "admin.log", "ab") as log:
             admin = subprocess.Popen(
                 [sys.executable, "-m", "msgbus_cli", "admin", "--state-dir",

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from typing import Any
 import httpx
 import orjson
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.env import service_env
 from msgbus_devtools.testkit.waiting import eventually
 from pydantic import HttpUrl
 
@@ -112,9 +112,9 @@ class CompensatorBench:
         self._spawn("subscriber", [sys.executable, "-c",
                                    f"from bench.dispatch_subscriber import serve; serve({port})"])
         services.wait_for_port(HOST, port, 30)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")} | {
+        env = service_env({
             "MSGBUS_MONGO_URI": self.mongo_uri, "MSGBUS_MONGO_DB": self.db,
-            "MSGBUS_CONFIG_REFRESH_S": "1", "MSGBUS_COMPENSATOR_SCAN_INTERVAL_S": "0.2"}
+            "MSGBUS_CONFIG_REFRESH_S": "1", "MSGBUS_COMPENSATOR_SCAN_INTERVAL_S": "0.2"})
         self.compensator_pids = []
         for i in range(self.args.compensators):
             process = self._spawn(

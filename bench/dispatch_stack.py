@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
-import os
 import secrets
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from typing import Any, TypeVar
 
 import httpx
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.env import service_env
 from msgbus_devtools.testkit.waiting import eventually
 from pydantic import HttpUrl
 
@@ -95,12 +95,11 @@ class DispatchStack:
         self.mongo_uri = secantus.url
         self.http = httpx.Client(timeout=30)
         self.stack.callback(self.http.close)
-        self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")},
+        self.env = service_env({
             "MSGBUS_MONGO_URI": self.mongo_uri, "MSGBUS_MONGO_DB": self.mongo_db,
             "MSGBUS_KAFKA_BOOTSTRAP": tansu.url, "MSGBUS_CONFIG_REFRESH_S": "1",
             "MSGBUS_INTERNAL_TOKEN": secrets.token_urlsafe(24),
-        }
+        })
         if self.full:
             self.env["MSGBUS_RABBITMQ_URL"] = services.ensure_rabbitmq().url
         self.env.update(self.settings)

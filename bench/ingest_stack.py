@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from typing import Any
 
 import httpx
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.env import service_env
 from msgbus_devtools.testkit.waiting import NotInTime, eventually
 from pydantic import HttpUrl
 from pymongo import MongoClient
@@ -139,12 +139,11 @@ class IngestStack:
         self.stack.callback(self.mongo.close)
         self.http = httpx.Client(timeout=5)
         self.stack.callback(self.http.close)
-        self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")},
+        self.env = service_env({
             "MSGBUS_MONGO_URI": self.mongo_uri, "MSGBUS_MONGO_DB": self.mongo_db,
             "MSGBUS_KAFKA_BOOTSTRAP": tansu.url, "MSGBUS_RABBITMQ_URL": self.rabbitmq_url,
             "MSGBUS_INTERNAL_TOKEN": self.internal_token,
-        }
+        })
 
         sub_port = services.free_port()
         self._spawn("subscriber", [sys.executable, "-c",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 import socket
 import subprocess
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import httpx
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.env import service_env
 from msgbus_devtools.testkit.waiting import NotInTime, eventually
 from pymongo import MongoClient
 
@@ -74,7 +74,7 @@ class LiveReceiver:
         dispatcher = DeadPort()  # no dispatcher: the Kafka path never needs it
         self.stack.callback(dispatcher.close)
         port = services.free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
+        env = service_env()
         env.update({
             "MSGBUS_MONGO_URI": self.mongo_uri,
             "MSGBUS_MONGO_DB": self.mongo_db,

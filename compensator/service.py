@@ -42,7 +42,7 @@ class CompensatorService:
                                 component="compensator", heartbeat_s=conn.share_heartbeat_s,
                                 lease_s=conn.share_lease_s,
                                 health_url=conn.health_url(settings.host, settings.port))
-        self.notifier = Notifier(self.store, component=self.shares.instance,
+        self.notifier = Notifier(self.store, self.sender, component=self.shares.instance,
                                  ui_url=conn.ui_url, cooldown_s=conn.notify_cooldown_s)
         self.shares.on_circuit = self.notifier.circuit_changed
         self.replays = ReplayRunner(self.store, self.registry, self.sender, settings,

@@ -32,10 +32,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import orjson
 
 from msgbus.backoff import backoff_s
+from msgbus.delivery.sender import Sender
 from msgbus.delivery.signing import sign
 from msgbus.errors import NotFound
 from msgbus.ids import uuid7
@@ -62,9 +62,10 @@ class Event:
 
 
 class Notifier:
-    def __init__(self, store: MongoStore, *, component: str, ui_url: str = "",
+    def __init__(self, store: MongoStore, sender: Sender, *, component: str, ui_url: str = "",
                  cooldown_s: float = 600.0) -> None:
         self._store = store
+        self._sender = sender  # a push client: the same egress policy as pushes
         self._told = NotificationStore(store)
         self._component = component
         self._ui_url = ui_url.rstrip("/")
@@ -171,14 +172,10 @@ class Notifier:
                 "ce-subject": event.subscription, "webhook-id": event_id,
                 "webhook-timestamp": str(timestamp),
                 "webhook-signature": sign([secret], event_id, timestamp, body)}
-            try:
-                async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
-                    answer = await http.post(url, content=body, headers=headers)
-                if answer.is_success:
-                    return f"told ({answer.status_code})"
-                why = f"answered {answer.status_code}"
-            except httpx.HTTPError as exc:
-                why = f"{type(exc).__name__}: {exc}"
+            status, error = await self._sender.post(url, body, headers, TIMEOUT_S)
+            if error is None:
+                return f"told ({status})"
+            why = error if status is None else f"answered {status}"
             if tries < TRIES:
                 await asyncio.sleep(backoff_s(failures=tries, first_s=1.0, max_s=10.0))
         log.warning("notifier: %s of %s not told to team %s: %s", event.kind,

@@ -19,6 +19,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from msgbus.egress import EgressPolicy
 from msgbus.models import DEFAULT_CLUSTER, BrokerKind
 
 # the push HTTP clients (msgbus/delivery/senders.py `make_sender`): h1, or aiohttp as a fallback
@@ -113,6 +114,18 @@ class PushSettings(BaseSettings):
 
     # the first bytes of a subscriber's answer to a failed push, kept with the attempt (0: none)
     answer_keep_bytes: int = Field(default=1024, ge=0, le=65536)
+    # The egress policy (msgbus/egress.py): internal addresses are refused unless allowed here;
+    # comma-separated CIDRs, e.g. "10.20.0.0/16,fd00:1::/64". A denial wins over an allowance.
+    allow_networks: str = ""
+    deny_networks: str = ""
+
+    def egress_policy(self) -> EgressPolicy:
+        return EgressPolicy.parse(self.allow_networks, self.deny_networks)
+
+    @model_validator(mode="after")
+    def _networks_parse(self) -> PushSettings:
+        self.egress_policy()  # a ValueError naming the setting, at start-up
+        return self
 
 
 class TracingSettings(BaseSettings):

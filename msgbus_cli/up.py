@@ -19,6 +19,7 @@ import click
 
 from msgbus import telemetry
 from msgbus.auth import hash_api_key, new_api_key
+from msgbus.egress import LOOPBACK_ONLY
 from msgbus.models import BrokerKind, RuntimeConfig
 from msgbus.serving import ServerGroup
 from msgbus.settings import ConnectionSettings, TracingSettings
@@ -170,6 +171,8 @@ def _brokers(state_dir: Path, servers: EmbeddedServers) -> dict[str, Any]:
 
 def run_up(state_dir: Path, demo: bool, demo_port: int) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
+    # pushes may reach loopback only (the demo subscriber) of the internal addresses
+    os.environ.setdefault("MSGBUS_PUSH_ALLOW_NETWORKS", LOOPBACK_ONLY)
     servers = EmbeddedServers()
     try:
         conn = connection_settings(state_dir, **_brokers(state_dir, servers))

@@ -15,9 +15,12 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pytest
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.env import allow_local_pushes
 
 if TYPE_CHECKING:
     from msgbus_devtools.testkit.deployment import Servers
+
+allow_local_pushes()  # the tests' subscribers listen on loopback, which pushes may not reach else
 
 # ---- real services: tansu (Kafka), SecantusDB (MongoDB), RabbitMQ --------------------------------
 

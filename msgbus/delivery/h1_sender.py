@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from msgbus.delivery.sender import BaseSender
+from msgbus.egress import EgressPolicy
 
 KEEPALIVE_S = 4.0
 USER_AGENT = "msgbus"
@@ -186,9 +187,9 @@ class H1Sender(BaseSender):
     transport_errors = (ProtocolError, ValueError, OSError)
 
     def __init__(self, *, instance: str, max_connections: int = 1000,
-                 answer_keep_bytes: int = 1024) -> None:
+                 answer_keep_bytes: int = 1024, egress: EgressPolicy | None = None) -> None:
         super().__init__(instance=instance, max_connections=max_connections,
-                         answer_keep_bytes=answer_keep_bytes)
+                         answer_keep_bytes=answer_keep_bytes, egress=egress)
         self._protocol = functools.partial(Connection, answer_keep_bytes)
         self._idle: dict[Origin, list[Connection]] = {}  # most recently used last
         self._slots = asyncio.Semaphore(max_connections)
@@ -249,10 +250,19 @@ class H1Sender(BaseSender):
             connection.close()
         loop = asyncio.get_running_loop()
         tls = self._tls_context() if origin.scheme == "https" else None
-        _, connection = await loop.create_connection(
-            self._protocol, origin.host, origin.port, ssl=tls,
-            server_hostname=origin.host if tls is not None else None)
-        return connection
+        # to an address the egress policy allows, the very one it checked (no second lookup)
+        addresses = await self.egress.addresses(origin.host, origin.port)
+        failure: OSError | None = None
+        for address in addresses:
+            try:
+                _, connection = await loop.create_connection(
+                    self._protocol, address, origin.port, ssl=tls,
+                    server_hostname=origin.host.strip("[]") if tls is not None else None)
+                return connection
+            except OSError as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._ssl is None:

@@ -25,6 +25,7 @@ from typing import Protocol, get_args
 from msgbus import telemetry
 from msgbus.delivery.batch import BatchPush, batch_headers
 from msgbus.delivery.headers import push_headers
+from msgbus.egress import EgressPolicy
 from msgbus.models import AttemptResult, Envelope, Subscription, utcnow
 from msgbus.settings import HttpClient
 
@@ -47,6 +48,9 @@ class Sender(Protocol):
     async def push_batch(self, batch: BatchPush,
                          subscription: Subscription) -> list[AttemptResult]: ...
 
+    async def post(self, url: str, body: bytes, headers: dict[str, str],
+                   timeout_s: float) -> tuple[int | None, str | None]: ...
+
 
 def retry_after_s(value: str | None) -> float | None:
     """A Retry-After header in seconds; None when absent or an HTTP date (rare for webhooks: the
@@ -59,8 +63,8 @@ def retry_after_s(value: str | None) -> float | None:
         return None
 
 
-def timeout_text(subscription: Subscription) -> str:
-    return f"timeout after {subscription.timeout_ms} ms"
+def timeout_text(timeout_s: float) -> str:
+    return f"timeout after {round(timeout_s * 1000)} ms"
 
 
 def error_text(exc: BaseException, *, unexpected: bool = False) -> str:
@@ -84,11 +88,13 @@ class BaseSender(ABC):
     transport_errors: tuple[type[BaseException], ...] = (OSError,)
 
     def __init__(self, *, instance: str, max_connections: int = 1000,
-                 answer_keep_bytes: int = 1024) -> None:
+                 answer_keep_bytes: int = 1024, egress: EgressPolicy | None = None) -> None:
         self.instance = instance
         self.max_connections = max_connections
         # how much of the answer to a failed push `_post` keeps (0: none)
         self.answer_keep_bytes = answer_keep_bytes
+        # where pushes may connect: every implementation connects only to an address it allows
+        self.egress = egress or EgressPolicy()
 
     @abstractmethod
     async def start(self) -> None: ...
@@ -112,7 +118,7 @@ class BaseSender(ABC):
             status, error, retry_after, answer = await self._answer_of(
                 str(subscription.url), envelope.body,
                 lambda: push_headers(envelope, subscription, attempt, trace.traceparent),
-                subscription)
+                subscription.timeout_ms / 1000)
             trace.answered(status, error)
         return AttemptResult(
             message_id=envelope.message_id, subscription=subscription.id, attempt=attempt,
@@ -130,7 +136,7 @@ class BaseSender(ABC):
         with telemetry.batch_span("msgbus push", batch.envelopes):
             status, error, retry_after, answer = await self._answer_of(
                 str(subscription.url), body, lambda: batch_headers(batch, subscription, body),
-                subscription)
+                subscription.timeout_ms / 1000)
         latency_ms = (time.perf_counter() - t0) * 1000
         return [AttemptResult(
             message_id=envelope.message_id, subscription=subscription.id, attempt=attempt,
@@ -139,15 +145,22 @@ class BaseSender(ABC):
             answer=answer)
             for envelope, attempt in zip(batch.envelopes, batch.attempts, strict=True)]
 
+    async def post(self, url: str, body: bytes, headers: dict[str, str],
+                   timeout_s: float) -> tuple[int | None, str | None]:
+        """A POST that is not a push of messages (a team's notification): (status, error text),
+        never raising, under the same egress policy."""
+        status, error, _, _ = await self._answer_of(url, body, lambda: headers, timeout_s)
+        return status, error
+
     async def _answer_of(self, url: str, body: bytes, headers: Callable[[], dict[str, str]],
-                         subscription: Subscription
+                         timeout_s: float
                          ) -> tuple[int | None, str | None, float | None, str | None]:
         """One POST: (status, error text, Retry-After s, the kept answer). Headers are made
         inside, so that an error making them (a bad secret) is a failed attempt too."""
         status: int | None = None
         try:
             status, retry_after_header, kept = await self._post(
-                url, body, headers(), subscription.timeout_ms / 1000)
+                url, body, headers(), timeout_s)
             if not 200 <= status < 300:
                 return (status, f"HTTP {status}", retry_after_s(retry_after_header),
                         answer_text(kept))
@@ -155,7 +168,7 @@ class BaseSender(ABC):
         except asyncio.CancelledError:
             raise
         except self.timeout_errors:  # before transport_errors: TimeoutError is an OSError
-            return status, timeout_text(subscription), None, None
+            return status, timeout_text(timeout_s), None, None
         except self.transport_errors as exc:
             return status, error_text(exc), None, None
         except Exception as exc:  # an unexpected bug must still become a failed attempt

@@ -15,8 +15,9 @@ def make_sender(kind: str, *, instance: str, push: PushSettings,
     of the service that pushes (their `push`)."""
     if kind == "h1":
         return H1Sender(instance=instance, max_connections=max_connections,
-                        answer_keep_bytes=push.answer_keep_bytes)
+                        answer_keep_bytes=push.answer_keep_bytes, egress=push.egress_policy())
     if kind == "aiohttp":
         return AiohttpSender(instance=instance, max_connections=max_connections,
-                             answer_keep_bytes=push.answer_keep_bytes)
+                             answer_keep_bytes=push.answer_keep_bytes,
+                             egress=push.egress_policy())
     raise ValueError(f"unknown HTTP client {kind!r}; choose from {', '.join(SENDER_KINDS)}")

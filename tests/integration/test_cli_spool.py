@@ -5,7 +5,6 @@ spool holding a message the receiver rejected is listed, re-sent and purged."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +13,14 @@ from msgbus_client import MsgbusClient
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.children import SPOOLING_PRODUCER, ScriptChild, ScriptChildren
+from msgbus_devtools.testkit.env import service_env
 from msgbus_devtools.testkit.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 MSGBUS = [sys.executable, "-m", "msgbus_cli"]
 
 def msgbus(*args: str, api_key: str = "") -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
+    env = service_env()
     if api_key:
         env["MSGBUS_API_KEY"] = api_key
     return subprocess.run([*MSGBUS, "spool", *args], capture_output=True, text=True, env=env,

@@ -21,6 +21,7 @@ from msgbus_client.spooltools import inspect_spool
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus, sample_value
 from msgbus_devtools.testkit.children import SPOOLING_PRODUCER, ScriptChild, ScriptChildren
+from msgbus_devtools.testkit.env import service_env
 from msgbus_devtools.testkit.waiting import eventually
 
 from receiver import bufferslots
@@ -65,7 +66,7 @@ def start_pod(children: ScriptChildren, script: str, *args: str) -> ScriptChild:
 
 def node_rescuer(bus: RunningBus, root: Path, state: Path, keys: Path, *args: str,
                  ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
+    env = service_env()
     env.update({
         "MSGBUS_STATE_DIR": str(state),
         "MSGBUS_MONGO_URI": bus.connections.mongo_uri,
@@ -141,7 +142,7 @@ def test_node_rescuer_serves_health_and_node_metrics_and_stops_on_sigterm(
     root = tmp_path / "node"
     (root / "spool").mkdir(parents=True)
     port = services.free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
+    env = service_env()
     env.update({"MSGBUS_STATE_DIR": str(tmp_path / "state"),
                 "MSGBUS_MONGO_URI": bus.connections.mongo_uri,
                 "MSGBUS_MONGO_DB": bus.connections.mongo_db,

@@ -6,7 +6,6 @@ SIGTERM with exit status 0 well within its termination grace period."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import httpx
 import pytest
 from msgbus_devtools import servers as services
 from msgbus_devtools.testkit.bus import RunningBus
+from msgbus_devtools.testkit.env import service_env
 from msgbus_devtools.testkit.waiting import eventually
 from pydantic import SecretStr
 
@@ -63,7 +63,7 @@ def test_a_compensator_without_mongo_is_not_ready_but_alive() -> None:
 def test_services_stop_on_sigterm_with_status_0(bus: RunningBus, tmp_path: Path,
                                                  mongo_db_name: str) -> None:
     conn = bus.connections
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
+    base_env = service_env()
     # a database of their own: they must not join the consumer groups of the bus's subscriptions
     base_env.update({"MSGBUS_MONGO_URI": conn.mongo_uri, "MSGBUS_MONGO_DB": mongo_db_name,
                      "MSGBUS_KAFKA_BOOTSTRAP": conn.kafka_bootstrap,

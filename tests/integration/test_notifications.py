@@ -28,6 +28,12 @@ def _told(webhook: RecordingSubscriber, secret: str, kind: str) -> list[dict[str
     return found
 
 
+def _recorded(bus: RunningBus, team: str, kinds: set[str]) -> list[dict[str, Any]] | None:
+    """The team's recent notifications once they include every one of `kinds`."""
+    recent: list[dict[str, Any]] = bus.admin.get(f"/v1/teams/{team}/notifications").json()
+    return recent if {n["kind"] for n in recent} >= kinds else None
+
+
 def test_admin_notifications_a_circuit_that_opens_and_closes_is_told_once_each(
         bus: RunningBus) -> None:
     team, code = f"team-{uuid.uuid4().hex[:6]}", f"notify-{uuid.uuid4().hex[:6]}"
@@ -55,9 +61,10 @@ def test_admin_notifications_a_circuit_that_opens_and_closes_is_told_once_each(
     bus.admin.post(f"/v1/destinations/{code}/subscriptions/flaky/pause").raise_for_status()
     eventually(lambda: _told(webhook, secret, "subscription.paused"), 30,
                "the pause by someone outside the team to be told")
-    recent = bus.admin.get(f"/v1/teams/{team}/notifications").json()
-    assert {n["kind"] for n in recent} >= {"circuit.opened", "circuit.closed",
-                                           "subscription.paused"}
+    # each is recorded once the webhook answered
+    recent = eventually(lambda: _recorded(bus, team, {"circuit.opened", "circuit.closed",
+                                                      "subscription.paused"}), 30,
+                        "what was told to be recorded")
     assert all(n["outcome"] == "told (200)" for n in recent)
 
 
@@ -98,5 +105,6 @@ def test_admin_notifications_parked_messages_and_late_delivery_are_told_once(
     [late] = _told(webhook, secret, "delivery.late")
     assert late["subscription"] == f"{code}/down" and late["team"] == team
     assert late["details"]["oldest_age_s"] > late["details"]["late_after_s"] == 2
-    recent = bus.admin.get(f"/v1/teams/{team}/notifications").json()
+    recent = eventually(lambda: _recorded(bus, team, {"messages.parked", "delivery.late"}), 30,
+                        "what was told to be recorded")
     assert [n["kind"] for n in recent].count("messages.parked") == 2  # not one per message

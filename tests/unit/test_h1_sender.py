@@ -19,6 +19,7 @@ from msgbus.delivery import h1_sender
 from msgbus.delivery.h1_sender import H1Sender, parse_target
 from msgbus.ids import uuid7
 from msgbus.models import Envelope, Subscription
+from msgbus.settings import PushSettings
 
 HOST = "127.0.0.1"
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
@@ -81,7 +82,7 @@ async def server() -> AsyncIterator[tuple[Script, str]]:
 
 @pytest.fixture
 async def sender() -> AsyncIterator[H1Sender]:
-    sender = H1Sender(instance="test-h1")
+    sender = H1Sender(instance="test-h1", egress=PushSettings().egress_policy())  # loopback
     await sender.start()
     yield sender
     await sender.close()

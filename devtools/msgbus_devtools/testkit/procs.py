@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from msgbus import processes
 from msgbus_devtools import servers as services
 from msgbus_devtools.servers import HOST, Running, ServiceError
+from msgbus_devtools.testkit.env import service_env
 from msgbus_devtools.testkit.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[3]  # the repository root
@@ -127,11 +128,10 @@ class BusProcess:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         """The service with exactly our MSGBUS_* variables (none inherited from the shell)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
         with open(self.log_path, "ab") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "msgbus_cli", self.service], cwd=REPO,
-                env={**env, **self.env}, stdin=subprocess.DEVNULL, stdout=log,
+                env=service_env(self.env), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=processes.die_with_parent())  # dies with the test
 

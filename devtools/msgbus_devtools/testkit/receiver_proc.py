@@ -16,6 +16,7 @@ from msgbus import processes
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.models import BrokerKind, Destination
 from msgbus.store import MongoStore
+from msgbus_devtools.testkit.env import service_env
 from msgbus_devtools.testkit.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[3]  # the repository root
@@ -47,8 +48,8 @@ class ReceiverProcess:
 
     def __init__(self, env: dict[str, str], port: int, log_path: Path, *, workers: int = 1,
                  state_dir: Path) -> None:
-        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")},
-                    **env, "MSGBUS_RECEIVER_HOST": HOST, "MSGBUS_RECEIVER_PORT": str(port)}
+        self.env = service_env({**env, "MSGBUS_RECEIVER_HOST": HOST,
+                                "MSGBUS_RECEIVER_PORT": str(port)})
         self.port = port
         self.url = f"http://{HOST}:{port}"
         self.log_path = log_path
