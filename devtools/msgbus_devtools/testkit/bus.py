@@ -63,6 +63,33 @@ USER_PASSWORD = "correct horse battery"
 # uvicorn closes a connection idle for 5 s (timeout_keep_alive); a client that reuses one just
 # then gets "connection reset by peer" (seen once in CI): these clients drop theirs after 2 s
 CLIENT_LIMITS = httpx.Limits(keepalive_expiry=2.0)
+MONGO_BUSY_RETRY_S = 30.0
+
+
+class RetriesWhileMongoIsBusy(httpx.HTTPTransport):
+    """The admin answers 503 `mongo_unavailable` (with Retry-After) while MongoDB does not
+    answer in time, and a client tries again later. The tests' MongoDB stand-in stalls for
+    seconds under the parallel pass; the tests' own calls retry as a client does, for up to
+    MONGO_BUSY_RETRY_S (the tests of outages use clients of their own)."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        deadline = time.monotonic() + MONGO_BUSY_RETRY_S
+        while True:
+            response = super().handle_request(request)
+            if response.status_code != 503 or time.monotonic() > deadline:
+                return response
+            response.read()
+            if b'"mongo_unavailable"' not in response.content:
+                return response
+            response.close()
+            time.sleep(min(float(response.headers.get("retry-after", 1)), 2.0))
+
+
+def admin_client(url: str, token: str) -> httpx.Client:
+    """A client of the admin API with `token`, as the tests use it."""
+    return httpx.Client(base_url=url, timeout=10, limits=CLIENT_LIMITS,
+                        transport=RetriesWhileMongoIsBusy(limits=CLIENT_LIMITS),
+                        headers={"authorization": f"Bearer {token}"})
 
 
 class RunningBus:
@@ -98,12 +125,7 @@ class RunningBus:
 
     def start(self) -> RunningBus:
         self.loop.run(self._start())
-        self.admin = httpx.Client(
-            base_url=self.admin_url,
-            timeout=10,
-            limits=CLIENT_LIMITS,
-            headers={"authorization": f"Bearer {self.admin_token}"},
-        )
+        self.admin = admin_client(self.admin_url, self.admin_token)
         # The tests read every destination's messages as the bootstrap admin, which only an
         # admin who broke the glass may (admin/message_access.py); tests/integration/
         # test_teams.py reads them as teams do.
@@ -209,8 +231,7 @@ class RunningBus:
                                 json={"name": "tests", **({"role": token_role} if token_role
                                                           else {})})
             made.raise_for_status()
-        return httpx.Client(base_url=self.admin_url, timeout=10, limits=CLIENT_LIMITS,
-                            headers={"authorization": f"Bearer {made.json()['token']}"})
+        return admin_client(self.admin_url, made.json()["token"])
 
     def create_destination(self, code: str, broker: str, **options: Any) -> None:
         """Create or change a destination (changing `broker` switches it at runtime)."""

@@ -233,14 +233,16 @@ class Deployment:
         # at its next metadata refresh, up to 10 s later (msgbus/brokers/_kafka_consumer.py).
         for index in range(receivers):
             self.add_receiver(f"receiver-{index}").start()
-        self.dispatcher.start()
+        # the bus's safety net, as in production: a push that failed is retried (after the
+        # subscription's first retry delay, 10 s by default); it starts beside the dispatcher
+        self.compensator = self.add_compensator("compensator", **self.compensator_settings)
+        self.dispatcher.launch()
+        self.compensator.launch()
+        self.dispatcher.wait_started()
+        self.compensator.wait_started()
         subscriptions = set(self.subscription_ids())
         eventually(lambda: subscriptions <= set(self._dispatcher_workers()), 60,
                    f"dispatcher workers for {sorted(subscriptions)}", interval_s=0.2)
-        # the bus's safety net, as in production: a push that failed is retried (after the
-        # subscription's first retry delay, 10 s by default)
-        self.compensator = self.add_compensator("compensator", **self.compensator_settings)
-        self.compensator.start()
 
     async def _configure(self) -> None:
         await self.store.ensure_indexes()

@@ -98,6 +98,7 @@ class BusProcess:
         self.log_path = log_dir / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self._launched_at = 0.0
 
     @property
     def url(self) -> str:
@@ -109,13 +110,23 @@ class BusProcess:
 
     def start(self, timeout_s: float = 60.0) -> float:
         """Start and wait until /health answers 200; returns the seconds that took."""
+        self.launch()
+        return self.wait_started(timeout_s)
+
+    def launch(self) -> None:
+        """Start without waiting (`wait_started` waits): several processes start together."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"{self.name} is already running (pid {self.process.pid})")
         self.starts += 1
         with open(self.log_path, "a") as log:
             log.write(f"\n===== start #{self.starts} of {self.name} at {time.ctime()} =====\n")
-        began = time.monotonic()
+        self._launched_at = time.monotonic()
         self.process = self._spawn()
+
+    def wait_started(self, timeout_s: float = 60.0) -> float:
+        """Until the launched process's /health answers 200; the seconds since its launch."""
+        assert self.process is not None, f"{self.name} was not launched"
+        began = self._launched_at
         try:
             services.wait_ready(f"{self.name} /health", self.healthy, timeout_s, self.process,
                                 self.log_path)
