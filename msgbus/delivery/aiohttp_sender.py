@@ -8,7 +8,7 @@ import socket
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from msgbus.delivery.sender import BaseSender
+from msgbus.delivery.sender import USER_AGENT, BaseSender
 from msgbus.egress import EgressPolicy, EgressRefused
 
 
@@ -32,7 +32,8 @@ class AiohttpSender(BaseSender):
         connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
                                          ttl_dns_cache=60, keepalive_timeout=4.0,
                                          resolver=_PolicyResolver(self.egress))
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                              headers={"user-agent": USER_AGENT})
 
     async def close(self) -> None:
         if self._session is not None:

@@ -25,11 +25,10 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from msgbus.delivery.sender import BaseSender
+from msgbus.delivery.sender import USER_AGENT, BaseSender
 from msgbus.egress import EgressPolicy
 
 KEEPALIVE_S = 4.0
-USER_AGENT = "msgbus"
 
 
 class ProtocolError(Exception):

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Protocol, get_args
 
-from msgbus import telemetry
+from msgbus import __version__, telemetry
 from msgbus.delivery.batch import BatchPush, batch_headers
 from msgbus.delivery.headers import push_headers
 from msgbus.egress import EgressPolicy
@@ -32,6 +32,8 @@ from msgbus.settings import HttpClient
 ERROR_TEXT_MAX = 500
 SENDER_KINDS: tuple[str, ...] = get_args(HttpClient)
 
+
+USER_AGENT = f"msgbus/{__version__}"  # every push client's, so subscribers see who calls
 
 class Sender(Protocol):
     """Pushes one message to one subscriber; `push()` never raises (failures are data)."""

@@ -19,6 +19,7 @@ import pytest
 from msgbus_devtools.testkit.bus import RunningBus
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 
+from msgbus import __version__
 from msgbus.delivery.aiohttp_sender import AiohttpSender
 from msgbus.delivery.h1_sender import H1Sender
 from msgbus.delivery.sender import BaseSender
@@ -131,6 +132,7 @@ async def test_a_name_that_resolves_inside_at_push_time_is_not_connected_to(
     reached = await _push(SENDERS[kind], EgressPolicy(loopback, resolver=resolver), url)
     assert reached.ok, reached.error
     assert f"host: hooks.example:{subscriber.port}".encode() in subscriber.requests[0].lower()
+    assert f"user-agent: msgbus/{__version__}".encode() in subscriber.requests[0].lower()
 
     subscriber.answer = (f"HTTP/1.1 307 Temporary Redirect\r\nlocation: "
                          f"http://127.0.0.1:{elsewhere.port}/x\r\ncontent-length: 0\r\n\r\n"
