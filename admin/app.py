@@ -81,6 +81,7 @@ from msgbus.models import (
     subscription_id,
     utcnow,
 )
+from msgbus.sealing import SecretKeys
 from msgbus.store import MongoStore
 from msgbus.store.users import UserStore
 from msgbus.teams import PLATFORM_TEAM, team_of_label
@@ -211,7 +212,8 @@ async def put_subscription(code: DestinationCode, name: SubscriptionName,
     await store.config.save_subscription(sub)
     await service.users.audit(who, "subscription.put", sub.id, body.model_dump(mode="json"))
     # The signing secrets are shown to whoever configures the subscriber.
-    return sub.model_dump(mode="json")
+    return sub.model_dump(mode="json") | {
+        "signing_secrets": [service.keys.open(s) for s in sub.signing_secrets]}
 
 
 async def change_subscription(store: MongoStore, users: UserStore, code: str, name: str,
@@ -254,10 +256,11 @@ async def resume_subscription(code: DestinationCode, name: SubscriptionName,
     return await _set_paused(store, users, code, name, who, paused=False)
 
 
-def secrets_view(sub: Subscription) -> dict[str, Any]:
-    """The answer of every secrets route: newest first; the previous one (a rotation's) is
-    signed with until `previous_secret_until` (null: until it is dropped)."""
-    return {"subscription": sub.id, "signing_secrets": sub.signing_secrets,
+def secrets_view(sub: Subscription, keys: SecretKeys) -> dict[str, Any]:
+    """The answer of every secrets route: newest first, opened; the previous one (a
+    rotation's) is signed with until `previous_secret_until` (null: until it is dropped)."""
+    return {"subscription": sub.id,
+            "signing_secrets": [keys.open(s) for s in sub.signing_secrets],
             "previous_secret_until": (sub.previous_secret_until.isoformat()
                                       if len(sub.signing_secrets) > 1
                                       and sub.previous_secret_until else None)}
@@ -265,18 +268,18 @@ def secrets_view(sub: Subscription) -> dict[str, Any]:
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/secrets/reveal")
 async def reveal_secrets(code: DestinationCode, name: SubscriptionName, who: ChangesSubscription,
-                         store: Store, users: Users) -> dict[str, Any]:
+                         store: Store, users: Users, service: Service) -> dict[str, Any]:
     """The subscription's signing secrets, newest first (a second one after a rotation).
     Admin only; every reveal is audited. A POST, not a GET: it is an action the audit log
     records, and no cache or prefetch may repeat it."""
     sub = await store.config.get_subscription(subscription_id(code, name))
     await users.audit(who, "subscription.secret_reveal", sub.id)
-    return secrets_view(sub)
+    return secrets_view(sub, service.keys)
 
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/secrets/rotate")
 async def rotate_secret(code: DestinationCode, name: SubscriptionName, who: ChangesSubscription,
-                        store: Store, users: Users,
+                        store: Store, users: Users, service: Service,
                         body: RotateIn | None = None) -> dict[str, Any]:
     """A new signing secret; pushes are signed with it and the previous one for the overlap
     (`overlap_s`, 24 h by default; null: until `.../secrets/previous` is deleted), so the
@@ -288,18 +291,18 @@ async def rotate_secret(code: DestinationCode, name: SubscriptionName, who: Chan
         lambda old: {"signing_secrets": [new_signing_secret(), old.signing_secrets[0]],
                      "previous_secret_until": until},
         {"overlap_s": overlap_s})
-    return secrets_view(sub)
+    return secrets_view(sub, service.keys)
 
 
 @router.delete("/v1/destinations/{code}/subscriptions/{name}/secrets/previous")
 async def drop_previous_secret(code: DestinationCode, name: SubscriptionName,
-                               who: ChangesSubscription,
-                               store: Store, users: Users) -> dict[str, Any]:
+                               who: ChangesSubscription, store: Store, users: Users,
+                               service: Service) -> dict[str, Any]:
     """Pushes are signed with the current secret only, from now on."""
     sub = await change_subscription(store, users, code, name, who, "subscription.secret_drop",
                                     lambda old: {"signing_secrets": old.signing_secrets[:1],
                                                  "previous_secret_until": None})
-    return secrets_view(sub)
+    return secrets_view(sub, service.keys)
 
 
 @router.post("/v1/apps", status_code=201)
@@ -367,6 +370,16 @@ async def find_messages(who: ReadsMessages, service: Service, response: Response
 async def message_detail(message_id: StoredId, who: ReadsMessages,
                          service: Service) -> dict[str, Any]:
     return await service.message_timeline(message_id, who)
+
+
+@router.post("/v1/secrets/reseal")
+async def reseal_secrets(who: AdministersBus, service: Service) -> dict[str, Any]:
+    """Every stored secret (signing and notify secrets) sealed again with this admin's newest
+    key (`MSGBUS_SECRET_KEYS`' first): after a new key was put first on every service, and
+    before the old one goes, which `left` 0 allows."""
+    done = await service.reseal_secrets()
+    await service.users.audit(who, "secrets.reseal", done.key_id, done.as_dict())
+    return done.as_dict()
 
 
 @router.post("/v1/break-glass", status_code=201)

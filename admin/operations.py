@@ -139,7 +139,8 @@ async def test_push(code: DestinationCode, name: SubscriptionName, who: Operates
         raise Unavailable(f"every slot of {sub.id}'s max_concurrency stayed in use for "
                           f"{TEST_PUSH_SLOT_WAIT_S:.0f} s; try again", retry_after_s=5
                           ) from None
-    sender = make_sender("h1", instance="admin-test", push=service.settings.push)
+    sender = make_sender("h1", instance="admin-test", push=service.settings.push,
+                         keys=service.keys)
     try:
         await sender.start()
         if sub.batched:  # a subscriber that takes batches always gets the batch format

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import secrets
 import socket
@@ -23,22 +24,25 @@ from msgbus.delivery.shares import CapShares
 from msgbus.errors import Conflict, InvalidConfig
 from msgbus.models import BrokerKind, RuntimeConfig, Subscription, utcnow
 from msgbus.notify import Notifier
-from msgbus.settings import AdminSettings
+from msgbus.settings import AdminSettings, sealing_keys
 from msgbus.store import MongoStore
+from msgbus.store.sealed_secrets import Resealed
 from msgbus.store.shares import ShareStore
 from msgbus.store.users import UserStore
 from msgbus.throttle import Throttle
 from msgbus.tracecontext import trace_id_of
 from msgbus.users import Principal
 
+log = logging.getLogger(__name__)
 
 class AdminService:
     def __init__(self, settings: AdminSettings) -> None:
         if not settings.token.get_secret_value():
             raise ValueError("MSGBUS_ADMIN_TOKEN is not set")
         self.settings = settings
+        self.keys = sealing_keys(settings.connections)  # seal and open stored secrets
         self.store = MongoStore(settings.connections.mongo_uri, settings.connections.mongo_db,
-                                component="admin")
+                                component="admin", keys=self.keys)
         self.users = UserStore(self.store)
         secret = settings.session_secret.get_secret_value() or secrets.token_urlsafe(32)
         throttle = Throttle(self.store.signins, signin_policies(
@@ -63,8 +67,9 @@ class AdminService:
                                 health_url=conn.health_url(settings.host, settings.port))
         self.egress = settings.push.egress_policy()
         self.notify_sender = make_sender("h1", instance=self.shares.instance,
-                                         push=settings.push, max_connections=8)
-        self.notifier = Notifier(self.store, self.notify_sender, component=self.shares.instance,
+                                         push=settings.push, max_connections=8, keys=self.keys)
+        self.notifier = Notifier(self.store, self.notify_sender, self.keys,
+                                 component=self.shares.instance,
                                  ui_url=conn.ui_url, cooldown_s=conn.notify_cooldown_s)
         self.shares.on_circuit = self.notifier.circuit_changed
         self.services = ServiceDirectory(self.store, own_instance=self.shares.instance,
@@ -73,6 +78,7 @@ class AdminService:
     async def start(self) -> None:
         await self.store.ensure_indexes()
         await self.users.ensure_indexes()
+        await self.reseal_secrets()  # a plain value (stored before 0.2) is sealed now
         await self.notify_sender.start()
         self.notifier.start()
         self.shares.start()
@@ -90,6 +96,14 @@ class AdminService:
         key = new_api_key()
         await self.store.producers.create_app(name, hash_api_key(key), destinations, team)
         return key
+
+    async def reseal_secrets(self) -> Resealed:
+        """Every stored secret sealed with the newest key (msgbus/store/sealed_secrets.py)."""
+        done = await self.store.reseal_secrets(self.keys)
+        if done.resealed or done.left:
+            log.warning("secrets: %d documents sealed again with key %s; %d values left under "
+                        "another key or plain", done.resealed, done.key_id, done.left)
+        return done
 
     async def check_egress(self, url: str, field: str = "url") -> None:
         """A 422 naming `field` when the egress policy refuses pushes to `url` (its host is, or

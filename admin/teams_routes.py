@@ -15,6 +15,7 @@ from admin.params import GeneratedId
 from admin.schemas import TeamTokenIn
 from msgbus.errors import Conflict
 from msgbus.models import utcnow
+from msgbus.sealing import SecretKeys
 from msgbus.store import MongoStore
 from msgbus.store.notifications import NotificationStore
 from msgbus.teams import TEAM_PATTERN, Member, Team, TeamRole
@@ -41,10 +42,12 @@ class MemberIn(BaseModel):
     role: TeamRole
 
 
-def _view(team: Team, with_secret: bool = False) -> dict[str, Any]:
-    """The team; its notification secret only for those who manage it."""
-    return team.model_dump(mode="json", by_alias=False,
-                           exclude=None if with_secret else {"notify_secret"})
+def _view(team: Team, keys: SecretKeys | None = None) -> dict[str, Any]:
+    """The team; its notification secret, opened with `keys`, only for those who manage it."""
+    view = team.model_dump(mode="json", by_alias=False, exclude={"notify_secret"})
+    if keys is not None:
+        view["notify_secret"] = team.notify_secret and keys.open(team.notify_secret)
+    return view
 
 
 @router.get("/v1/teams")
@@ -68,7 +71,7 @@ async def put_team(team: TeamPath, body: TeamIn, who: ManagesTeam, store: Store,
         saved = await store.teams.set_notify_url(
             team, str(body.notify_url) if body.notify_url else None)
     await users.audit(who, "team.put", team, body.model_dump(mode="json"))
-    return _view(saved, with_secret=True)
+    return _view(saved, service.keys)
 
 
 @router.get("/v1/teams/{team}/notifications")

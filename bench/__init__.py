@@ -1,5 +1,5 @@
 """Benchmarks that print figures (not pass/fail timing tests). See bench/README.md."""
 
-from msgbus_devtools.testkit.env import allow_local_pushes
+from msgbus_devtools.testkit.env import set_test_bus_env
 
-allow_local_pushes()  # every benchmark's subscribers listen on loopback
+set_test_bus_env()  # pushes to loopback (the subscribers), the key that seals secrets

@@ -16,7 +16,7 @@ from msgbus.delivery.senders import make_sender
 from msgbus.delivery.shares import CapShares
 from msgbus.notify import Notifier
 from msgbus.registry import Registry
-from msgbus.settings import CompensatorSettings
+from msgbus.settings import CompensatorSettings, sealing_keys
 from msgbus.store import MongoStore
 from msgbus.store.claims import DeliveryClaims
 from msgbus.store.pending import PendingSweep
@@ -31,18 +31,21 @@ class CompensatorService:
         conn = settings.connections
         self.settings = settings
         self.instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
-        self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="compensator")
+        self.keys = sealing_keys(conn)  # to open the sealed signing secrets
+        self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="compensator",
+                                keys=self.keys)
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
         self.claims = DeliveryClaims(self.store, self.instance)
         self.sender = make_sender(settings.http_client, instance=self.instance,
-                                  push=settings.push)
+                                  push=settings.push, keys=self.keys)
         self.sweeper = Sweeper(self.claims, PendingSweep(self.store), self.registry.subscriptions,
                                settings, ready=self.store.gate.wait_available)
         self.shares = CapShares(ShareStore(self.store), instance=self.instance,
                                 component="compensator", heartbeat_s=conn.share_heartbeat_s,
                                 lease_s=conn.share_lease_s,
                                 health_url=conn.health_url(settings.host, settings.port))
-        self.notifier = Notifier(self.store, self.sender, component=self.shares.instance,
+        self.notifier = Notifier(self.store, self.sender, self.keys,
+                                 component=self.shares.instance,
                                  ui_url=conn.ui_url, cooldown_s=conn.notify_cooldown_s)
         self.shares.on_circuit = self.notifier.circuit_changed
         self.replays = ReplayRunner(self.store, self.registry, self.sender, settings,

@@ -26,7 +26,7 @@ from msgbus.metrics import DELIVERY_OBJECTIVE, SUBSCRIPTION_INFO
 from msgbus.models import BrokerKind, Subscription
 from msgbus.notify import Notifier
 from msgbus.registry import Registry
-from msgbus.settings import DispatcherSettings
+from msgbus.settings import DispatcherSettings, sealing_keys
 from msgbus.store import MongoStore
 from msgbus.store.deletions import DeletionStore
 from msgbus.store.shares import ShareStore
@@ -47,7 +47,9 @@ class DispatcherService:
         conn.require_internal_token()
         self.settings = settings
         self.instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
-        self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="dispatcher")
+        self.keys = sealing_keys(conn)  # to open the sealed signing secrets
+        self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="dispatcher",
+                                keys=self.keys)
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s,
                                  snapshot=conn.state_dir / "dispatcher-config.json")
         trace_dir = settings.trace_dir or conn.state_dir / "dispatcher-trace"
@@ -56,13 +58,14 @@ class DispatcherService:
         self.trace = TraceWriter(self.trace_buffer, self.store,
                                  batch_size=settings.trace_batch_size)
         self.sender = make_sender(settings.http_client, instance=self.instance,
-                                  push=settings.push)
+                                  push=settings.push, keys=self.keys)
         self.delivered = DeliveredCheck(self.store, after_s=settings.check_delivered_after_s)
         self.shares = CapShares(ShareStore(self.store), instance=self.instance,
                                 component="dispatcher", heartbeat_s=conn.share_heartbeat_s,
                                 lease_s=conn.share_lease_s,
                                 health_url=conn.health_url(settings.host, settings.port))
-        self.notifier = Notifier(self.store, self.sender, component=self.shares.instance,
+        self.notifier = Notifier(self.store, self.sender, self.keys,
+                                 component=self.shares.instance,
                                  ui_url=conn.ui_url, cooldown_s=conn.notify_cooldown_s)
         self.shares.on_circuit = self.notifier.circuit_changed
         self.trace.on_recorded = self.notifier.saw_outcomes

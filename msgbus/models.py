@@ -434,7 +434,8 @@ class Subscription(SubscriptionSettings):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     # the team that owns it; None (stored before teams): its destination's team
     team: TeamName | None = None
-    signing_secrets: list[Annotated[str, Field(max_length=200)]] = Field(
+    # "whsec_..." as made; stored and carried sealed ("mbsealed:...", msgbus/sealing.py)
+    signing_secrets: list[Annotated[str, Field(max_length=400)]] = Field(
         default_factory=lambda: [new_signing_secret()], max_length=10)
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
@@ -448,7 +449,7 @@ class Subscription(SubscriptionSettings):
     @field_validator("signing_secrets")
     @classmethod
     def _secrets_have_prefix(cls, value: list[str]) -> list[str]:
-        if not value or not all(s.startswith("whsec_") for s in value):
+        if not value or not all(s.startswith(("whsec_", "mbsealed:")) for s in value):
             raise ValueError("signing secrets must be a non-empty list of 'whsec_...' values")
         return value
 

@@ -40,6 +40,7 @@ from msgbus.delivery.signing import sign
 from msgbus.errors import NotFound
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryOutcome, utcnow
+from msgbus.sealing import SecretKeys
 from msgbus.store import MongoStore
 from msgbus.store.notifications import NotificationStore
 from msgbus.tasks import cancel_and_wait
@@ -62,10 +63,11 @@ class Event:
 
 
 class Notifier:
-    def __init__(self, store: MongoStore, sender: Sender, *, component: str, ui_url: str = "",
-                 cooldown_s: float = 600.0) -> None:
+    def __init__(self, store: MongoStore, sender: Sender, keys: SecretKeys, *, component: str,
+                 ui_url: str = "", cooldown_s: float = 600.0) -> None:
         self._store = store
         self._sender = sender  # a push client: the same egress policy as pushes
+        self._keys = keys  # open the team's sealed notify secret
         self._told = NotificationStore(store)
         self._component = component
         self._ui_url = ui_url.rstrip("/")
@@ -146,7 +148,8 @@ class Notifier:
         if target is None or not target.notify_url or not target.notify_secret:
             outcome = "no target: the team has no notify_url"
         else:
-            outcome = await self._post(target.notify_url, target.notify_secret, team, event)
+            outcome = await self._post(target.notify_url, self._keys.open(target.notify_secret),
+                                       team, event)
         await self._told.record(team, event.kind, event.subscription, event.details, outcome)
 
     async def _team_of(self, subscription: str) -> str | None:

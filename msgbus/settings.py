@@ -21,6 +21,7 @@ from pydantic_settings import (
 
 from msgbus.egress import EgressPolicy
 from msgbus.models import DEFAULT_CLUSTER, BrokerKind
+from msgbus.sealing import SecretKeyError, SecretKeys, keys_from
 
 # the push HTTP clients (msgbus/delivery/senders.py `make_sender`): h1, or aiohttp as a fallback
 HttpClient = Literal["h1", "aiohttp"]
@@ -57,6 +58,10 @@ class ConnectionSettings(BaseSettings):
     # Shared secret of the internal receiver -> dispatcher ("direct") endpoint. The CLI fills it
     # from <state_dir>/internal-token when the environment does not set it.
     internal_token: SecretStr = SecretStr("")
+    # Secrets stored encrypted (msgbus/sealing.py): "id:key,id:key", the newest first, or the
+    # same text in a file. The CLI keeps one in <state_dir>/secret-keys when neither is set.
+    secret_keys: SecretStr = SecretStr("")
+    secret_key_file: str = ""
     state_dir: Path = Path(".msgbus")
     config_refresh_s: float = 2.0
     # the admin UI's address as people reach it: the links in teams' notifications
@@ -104,6 +109,17 @@ class ConnectionSettings(BaseSettings):
         if nodes and DEFAULT_CLUSTER not in clusters:
             clusters = {DEFAULT_CLUSTER: nodes, **clusters}
         return clusters
+
+
+def sealing_keys(conn: ConnectionSettings) -> SecretKeys:
+    """The keys that seal and open stored secrets; a clear error when none are set (the
+    admin, dispatchers and compensators need them)."""
+    keys = keys_from(conn.secret_keys.get_secret_value(), conn.secret_key_file or None)
+    if keys is None:
+        raise SecretKeyError(
+            "MSGBUS_SECRET_KEYS (or MSGBUS_SECRET_KEY_FILE) is not set: stored secrets are "
+            "sealed with it; `msgbus secrets new-key` prints one (docs/operations.md)")
+    return keys
 
 
 class PushSettings(BaseSettings):

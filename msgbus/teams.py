@@ -57,7 +57,7 @@ class Team(BaseModel):
     # where the team is told about its subscriptions (msgbus/notify.py): a webhook, signed
     # with `notify_secret` as pushes are
     notify_url: str | None = Field(default=None, max_length=2083, pattern=r"^https?://")
-    notify_secret: str | None = Field(default=None, pattern=r"^whsec_")
+    notify_secret: str | None = Field(default=None, pattern=r"^(whsec_|mbsealed:)")  # sealed
     created_at: datetime
     updated_at: datetime
 

@@ -31,6 +31,7 @@ from msgbus_cli.access_cmd import (
 from msgbus_cli.aliases import former_name
 from msgbus_cli.analytics_cmd import analytics
 from msgbus_cli.config_cmd import destination, subscription
+from msgbus_cli.keys_cmd import secrets_group
 from msgbus_cli.messages_cmd import invalid_docs, messages, runtime
 from msgbus_cli.node_rescuer_cmd import node_rescuer
 from msgbus_cli.ops_cmd import parked, replay, scheduled
@@ -232,6 +233,7 @@ main.add_command(scheduled)
 main.add_command(subscription)
 main.add_command(destination)
 main.add_command(users)
+main.add_command(secrets_group)
 for _command in USERS_API_COMMANDS:
     users.add_command(_command)
 for _command in (whoami, tokens, apps, audit, messages, invalid_docs, runtime, analytics,

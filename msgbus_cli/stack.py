@@ -14,6 +14,7 @@ import click
 from pydantic import SecretStr
 
 from msgbus.gcfreeze import freeze_startup_objects
+from msgbus.sealing import new_key
 from msgbus.serving import EmbeddedServer, ServerGroup, make_server
 from msgbus.settings import (
     AdminSettings,
@@ -25,6 +26,7 @@ from msgbus.settings import (
 from msgbus_cli import secrets as stored
 
 INTERNAL_TOKEN_FILE = "internal-token"
+SECRET_KEYS_FILE = "secret-keys"  # seals stored secrets (msgbus/sealing.py)
 ADMIN_TOKEN_FILE = "admin-token"
 SESSION_SECRET_FILE = "admin-session-secret"
 # what `msgbus up` leaves for the commands run beside it
@@ -42,6 +44,10 @@ def connection_settings(state_dir: Path | None = None, **overrides: Any) -> Conn
     if not conn.internal_token.get_secret_value():
         conn.internal_token = SecretStr(
             stored.read_or_create(conn.state_dir / INTERNAL_TOKEN_FILE))
+    if not conn.secret_keys.get_secret_value() and not conn.secret_key_file:
+        path = conn.state_dir / SECRET_KEYS_FILE
+        stored.read_or_create(path, lambda: new_key("k1"))
+        conn.secret_key_file = str(path)
     return conn
 
 

@@ -22,7 +22,7 @@ from msgbus.auth import hash_api_key, new_api_key
 from msgbus.egress import LOOPBACK_ONLY
 from msgbus.models import BrokerKind, RuntimeConfig
 from msgbus.serving import ServerGroup
-from msgbus.settings import ConnectionSettings, TracingSettings
+from msgbus.settings import ConnectionSettings, TracingSettings, sealing_keys
 from msgbus.store import MongoStore
 from msgbus_cli import secrets as stored
 from msgbus_cli.demo import DEMO_DESTINATION, PrintingSubscriber, register_demo
@@ -70,7 +70,7 @@ async def _run(conn: ConnectionSettings, servers: EmbeddedServers, demo: bool,
     stop = stop_on_signals()
     apps = ServiceApps(conn)
     group = ServerGroup()
-    store = MongoStore(conn.mongo_uri, conn.mongo_db)
+    store = MongoStore(conn.mongo_uri, conn.mongo_db, keys=sealing_keys(conn))
     try:
         await store.ensure_indexes()
         await _ensure_cli_key(store, conn.state_dir)

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pytest
 from msgbus_devtools import servers as services
-from msgbus_devtools.testkit.env import allow_local_pushes
+from msgbus_devtools.testkit.env import set_test_bus_env
 
 if TYPE_CHECKING:
     from msgbus_devtools.testkit.deployment import Servers
 
-allow_local_pushes()  # the tests' subscribers listen on loopback, which pushes may not reach else
+set_test_bus_env()  # pushes to loopback (the subscribers), the key that seals secrets
 
 # ---- real services: tansu (Kafka), SecantusDB (MongoDB), RabbitMQ --------------------------------
 

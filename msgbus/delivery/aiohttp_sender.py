@@ -10,6 +10,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from msgbus.delivery.sender import USER_AGENT, BaseSender
 from msgbus.egress import EgressPolicy, EgressRefused
+from msgbus.sealing import SecretKeys
 
 
 class AiohttpSender(BaseSender):
@@ -20,9 +21,10 @@ class AiohttpSender(BaseSender):
     transport_errors = (aiohttp.ClientError, OSError)
 
     def __init__(self, *, instance: str, max_connections: int = 1000,
-                 answer_keep_bytes: int = 1024, egress: EgressPolicy | None = None) -> None:
+                 answer_keep_bytes: int = 1024, egress: EgressPolicy | None = None,
+                 keys: SecretKeys | None = None) -> None:
         super().__init__(instance=instance, max_connections=max_connections,
-                         answer_keep_bytes=answer_keep_bytes, egress=egress)
+                         answer_keep_bytes=answer_keep_bytes, egress=egress, keys=keys)
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from msgbus.delivery.headers import CE_SOURCE
+from msgbus.delivery.headers import CE_SOURCE, plain
 from msgbus.delivery.signing import sign
 from msgbus.ids import uuid7
 from msgbus.models import Envelope, Subscription
@@ -150,14 +150,16 @@ def batches_of(items: Iterable[tuple[Envelope, int]],
     return batches
 
 
-def batch_headers(batch: BatchPush, subscription: Subscription, body: bytes) -> dict[str, str]:
+def batch_headers(batch: BatchPush, subscription: Subscription, body: bytes,
+                  open_secret: Callable[[str], str] = plain) -> dict[str, str]:
     """No `ce-` headers (the CloudEvents batch mode): each event carries its attributes."""
     timestamp = int(time.time())
     return {
         "content-type": BATCH_CONTENT_TYPE,
         "webhook-id": batch.batch_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(subscription.secrets_signing_at(timestamp), batch.batch_id,
-                                  timestamp, body),
+        "webhook-signature": sign(
+            [open_secret(s) for s in subscription.secrets_signing_at(timestamp)],
+            batch.batch_id, timestamp, body),
         "x-msgbus-batch-size": str(len(batch)),
     }

@@ -27,6 +27,7 @@ import httptools
 
 from msgbus.delivery.sender import USER_AGENT, BaseSender
 from msgbus.egress import EgressPolicy
+from msgbus.sealing import SecretKeys
 
 KEEPALIVE_S = 4.0
 
@@ -186,9 +187,10 @@ class H1Sender(BaseSender):
     transport_errors = (ProtocolError, ValueError, OSError)
 
     def __init__(self, *, instance: str, max_connections: int = 1000,
-                 answer_keep_bytes: int = 1024, egress: EgressPolicy | None = None) -> None:
+                 answer_keep_bytes: int = 1024, egress: EgressPolicy | None = None,
+                 keys: SecretKeys | None = None) -> None:
         super().__init__(instance=instance, max_connections=max_connections,
-                         answer_keep_bytes=answer_keep_bytes, egress=egress)
+                         answer_keep_bytes=answer_keep_bytes, egress=egress, keys=keys)
         self._protocol = functools.partial(Connection, answer_keep_bytes)
         self._idle: dict[Origin, list[Connection]] = {}  # most recently used last
         self._slots = asyncio.Semaphore(max_connections)

@@ -4,6 +4,7 @@ the message's W3C trace context (msgbus/tracecontext.py)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from urllib.parse import quote
 
 from msgbus.delivery.signing import sign
@@ -21,9 +22,15 @@ def ce_string(value: str) -> str:
     return quote(value, safe=_CE_SAFE)
 
 
+def plain(secret: str) -> str:
+    return secret
+
+
 def push_headers(envelope: Envelope, subscription: Subscription, attempt: int,
-                 hop_traceparent: str | None = None) -> dict[str, str]:
-    """`hop_traceparent`: the push span's context when tracing is on (else the producer's)."""
+                 hop_traceparent: str | None = None,
+                 open_secret: Callable[[str], str] = plain) -> dict[str, str]:
+    """`hop_traceparent`: the push span's context when tracing is on (else the producer's);
+    `open_secret`: the plain signing secret of a sealed one (msgbus/sealing.py)."""
     timestamp = int(time.time())
     headers = {
         "content-type": envelope.content_type,
@@ -37,8 +44,8 @@ def push_headers(envelope: Envelope, subscription: Subscription, attempt: int,
         "webhook-id": envelope.message_id,
         "webhook-timestamp": str(timestamp),
         "webhook-signature": sign(
-            subscription.secrets_signing_at(timestamp), envelope.message_id, timestamp,
-            envelope.body),
+            [open_secret(s) for s in subscription.secrets_signing_at(timestamp)],
+            envelope.message_id, timestamp, envelope.body),
     }
     if envelope.biz_id is not None:
         headers["ce-bizid"] = ce_string(envelope.biz_id)

@@ -24,9 +24,10 @@ from typing import Protocol, get_args
 
 from msgbus import __version__, telemetry
 from msgbus.delivery.batch import BatchPush, batch_headers
-from msgbus.delivery.headers import push_headers
+from msgbus.delivery.headers import plain, push_headers
 from msgbus.egress import EgressPolicy
 from msgbus.models import AttemptResult, Envelope, Subscription, utcnow
+from msgbus.sealing import SecretKeys
 from msgbus.settings import HttpClient
 
 ERROR_TEXT_MAX = 500
@@ -90,13 +91,16 @@ class BaseSender(ABC):
     transport_errors: tuple[type[BaseException], ...] = (OSError,)
 
     def __init__(self, *, instance: str, max_connections: int = 1000,
-                 answer_keep_bytes: int = 1024, egress: EgressPolicy | None = None) -> None:
+                 answer_keep_bytes: int = 1024, egress: EgressPolicy | None = None,
+                 keys: SecretKeys | None = None) -> None:
         self.instance = instance
         self.max_connections = max_connections
         # how much of the answer to a failed push `_post` keeps (0: none)
         self.answer_keep_bytes = answer_keep_bytes
         # where pushes may connect: every implementation connects only to an address it allows
         self.egress = egress or EgressPolicy()
+        # open the sealed signing secrets (msgbus/sealing.py); without keys, plain ones only
+        self.open_secret = keys.open if keys is not None else plain
 
     @abstractmethod
     async def start(self) -> None: ...
@@ -119,7 +123,8 @@ class BaseSender(ABC):
         with telemetry.push_span(envelope, subscription, attempt) as trace:
             status, error, retry_after, answer = await self._answer_of(
                 str(subscription.url), envelope.body,
-                lambda: push_headers(envelope, subscription, attempt, trace.traceparent),
+                lambda: push_headers(envelope, subscription, attempt, trace.traceparent,
+                                     self.open_secret),
                 subscription.timeout_ms / 1000)
             trace.answered(status, error)
         return AttemptResult(
@@ -137,7 +142,8 @@ class BaseSender(ABC):
         body = batch.body
         with telemetry.batch_span("msgbus push", batch.envelopes):
             status, error, retry_after, answer = await self._answer_of(
-                str(subscription.url), body, lambda: batch_headers(batch, subscription, body),
+                str(subscription.url), body,
+                lambda: batch_headers(batch, subscription, body, self.open_secret),
                 subscription.timeout_ms / 1000)
         latency_ms = (time.perf_counter() - t0) * 1000
         return [AttemptResult(

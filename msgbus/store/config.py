@@ -5,6 +5,7 @@ nothing is written that would not read back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pymongo import ASCENDING
@@ -25,11 +26,12 @@ from msgbus.teams import PLATFORM_TEAM
 
 class ConfigStore:
     def __init__(self, db: AsyncDatabase[dict[str, Any]],
-                 invalid_log: InvalidDocumentLog) -> None:
+                 invalid_log: InvalidDocumentLog, seal: Callable[[str], str]) -> None:
         self._destinations = db["destinations"]
         self._subscriptions = db["subscriptions"]
         self._runtime = db["runtime"]
         self._invalid_log = invalid_log
+        self._seal = seal  # a signing secret is stored sealed (msgbus/sealing.py)
 
     # --- destinations ----------------------------------------------------------------------
 
@@ -65,7 +67,9 @@ class ConfigStore:
     # --- subscriptions ---------------------------------------------------------------------
 
     async def save_subscription(self, subscription: Subscription) -> None:
-        doc = storable(docs.subscription_doc(subscription), docs.subscription_from_doc)
+        sealed = subscription.model_copy(update={
+            "signing_secrets": [self._seal(s) for s in subscription.signing_secrets]})
+        doc = storable(docs.subscription_doc(sealed), docs.subscription_from_doc)
         await self._subscriptions.replace_one({"_id": doc["_id"]}, doc, upsert=True)
 
     async def load_subscriptions(self, destination: str | None = None) -> Loaded[Subscription]:

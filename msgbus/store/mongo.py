@@ -29,6 +29,7 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
 from msgbus.errors import MongoUnavailable
+from msgbus.sealing import SecretKeys
 from msgbus.store.accepted import AcceptedIdStore
 from msgbus.store.checked import InvalidDocumentLog
 from msgbus.store.config import ConfigStore
@@ -40,16 +41,23 @@ from msgbus.store.invalid import InvalidDocumentStore
 from msgbus.store.producers import ProducerStore
 from msgbus.store.progress import DeliveryProgress
 from msgbus.store.records import RecordStore
+from msgbus.store.sealed_secrets import Resealed, reseal_secrets
 from msgbus.store.signin_sessions import CompanySessions
 from msgbus.store.signins import SigninFailures
 from msgbus.store.teams import TeamStore
 from msgbus.store.traces import TraceStore
 
 
+def _as_given(value: str) -> str:
+    return value
+
 class MongoStore:
     def __init__(self, uri: str, db_name: str, *, timeout_ms: int = 5000,
-                 socket_timeout_ms: int = 30_000, component: str = "msgbus") -> None:
-        """`component`: which service this process runs (its gate's metric label)."""
+                 socket_timeout_ms: int = 30_000, component: str = "msgbus",
+                 keys: SecretKeys | None = None) -> None:
+        """`component`: which service this process runs (its gate's metric label). `keys`
+        seal the secrets it stores (msgbus/sealing.py); without, as in development tools that
+        write configuration, they are stored as given, and the admin seals them at start."""
         # socket_timeout_ms: a server that stops answering (hung, or a half-open connection
         # after a restart) fails the call instead of holding its caller forever (pymongo's
         # default is no timeout); the drainers then back off and try again. Well above the
@@ -72,8 +80,10 @@ class MongoStore:
         self.records = RecordStore(self.db, self.gate, self.figures)
         self.traces = TraceStore(self.db)
         self.progress = DeliveryProgress(self.db)
-        self.config = ConfigStore(self.db, self.invalid_log)
-        self.teams = TeamStore(self.db, self.invalid_log)
+        self.keys = keys
+        seal = keys.seal if keys is not None else _as_given
+        self.config = ConfigStore(self.db, self.invalid_log, seal)
+        self.teams = TeamStore(self.db, self.invalid_log, seal)
         self.signins = SigninFailures(self.db)
         self.company_sessions = CompanySessions(self.db)
         self.producers = ProducerStore(self.db, self.gate, self.invalid_log)
@@ -83,6 +93,10 @@ class MongoStore:
 
     async def ensure_indexes(self) -> None:
         await ensure_indexes(self.db)
+
+    async def reseal_secrets(self, keys: SecretKeys) -> Resealed:
+        """Every stored secret sealed with `keys`' newest key (msgbus/store/sealed_secrets.py)."""
+        return await reseal_secrets(self.db, keys)
 
     async def ping(self, timeout_s: float = 1.0) -> bool:
         """Whether MongoDB answers within `timeout_s`; False at once while the gate is closed

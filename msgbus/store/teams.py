@@ -5,6 +5,7 @@ member removed from a team loses its rights with the next request."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pymongo import ASCENDING
@@ -22,9 +23,10 @@ def _team(doc: dict[str, Any]) -> Team:
 
 class TeamStore:
     def __init__(self, db: AsyncDatabase[dict[str, Any]],
-                 invalid_log: InvalidDocumentLog) -> None:
+                 invalid_log: InvalidDocumentLog, seal: Callable[[str], str]) -> None:
         self._teams = db["teams"]
         self._invalid_log = invalid_log
+        self._seal = seal  # the notify secret is stored sealed (msgbus/sealing.py)
 
     async def roles_of(self, user: str) -> dict[str, TeamRole]:
         """Team -> `user`'s role in it, for every team `user` is a member of."""
@@ -57,7 +59,8 @@ class TeamStore:
     async def set_notify_url(self, name: str, url: str | None) -> Team:
         """Where the team is told (None: nowhere); a first URL gets a signing secret."""
         team = await self.get(name)
-        secret = team.notify_secret or (None if url is None else new_signing_secret())
+        secret = team.notify_secret or (
+            None if url is None else self._seal(new_signing_secret()))
         doc = {**team.model_dump(by_alias=True), "notify_url": url, "notify_secret": secret,
                "updated_at": utcnow()}
         await self._teams.replace_one({"_id": name}, storable(doc, _team))  # 422 if too long

@@ -1,7 +1,12 @@
 """The environment of a bus process that a test or a benchmark starts, and of the services they
 run in their own process: exactly the MSGBUS_* variables they set (none inherited from the
-shell), and pushes allowed to loopback, where their subscribers listen (the egress policy
-refuses internal addresses by default: msgbus/egress.py)."""
+shell), plus what every such bus has:
+
+- pushes allowed to loopback, where their subscribers listen (the egress policy refuses
+  internal addresses by default: msgbus/egress.py);
+- one key that seals stored secrets (msgbus/sealing.py), the same for every process, so that
+  what one seals another opens. For tests and benchmarks only: it is in the repository.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,19 @@ from collections.abc import Mapping
 
 from msgbus.egress import LOOPBACK_ONLY
 
-LOCAL_PUSHES = {"MSGBUS_PUSH_ALLOW_NETWORKS": LOOPBACK_ONLY}
+TEST_SECRET_KEYS = "test:hO7E0GGCd_q4bOvPQ3SJL-2lq_XBZaxXCz03J-ZkWYQ="
+TEST_BUS_ENV = {"MSGBUS_PUSH_ALLOW_NETWORKS": LOOPBACK_ONLY,
+                "MSGBUS_SECRET_KEYS": TEST_SECRET_KEYS}
 
 
 def service_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """os.environ without its MSGBUS_* variables, with pushes to loopback allowed, and `extra`."""
+    """os.environ without its MSGBUS_* variables, with TEST_BUS_ENV, and `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MSGBUS_")}
-    return env | LOCAL_PUSHES | dict(extra or {})
+    return env | TEST_BUS_ENV | dict(extra or {})
 
 
-def allow_local_pushes() -> None:
-    """For the services a test or benchmark runs in its own process (their settings read
-    os.environ)."""
-    for name, value in LOCAL_PUSHES.items():
+def set_test_bus_env() -> None:
+    """TEST_BUS_ENV for the services a test or benchmark runs in its own process (their
+    settings read os.environ), where not set already."""
+    for name, value in TEST_BUS_ENV.items():
         os.environ.setdefault(name, value)
