@@ -179,10 +179,10 @@ async def list_subscriptions(who: Catalogue, response: Response, store: Store,
                              destination: DestinationQuery = None) -> list[dict[str, Any]]:
     """The subscriptions the caller may read (each with its team)."""
     loaded = await store.config.load_subscriptions(destination)
-    teams = await store.config.subscription_teams()
+    teams = {d.code: d.team for d in await store.config.list_destinations()}
     shown = []
     for sub in valid_items(response, loaded):
-        team = teams.get(sub.id, PLATFORM_TEAM)
+        team = sub.owning_team(teams)
         if sees(who, team):
             shown.append(sub.model_dump(mode="json", exclude={"signing_secrets"}) | {"team": team})
     return shown

@@ -23,9 +23,10 @@ class MessageAccess:
 
     async def readers(self) -> dict[str, set[str]]:
         """Destination -> the teams that read its messages."""
-        readers = {d.code: {d.team} for d in await self._store.config.list_destinations()}
-        for sub_id, team in (await self._store.config.subscription_teams()).items():
-            readers.get(sub_id.partition("/")[0], set()).add(team)
+        teams = {d.code: d.team for d in await self._store.config.list_destinations()}
+        readers = {code: {team} for code, team in teams.items()}
+        for sub in await self._store.config.list_subscriptions():
+            readers.get(sub.destination, set()).add(sub.owning_team(teams))
         return readers
 
     async def readable(self, who: Principal) -> set[str] | None:

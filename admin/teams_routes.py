@@ -139,11 +139,11 @@ async def delete_team(team: TeamPath, who: AdministersBus, store: Store, users: 
 
 
 async def _owned_by(store: MongoStore, team: str) -> list[str]:
-    owned = [f"destination {d.code}" for d in await store.config.list_destinations()
-             if d.team == team]
-    owned += [f"subscription {sub_id}"
-              for sub_id, owner in (await store.config.subscription_teams()).items()
-              if owner == team]
+    destinations = await store.config.list_destinations()
+    teams = {d.code: d.team for d in destinations}
+    owned = [f"destination {d.code}" for d in destinations if d.team == team]
+    owned += [f"subscription {s.id}" for s in await store.config.list_subscriptions()
+              if s.owning_team(teams) == team]
     owned += [f"producer app {a.name}" for a in (await store.producers.load_apps()).items
               if a.team == team]
     return owned

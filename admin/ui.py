@@ -322,9 +322,8 @@ async def team_page(request: Request, team: str, who: UiUser, store: Store,
     every_destination = await store.config.list_destinations()
     destinations = [d for d in every_destination if d.team == team]
     teams_of = {d.code: d.team for d in every_destination}
-    owners = await store.config.subscription_teams()
     subscriptions = [s for s in await store.config.list_subscriptions()
-                     if owners.get(s.id) == team]
+                     if s.owning_team(teams_of) == team]
     apps = [a for a in (await store.producers.load_apps()).items if a.team == team]
     asked = [r for r in await requests.recent(50)
              if r.team == team or teams_of.get(r.destination) == team]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -456,6 +457,11 @@ class Subscription(SubscriptionSettings):
     @property
     def id(self) -> str:
         return subscription_id(self.destination, self.name)
+
+    def owning_team(self, destination_teams: Mapping[str, str]) -> str:
+        """The team that owns it: its own, or (stored before teams) its destination's, from
+        `destination_teams` (code -> team)."""
+        return self.team or destination_teams.get(self.destination, PLATFORM_TEAM)
 
     def secrets_signing_at(self, unix_s: float) -> list[str]:
         """The secrets a push at `unix_s` is signed with: the current one, and the previous

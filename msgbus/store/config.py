@@ -21,7 +21,6 @@ from msgbus.models import (
 )
 from msgbus.store import documents as docs
 from msgbus.store.checked import InvalidDocumentLog, Loaded, read_each, read_one, storable
-from msgbus.teams import PLATFORM_TEAM
 
 
 class ConfigStore:
@@ -100,12 +99,6 @@ class ConfigStore:
         except InvalidStoredDocument:
             team = None
         return team or (await self.get_destination(code)).team
-
-    async def subscription_teams(self) -> dict[str, str]:
-        """Every valid subscription's id -> the team that owns it (see `subscription_team`)."""
-        destinations = {d.code: d.team for d in await self.list_destinations()}
-        return {sub.id: sub.team or destinations.get(sub.destination, PLATFORM_TEAM)
-                for sub in await self.list_subscriptions()}
 
     async def stored_subscription(self, sub_id: str) -> dict[str, Any] | None:
         """The subscription's document as stored, unchecked (None: there is none): what a
