@@ -184,7 +184,7 @@ async def list_subscriptions(who: Catalogue, response: Response, store: Store,
     for sub in valid_items(response, loaded):
         team = sub.owning_team(teams)
         if sees(who, team):
-            shown.append(sub.model_dump(mode="json", exclude={"signing_secrets"}) | {"team": team})
+            shown.append(sub.shown() | {"team": team})
     return shown
 
 
@@ -195,24 +195,26 @@ async def put_subscription(code: DestinationCode, name: SubscriptionName,
     store = service.store
     destination = await store.config.get_destination(code)
     await refuse_while_deleting(deletions, code, name)
-    await service.check_egress(str(body.url))
+    await service.check_urls(body)
     sub_id = subscription_id(code, name)
     try:
         existing = await store.config.get_subscription(sub_id)
         team = check_moved(who, existing.team or destination.team, body.team)
+        body = service.keeping_secrets(body, existing)
         sub = Subscription.model_validate(
             existing.model_dump() | body.model_dump() | {"team": team, "updated_at": utcnow()})
     except NotFound:
         team = team_for_new(who, body.team, destination.team)
         check_new(who, team)
         check_subscribe(who, team, destination)
+        body = service.keeping_secrets(body, None)
         sub = Subscription(destination=code, name=name, **(body.model_dump() | {"team": team}))
     except InvalidStoredDocument:
         sub = await service.replacement_subscription(code, name, body)
     await store.config.save_subscription(sub)
-    await service.users.audit(who, "subscription.put", sub.id, body.model_dump(mode="json"))
+    await service.users.audit(who, "subscription.put", sub.id, body.shown())
     # The signing secrets are shown to whoever configures the subscriber.
-    return sub.model_dump(mode="json") | {
+    return sub.shown() | {
         "signing_secrets": [service.keys.open(s) for s in sub.signing_secrets]}
 
 
@@ -235,7 +237,7 @@ async def _set_paused(store: MongoStore, users: UserStore, code: str, name: str,
     action = "subscription.pause" if paused else "subscription.resume"
     sub = await change_subscription(store, users, code, name, who, action,
                                     lambda _: {"paused": paused})
-    return sub.model_dump(mode="json", exclude={"signing_secrets"})
+    return sub.shown()
 
 
 @router.post("/v1/destinations/{code}/subscriptions/{name}/pause")

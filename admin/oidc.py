@@ -33,9 +33,9 @@ from joserfc.jwk import KeySet
 from admin.security import Sessions
 from msgbus.errors import Unauthorized
 from msgbus.models import utcnow
+from msgbus.sealing import SecretKeys
 from msgbus.settings import OidcSettings
 from msgbus.store import MongoStore
-from msgbus.store.signin_sessions import fernet_of
 from msgbus.store.users import UserStore
 from msgbus.teams import TeamRole
 from msgbus.users import USERNAME_PATTERN, Role, hash_password, new_password
@@ -56,10 +56,10 @@ def _s256(verifier: str) -> str:
 
 class CompanySignIn:
     def __init__(self, settings: OidcSettings, store: MongoStore, users: UserStore,
-                 sessions: Sessions, session_secret: str) -> None:
+                 sessions: Sessions, keys: SecretKeys) -> None:
         self.settings = settings
         self._store, self._users, self._sessions = store, users, sessions
-        self._fernet = fernet_of(session_secret)
+        self._keys = keys  # the refresh tokens are stored sealed
         self._metadata: dict[str, Any] | None = None
 
     @property
@@ -97,7 +97,7 @@ class CompanySignIn:
         cookie, session_id = self._sessions.issue(user["_id"])
         await self._store.company_sessions.save(
             session_id, user["_id"], token.get("refresh_token"), self._next_refresh(),
-            utcnow() + timedelta(seconds=self._sessions.ttl_s), self._fernet)
+            utcnow() + timedelta(seconds=self._sessions.ttl_s), self._keys)
         return cookie, session_id, user
 
     async def refresh_if_due(self, session_id: str) -> None:
@@ -106,7 +106,7 @@ class CompanySignIn:
         session = await self._store.company_sessions.get(session_id)
         if session is None or session["refresh_at"].timestamp() > time.time():
             return
-        refresh_token = self._store.company_sessions.refresh_token(session, self._fernet)
+        refresh_token = self._store.company_sessions.refresh_token(session, self._keys)
         try:
             if refresh_token is None:
                 raise Unauthorized("no refresh token")
@@ -118,7 +118,7 @@ class CompanySignIn:
             raise Unauthorized("the company sign-in ended; sign in again") from None
         await self._store.company_sessions.save(
             session_id, user["_id"], token.get("refresh_token") or refresh_token,
-            self._next_refresh(), session["expires_at"], self._fernet)
+            self._next_refresh(), session["expires_at"], self._keys)
 
     # --- the provider -----------------------------------------------------------------------
 

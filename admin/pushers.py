@@ -1,7 +1,8 @@
-"""Who pushes to a subscription: the live dispatcher, compensator and admin processes, each
-one's share of the subscription's max_concurrency (and of its max_rate_per_s), what it asked
-for, what it had in flight when it last wrote its share, its last heartbeat, and the state of
-the subscription's circuit there with the last success it saw.
+"""Who pushes to a subscription: the dispatchers assigned to it (msgbus/assignment.py), and the
+live dispatcher, compensator and admin processes pushing to it: each one's share of the
+subscription's max_concurrency (and of its max_rate_per_s), what it asked for, what it had in
+flight when it last wrote its share, its last heartbeat, and the state of the subscription's
+circuit there with the last success it saw.
 
 `GET /v1/destinations/{code}/subscriptions/{name}/pushers` (viewer); the subscription's page
 in the UI shows the same."""
@@ -16,16 +17,21 @@ from fastapi import APIRouter
 from admin.access import ReadsSubscription
 from admin.deps import Store
 from admin.params import DestinationCode, SubscriptionName
+from msgbus.assignment import serving
 from msgbus.delivery.shares import RATE_SUFFIX
-from msgbus.models import subscription_id, utcnow
+from msgbus.models import BrokerKind, subscription_id, utcnow
 from msgbus.store import MongoStore
 from msgbus.store.shares import ShareStore
 
 
-async def pushers_of(store: MongoStore, sub_id: str) -> dict[str, Any]:
+async def pushers_of(store: MongoStore, sub_id: str, dispatchers: int | None = None,
+                     brokered: bool = True) -> dict[str, Any]:
+    """`dispatchers`, `brokered`: the subscription's setting, and whether its destination has
+    a broker (a direct one's are served by every dispatcher)."""
     shares = ShareStore(store)
     now = utcnow()
     live = await shares.live_instances(now)
+    live_dispatchers = [name for name, doc in live.items() if doc.get("component") == "dispatcher"]
     docs = await shares.read([sub_id, sub_id + RATE_SUFFIX])
     cap, rate = docs.get(sub_id) or {}, docs.get(sub_id + RATE_SUFFIX) or {}
     rate_shares = {e.get("instance"): e.get("held", 0) for e in rate.get("entries", [])}
@@ -36,7 +42,9 @@ async def pushers_of(store: MongoStore, sub_id: str) -> dict[str, Any]:
                 "heartbeat_at": live[e["instance"]].get("heartbeat_at"),
                 **_circuit_seen_by(live[e["instance"]], sub_id)}
                for e in cap.get("entries", []) if e.get("instance") in live]
+    assigned = serving(sub_id, live_dispatchers, dispatchers if brokered else None)
     return {"subscription": sub_id, "cap": cap.get("cap"), "max_rate_per_s": rate.get("cap"),
+            "dispatchers": dispatchers, "assigned": sorted(assigned),
             "circuit_open": any(p["circuit_open"] for p in pushers),
             "pushers": sorted(pushers, key=lambda p: p["instance"])}
 
@@ -57,4 +65,6 @@ async def list_pushers(code: DestinationCode, name: SubscriptionName, _: ReadsSu
                        store: Store) -> dict[str, Any]:
     """The processes pushing to the subscription now and their shares of its cap."""
     sub = await store.config.get_subscription(subscription_id(code, name))
-    return await pushers_of(store, sub.id)
+    destination = await store.config.get_destination(code)
+    return await pushers_of(store, sub.id, sub.dispatchers,
+                            brokered=destination.broker is not BrokerKind.DIRECT)

@@ -15,7 +15,7 @@ from admin.deps import Deletions, Requests, Service
 from admin.params import DestinationCode, GeneratedId
 from admin.removal import refuse_while_deleting
 from admin.schemas import SubscriptionIn
-from msgbus.errors import Conflict
+from msgbus.errors import Conflict, InvalidConfig
 from msgbus.models import NAME_PATTERN, subscription_id
 from msgbus.permissions import Right, may, may_subscribe
 from msgbus.store.requests import RequestState, SubscriptionRequest
@@ -47,6 +47,12 @@ async def request_subscription(code: DestinationCode, body: RequestIn, who: Crea
     team = team_for_new(who, body.team)
     check_new(who, team)
     await service.check_egress(str(body.settings.url), field="settings.url")
+    if body.settings.auth is not None:
+        # the deciding team would read them: credentials are set by the owning team once
+        # the subscription exists
+        raise InvalidConfig("a subscription request carries no auth: once accepted, the "
+                            f"subscription's team sets it (PUT /v1/destinations/{code}/"
+                            f"subscriptions/{body.name})", field="settings.auth")
     if may_subscribe(team, destination):
         raise Conflict(f"team {team} needs no approval to subscribe to {code}: PUT "
                        f"/v1/destinations/{code}/subscriptions/{body.name}", field="team")
@@ -90,8 +96,7 @@ async def accept_request(request_id: GeneratedId, who: DecidesRequest, service: 
     await service.users.audit(who, "subscription_request.accept",
                               subscription_id(asked.destination, asked.name),
                               {"request_id": request_id, "team": asked.team})
-    return _view(decided) | {"subscription": sub.model_dump(mode="json",
-                                                            exclude={"signing_secrets"})}
+    return _view(decided) | {"subscription": sub.shown()}
 
 
 @router.post("/v1/subscription-requests/{request_id}/decline")

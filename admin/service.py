@@ -22,7 +22,13 @@ from msgbus.auth import hash_api_key, new_api_key
 from msgbus.delivery.senders import make_sender
 from msgbus.delivery.shares import CapShares
 from msgbus.errors import Conflict, InvalidConfig
-from msgbus.models import BrokerKind, RuntimeConfig, Subscription, utcnow
+from msgbus.models import (
+    BrokerKind,
+    RuntimeConfig,
+    Subscription,
+    SubscriptionSettings,
+    utcnow,
+)
 from msgbus.notify import Notifier
 from msgbus.settings import AdminSettings, sealing_keys
 from msgbus.store import MongoStore
@@ -56,7 +62,7 @@ class AdminService:
         self.company: CompanySignIn | None = None
         if settings.oidc.enabled:
             self.company = CompanySignIn(settings.oidc, self.store, self.users,
-                                         self.auth.sessions, secret)
+                                         self.auth.sessions, self.keys)
             self.auth.refresh_company_session = self.company.refresh_if_due
         conn = settings.connections
         # test pushes count against the subscription's cap like every other push
@@ -112,12 +118,30 @@ class AdminService:
         if refusal is not None:
             raise InvalidConfig(refusal, field=field)
 
+    @staticmethod
+    def keeping_secrets(body: SubscriptionIn, stored: Subscription | None) -> SubscriptionIn:
+        """`body` with each masked secret ('********') replaced by the stored one."""
+        if body.auth is None:
+            return body
+        try:
+            auth = body.auth.keeping(stored.auth if stored is not None else None)
+        except ValueError as exc:
+            raise InvalidConfig(str(exc), field="auth") from None
+        return body.model_copy(update={"auth": auth})
+
+    async def check_urls(self, settings: SubscriptionSettings) -> None:
+        """`check_egress` of every URL the bus will call for the subscription."""
+        await self.check_egress(str(settings.url))
+        if settings.auth is not None and settings.auth.oauth2 is not None:
+            await self.check_egress(str(settings.auth.oauth2.token_url),
+                                    field="auth.oauth2.token_url")
+
     async def create_subscription(self, code: str, name: str, team: str,
                                   settings: dict[str, Any]) -> Subscription:
         """A new subscription `name` of `team` to destination `code` (a Conflict if it
         exists)."""
         sub = Subscription(destination=code, name=name, **(settings | {"team": team}))
-        await self.check_egress(str(sub.url))
+        await self.check_urls(sub)
         if await self.store.config.stored_subscription(sub.id) is not None:
             raise Conflict(f"subscription {sub.id} exists already", field="name")
         await self.store.config.save_subscription(sub)
@@ -128,6 +152,7 @@ class AdminService:
         """The subscription `body` defines, in place of a stored one that does not validate:
         its signing secrets (which the subscriber verifies pushes with) and creation time are
         kept when they still validate."""
+        body = self.keeping_secrets(body, None)
         fresh = Subscription(destination=code, name=name, **body.model_dump())
         stored = await self.store.config.stored_subscription(fresh.id) or {}
         kept = {k: stored[k] for k in ("signing_secrets", "created_at") if k in stored}

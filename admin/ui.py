@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from admin.access import subscription_team
+from admin.auth_form import auth_fields
 from admin.deps import (
     LoginRequired,
     Parts,
@@ -46,7 +47,7 @@ from admin.subscription_health import RANGES, subscription_health
 from admin.templating import HERE, templates
 from msgbus.errors import Forbidden, InvalidStoredDocument, MsgbusError, NotFound, Unauthorized
 from msgbus.http import include_routes, retry_after
-from msgbus.models import CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id
+from msgbus.models import BrokerKind, CircuitPolicy, DeliveryStatus, RetryPolicy, subscription_id
 from msgbus.permissions import Right, check, holds_somewhere, may
 from msgbus.store.notifications import NotificationStore
 from msgbus.store.schemas import SchemaStore
@@ -286,7 +287,8 @@ async def subscription_page(request: Request, code: str, name: str, who: UiUser,
                             store: Store, range: str = "hour") -> Response:
     """How a subscription is doing (charts over `range`: hour, day or week; its newest
     failures); edit (or, with name `new`, create) it; act on it; how to verify pushes."""
-    team = (await store.config.get_destination(code)).team
+    destination = await store.config.get_destination(code)
+    team = destination.team
     if name != "new":  # the form for a new one: the API decides who may make it
         team = await subscription_team(store, code, name)
         check(who, Right.READ, team)
@@ -296,14 +298,16 @@ async def subscription_page(request: Request, code: str, name: str, who: UiUser,
             sub = await store.config.get_subscription(subscription_id(code, name))
         except InvalidStoredDocument as exc:  # the form replaces it
             invalid = exc.message
-    pushers = await pushers_of(store, sub.id) if sub is not None else None
+    pushers = None if sub is None else await pushers_of(
+        store, sub.id, sub.dispatchers, brokered=destination.broker is not BrokerKind.DIRECT)
     health = await subscription_health(store, sub.id, range) if sub is not None else None
     filters = [f.model_dump() for f in sub.filters] if sub is not None else []
     return page(request, "subscription.html", who, page="Destinations", code=code, team=team,
                 name=None if sub is None and invalid is None else name, sub=sub,
                 invalid=invalid, pushers=pushers, health=health, ranges=list(RANGES),
                 policy=sub.retry_policy if sub is not None else RetryPolicy(),
-                circuit=sub.circuit if sub is not None else CircuitPolicy(), filters=filters)
+                circuit=sub.circuit if sub is not None else CircuitPolicy(), filters=filters,
+                auth=auth_fields(sub.auth if sub is not None else None))
 
 
 @router.get("/ui/teams", response_model=None)

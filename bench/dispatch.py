@@ -3,11 +3,14 @@ loop, the isolation ratio of a healthy subscriber among bad neighbours, and acce
 subscriber latency at half of the measured capacity.
 
     python -m bench.dispatch [--runs 3] [--messages 10000] [--isolation-messages 5000]
-                             [--latency-s 10] [--push-concurrency 16] [--quick]
+                             [--latency-s 10] [--push-concurrency 16] [--auth-messages 15000]
+                             [--only-auth] [--quick]
 
 Everything runs on 127.0.0.1 in processes of its own (bench/dispatch_stack.py): tansu,
 SecantusDB, one `msgbus receiver`, one `msgbus dispatcher`, two subscriber processes and one
-load-generator process; all are stopped by PID at the end, also on Ctrl-C, SIGTERM or an error.
+load-generator process, and for the auth phase (bench/dispatch_auth.py) two https subscriber
+processes and the tests' OAuth2 server (node, tests/tools/oauth2-server.mjs); all are stopped by
+PID at the end, also on Ctrl-C, SIGTERM or an error.
 
 Per run (runs are interleaved, and the order of the paired phases swaps on even runs, so
 machine noise hits both sides of every ratio alike):
@@ -42,6 +45,21 @@ machine noise hits both sides of every ratio alike):
    messages through the receiver at half of this run's dispatcher rate for `--latency-s`
    seconds. Latency = arrival at the subscriber - the moment the load process got the
    receiver's 202 (one machine, one clock; a rare negative value is kept).
+6. auth (issue 40): four kinds of subscription, each with a backlog of `--auth-messages` split
+   over two destinations of its own: plain (http, no auth), oauth2 (client credentials from the
+   OAuth2 server, tokens living `--auth-token-ttl-s`; the same http subscriber process, which
+   does not check the token), https (server TLS only: the subscription trusts the benchmark's
+   CA) and mtls (a client certificate too, which that subscriber requires). One subscription
+   is resumed at a time, in the order A B C D D C B A (the other way round on even runs), so a
+   drift within a run weighs on every kind alike. Rates as in capacity, over both halves
+   (arrivals less one per half ÷ the two first-to-last spans added up); ratios oauth2 ÷ plain
+   (goal ≥ 0.9: the token is fetched once per process and renewed shortly before it expires),
+   mtls ÷ plain, and mtls ÷ https (the client certificate's cost, TLS's own apart); token
+   fetches = "issued" lines of the OAuth2 server while the oauth2 subscription pushed (the
+   first of each half comes before its first arrival, outside the rate's window); the
+   dispatcher's CPU per 1000 pushes of each kind while it pushes (from the first poll that saw
+   arrivals to the last; not the trace writes after). `--only-auth` runs this phase alone (its
+   pre-load and nothing else): a few minutes.
 Between phases it waits until the receiver's buffer and the dispatcher's trace backlog are
 empty. Progress goes to stderr; per-run lines, a min/median/max table and, as the last line,
 one JSON object go to stdout. Problems (missing messages, failed requests) make the exit code
@@ -52,14 +70,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from msgbus_devtools.testkit.waiting import NotInTime, eventually
 
-from bench import cli, dispatch_load
+from bench import cli, dispatch_auth, dispatch_load
+from bench.dispatch_auth import AUTH_KINDS, AuthTargets
 from bench.dispatch_report import RunFigures, json_figures, summarize, table
 from bench.dispatch_stack import DispatchStack
 from bench.dispatch_subscriber import PACED_S
@@ -71,6 +92,10 @@ ISOLATION_TIMEOUT_MS = 1000
 WARMUP_MESSAGES = 50
 LATENCY_BASE_N = 1_000_000  # message numbers of the measured latency load start here
 REPLICA_PARTITIONS = 6  # the replicas phase's topics: two each for three dispatchers
+# the OAuth2 tokens' lifetime: short enough that the dispatcher renews its token within each
+# half of the oauth2 backlog (7,500 pushes: ~2-3 s here), not only before the first push: a
+# 3 s token is renewed 1.3 s before it expires (msgbus/delivery/authenticator.py), every 1.7 s
+AUTH_TOKEN_TTL_S = 3
 
 
 def window(records: list[tuple[int, float, float]]) -> tuple[float, float]:
@@ -93,28 +118,51 @@ def steady_rate_of(records: list[tuple[int, float, float]], trim: float = 0.1) -
     return (hi - lo) / span if span > 0 else 0.0
 
 
+@dataclass
+class AuthTally:
+    """One kind of subscription of the auth phase, over its two halves."""
+
+    intervals: int = 0  # arrivals less one per half
+    span_s: float = 0.0  # first to last arrival, per half, added up
+    cpu_s: float = 0.0  # the dispatcher's, between the first and the last poll that saw pushes
+    cpu_pushes: int = 0  # the pushes that arrived meanwhile
+    fetches: int = 0  # tokens issued
+
+
 class DispatchBench:
-    def __init__(self, args: argparse.Namespace, stack: DispatchStack) -> None:
+    def __init__(self, args: argparse.Namespace, stack: DispatchStack,
+                 auth: AuthTargets | None = None) -> None:
         self.args = args
         self.s = stack
+        self._auth_targets = auth  # None: no auth phase (bench.e2e uses the other phases)
+
+    @property
+    def auth_targets(self) -> AuthTargets:
+        if self._auth_targets is None:
+            raise RuntimeError("the auth phase needs the AuthTargets (start_auth_targets)")
+        return self._auth_targets
 
     def sub(self, kind: str, label: str) -> str:
         base = self.s.sub_url if kind in ("hook", "paced") else self.s.neighbours_url
         return f"{base}/{kind}/{label}"
 
     def wait_delivered(self, what: str, label: str, count: int,
-                       future: Future[dict[str, Any]] | None = None) -> dict[str, float]:
-        """Wait until the subscriber holds messages 0..count-1 of `label`; samples the
-        dispatcher's CPU at the first and at the last poll that saw progress."""
+                       future: Future[dict[str, Any]] | None = None,
+                       base_url: str | None = None) -> dict[str, float]:
+        """Wait until the subscriber (at `base_url`, default "sub") holds messages 0..count-1
+        of `label`; samples the dispatcher's CPU at the first and at the last poll that saw
+        progress."""
         seen: dict[str, float] = {}
+        base = base_url or self.s.sub_url
 
         def done() -> bool:
             self.s.check_alive()
             if future is not None and future.done() and future.exception() is not None:
                 raise RuntimeError(f"{what}: the load process failed: {future.exception()!r}")
-            got = self.s.count(self.s.sub_url, label, 0, count)["unique"]
+            got = self.s.count(base, label, 0, count)["unique"]
             if got and "t0" not in seen:
                 seen["t0"], seen["cpu0"] = time.monotonic(), self.s.dispatcher_cpu_s()
+                seen["got0"] = got
             seen["got"] = got
             if got >= count:
                 seen["t1"], seen["cpu1"] = time.monotonic(), self.s.dispatcher_cpu_s()
@@ -256,6 +304,61 @@ class DispatchBench:
                                 f"{result['problems']}")
         self.s.wait_workers_stopped(sub_ids)
 
+    def auth(self, fig: RunFigures, subs: dict[str, list[list[str]]]) -> None:
+        """Each kind's backlog in two halves, in the order A B C D D C B A (D C B A A B C D on
+        even runs), so a drift within the run (the later a kind came in a run of A B C D, the
+        slower it pushed) weighs on every kind alike. A kind's rate: its arrivals less one per
+        half ÷ the seconds between the first and last arrival of each half, added up."""
+        order = AUTH_KINDS if fig.run % 2 else AUTH_KINDS[::-1]
+        tally = {kind: AuthTally() for kind in AUTH_KINDS}
+        for half, kinds in enumerate((order, order[::-1])):
+            for kind in kinds:
+                self._auth_half(fig, kind, half, subs[kind][half], tally[kind])
+                self.s.wait_quiet(f"run {fig.run}", self.args.timeout)
+        for kind, t in tally.items():
+            setattr(fig, f"auth_{kind}_per_s", t.intervals / t.span_s if t.span_s else 0.0)
+            setattr(fig, f"auth_{kind}_cpu_ms_per_1k",
+                    t.cpu_s * 1e6 / t.cpu_pushes if t.cpu_pushes else math.nan)
+        fig.auth_token_fetches = float(tally["oauth2"].fetches)
+
+    def _auth_half(self, fig: RunFigures, kind: str, half: int, sub_ids: list[str],
+                   tally: AuthTally) -> None:
+        label, n = f"auth-{kind}-{fig.run}-{half}", self.args.auth_messages // 2
+        base = self.auth_targets.base_url(kind)
+        say(f"run {fig.run}: auth, {kind} subscription, half {half + 1}: backlog of {n}")
+        issued = self.auth_targets.issued()
+        self.s.set_paused(sub_ids, False)
+        seen = self.wait_delivered(f"run {fig.run} {label}", label, n, base_url=base)
+        self.s.set_paused(sub_ids, True)
+        # the CPU while pushing: SecantusDB writes the trace for seconds after the last push,
+        # and what the dispatcher spends meanwhile is the same for every kind
+        tally.cpu_s += seen["cpu1"] - seen["cpu0"]
+        tally.cpu_pushes += n - int(seen["got0"])
+        # no push asks for a token while the subscription is paused
+        tally.fetches += self.auth_targets.issued() - issued
+        first, last = window(self.s.records(base, label, 0, n))
+        tally.intervals += n - 1
+        tally.span_s += last - first
+        counts = self.s.count(base, label, 0, n)
+        if counts["duplicates"]:
+            fig.problems.append(f"auth {kind}: {counts['duplicates']} duplicate pushes")
+        self.s.wait_workers_stopped(sub_ids)
+
+    def auth_destinations(self, run: int, tag: str) -> dict[str, list[list[str]]]:
+        """Two destinations per kind of the auth phase (its two halves), each with one paused
+        subscription; returns their ids by kind (pre-load them with `preload_auth`)."""
+        return {kind: [self.s.create(
+            f"dispatch-{tag}-auth-{kind}-{half}",
+            {"a": f"{self.auth_targets.base_url(kind)}/hook/auth-{kind}-{run}-{half}"},
+            concurrency=self.args.push_concurrency, timeout_ms=5000,
+            auth=self.auth_targets.auth(kind)) for half in (0, 1)] for kind in AUTH_KINDS}
+
+    def preload_auth(self, tag: str) -> None:
+        for kind in AUTH_KINDS:
+            for half in (0, 1):
+                self.s.preload(f"dispatch-{tag}-auth-{kind}-{half}", 0,
+                               self.args.auth_messages // 2)
+
     def isolation_destinations(self, run: int, tag: str) -> tuple[list[str], list[str]]:
         """The "alone" (A) and "neighbours" (A, B, C, D) destinations of the isolation phases,
         their subscriptions paused and their backlogs pre-loaded; returns both lists of
@@ -276,8 +379,26 @@ class DispatchBench:
 
     # ---- one run --------------------------------------------------------------------------
 
+    def run_auth_only(self, run: int) -> RunFigures:
+        """`--only-auth`: the auth phase and its pre-load."""
+        fig = RunFigures(run)
+        tag = f"{self.s.run_id}-r{run}"
+        auth = self.auth_destinations(run, tag)
+        say(f"run {run}: pre-loading 4 x {self.args.auth_messages} messages through the "
+            "receiver (two destinations of half of them each)")
+        began = time.monotonic()
+        self.preload_auth(tag)
+        accepted_s = time.monotonic() - began
+        settled_s = self.s.wait_quiet(f"run {run} pre-load", self.args.timeout * 2)
+        say(f"run {run}: pre-load accepted in {accepted_s:.1f} s, published and recorded "
+            f"{settled_s:.1f} s later")
+        self.auth(fig, auth)
+        return fig
+
     def run_once(self, run: int) -> RunFigures:
         a = self.args
+        if a.only_auth:
+            return self.run_auth_only(run)
         fig = RunFigures(run)
         tag = f"{self.s.run_id}-r{run}"
 
@@ -291,13 +412,15 @@ class DispatchBench:
             f"dispatch-{tag}-{kind}", {"a": self.sub("paced", f"{kind}-{run}")},
             concurrency=a.replicas_cap * (3 if kind == "repfree" else 1), timeout_ms=5000,
             partitions=REPLICA_PARTITIONS) for kind in ("rep1", "rep3", "repfree")}
-        say(f"run {run}: pre-loading {a.messages} + 2 x {a.iso_messages} messages through the "
-            "receiver")
+        auth = self.auth_destinations(run, tag)
+        say(f"run {run}: pre-loading {a.messages} + 2 x {a.iso_messages} + 3 x "
+            f"{a.replicas_messages} + 4 x {a.auth_messages} messages through the receiver")
         began = time.monotonic()
         self.s.preload(f"dispatch-{tag}-cap", 0, a.messages)
         alone, mixed = self.isolation_destinations(run, tag)
         for kind in replicas:
             self.s.preload(f"dispatch-{tag}-{kind}", 0, a.replicas_messages)
+        self.preload_auth(tag)
         accepted_s = time.monotonic() - began
         settled_s = self.s.wait_quiet(f"run {run} pre-load", a.timeout * 2)
         say(f"run {run}: pre-load accepted in {accepted_s:.1f} s, published and recorded "
@@ -317,6 +440,7 @@ class DispatchBench:
         self.s.wait_quiet(f"run {run}", a.timeout)
         self.latency(fig, f"dispatch-{tag}-lat", lat)
         self.s.wait_quiet(f"run {run}", a.timeout)
+        self.auth(fig, auth)
         return fig
 
 
@@ -350,14 +474,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="max_concurrency of the replicas phase's subscription")
     parser.add_argument("--latency-concurrency", type=int, default=64,
                         help="most requests in flight of the paced load")
+    parser.add_argument("--auth-messages", type=int, default=15_000,
+                        help="backlog of each kind of subscription of the auth phase, "
+                             "pushed in two halves")
+    parser.add_argument("--auth-token-ttl-s", type=int, default=AUTH_TOKEN_TTL_S,
+                        help="lifetime of the OAuth2 server's tokens, in seconds; the "
+                             "dispatcher renews one a tenth of it + 1 s (at most half of it) "
+                             "before it expires")
+    parser.add_argument("--only-auth", action="store_true",
+                        help="run the auth phase alone (and its pre-load): a few minutes")
     parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds any one wait may take before the run gives up")
     args = cli.parse_quick(
         parser, argv, "smoke check: 1 run, 3000 / 2000 messages, 4 s of latency load",
-        runs=1, messages=3000, iso_messages=2000, latency_s=4.0, replicas_messages=2000)
-    if min(args.runs, args.messages, args.iso_messages, args.push_concurrency) < 1 or \
-            args.latency_s <= 0:
+        runs=1, messages=3000, iso_messages=2000, latency_s=4.0, replicas_messages=2000,
+        auth_messages=2000)
+    if min(args.runs, args.messages, args.iso_messages, args.push_concurrency,
+           args.auth_messages // 2 - 1, args.auth_token_ttl_s) < 1 or args.latency_s <= 0:
         parser.error("counts and durations must be positive")
+    if (missing := dispatch_auth.missing_tools()) is not None:
+        parser.error(f"the auth phase needs the tests' OAuth2 server: {missing}")
     return args
 
 
@@ -367,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     def work(exits: contextlib.ExitStack) -> list[RunFigures]:
         stack = DispatchStack(cli.scratch_dir(exits, "msgbus-dispatch-bench-"), exits)
         stack.start()
-        return cli.each_run(DispatchBench(args, stack).run_once, args.runs)
+        auth = dispatch_auth.start_auth_targets(stack, args.auth_token_ttl_s)
+        return cli.each_run(DispatchBench(args, stack, auth).run_once, args.runs)
 
     def report(runs: list[RunFigures], began: float) -> int:
         summary = summarize(runs)
@@ -379,15 +516,24 @@ def main(argv: list[str] | None = None) -> int:
                   "push_concurrency": args.push_concurrency,
                   "replicas_messages": args.replicas_messages,
                   "replicas_cap": args.replicas_cap, "replicas_subscriber_ms": PACED_S * 1000,
-                  "isolation_timeout_ms": ISOLATION_TIMEOUT_MS, "elapsed_s": elapsed_s}
+                  "isolation_timeout_ms": ISOLATION_TIMEOUT_MS,
+                  "auth_messages": args.auth_messages,
+                  "auth_token_ttl_s": args.auth_token_ttl_s, "only_auth": args.only_auth,
+                  "elapsed_s": elapsed_s}
         figures = json_figures(summary, runs, config)
-        figures["tracing"] = tracing_figures(summary["dispatcher_cpu_ms_per_1k"]["median"])
+        if not args.only_auth:
+            figures["tracing"] = tracing_figures(summary["dispatcher_cpu_ms_per_1k"]["median"])
         out_json(figures)
         return 1 if figures["problems"] else 0
 
-    return cli.run(f"dispatch benchmark: {args.runs} run(s); {args.messages} messages for "
-                   f"capacity, {args.iso_messages} per isolation phase, {args.latency_s:g} s of "
-                   f"latency load; push concurrency {args.push_concurrency}", work, report)
+    auth = (f"{args.auth_messages} pushes per kind of auth subscription (plain, OAuth2, https, "
+            f"mTLS; in two halves), tokens living {args.auth_token_ttl_s} s")
+    headline = (f"dispatch benchmark, auth phase only: {args.runs} run(s); {auth}"
+                if args.only_auth else
+                f"dispatch benchmark: {args.runs} run(s); {args.messages} messages for "
+                f"capacity, {args.iso_messages} per isolation phase, {args.latency_s:g} s of "
+                f"latency load, {auth}")
+    return cli.run(f"{headline}; push concurrency {args.push_concurrency}", work, report)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import secrets
+import ssl
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ from typing import Any, TypeVar
 
 import httpx
 from msgbus_devtools import servers as services
+from msgbus_devtools.testkit.certs import ServerTls
 from msgbus_devtools.testkit.env import service_env
 from msgbus_devtools.testkit.waiting import eventually
 from pydantic import HttpUrl
@@ -43,6 +45,7 @@ from bench.report import say
 from msgbus.auth import hash_api_key, new_api_key
 from msgbus.ids import uuid7
 from msgbus.models import BrokerKind, Destination, Subscription
+from msgbus.push_credentials import PushAuth
 from msgbus.store import MongoStore
 
 HOST = "127.0.0.1"
@@ -81,6 +84,7 @@ class DispatchStack:
         self._processes: list[tuple[str, subprocess.Popen[bytes], Path]] = []
         self.env: dict[str, str] = {}
         self.stopped: set[str] = set()  # processes stopped on purpose (the replicas phase)
+        self._readers: dict[str, httpx.Client] = {}  # base URL -> client (https subscribers)
 
     # ---- start ---------------------------------------------------------------------------
 
@@ -133,12 +137,35 @@ class DispatchStack:
         self.load = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         self.stack.callback(self.load.shutdown, wait=True, cancel_futures=True)
 
-    def _start_subscriber(self, name: str) -> str:
+    def _start_subscriber(self, name: str, tls: ServerTls | None = None) -> str:
         port = services.free_port()
+        files = "" if tls is None else (
+            f", {str(tls.cert_file)!r}, {str(tls.key_file)!r}, "
+            f"{str(tls.client_ca_file) if tls.client_ca_file else None!r}")
         self._spawn(name, [sys.executable, "-c",
-                           f"from bench.dispatch_subscriber import serve; serve({port})"])
+                           f"from bench.dispatch_subscriber import serve; serve({port}{files})"])
         services.wait_for_port(HOST, port, 30)
-        return f"http://{HOST}:{port}"
+        return f"{'http' if tls is None else 'https'}://{HOST}:{port}"
+
+    def start_subscriber(self, name: str, tls: ServerTls, reader: ssl.SSLContext) -> str:
+        """One more subscriber process (bench/dispatch_subscriber.py) serving https with `tls`
+        (the auth phase); returns its base URL. The benchmark reads its arrivals with a client
+        of the TLS context `reader` (the CA to trust, and a client certificate for mTLS)."""
+        url = self._start_subscriber(name, tls)
+        self._readers[url] = httpx.Client(timeout=30, verify=reader)
+        self.stack.callback(self._readers[url].close)
+        return url
+
+    def start_process(self, name: str, command: list[str], port: int) -> subprocess.Popen[bytes]:
+        """Another process of the benchmark's own (the auth phase's OAuth2 server), its output
+        in logs/<name>.log, stopped by PID with the rest; once it listens on `port`."""
+        process = self._spawn(name, command)
+        services.wait_for_port(HOST, port, 30)
+        self.check_alive()
+        return process
+
+    def log_path(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
 
     def _msgbus(self, command: str) -> list[str]:
         return [sys.executable, "-m", "msgbus_cli", command,
@@ -197,10 +224,13 @@ class DispatchStack:
 
     def create(self, code: str, subscribers: dict[str, str], *, concurrency: int,
                timeout_ms: int, broker: BrokerKind = BrokerKind.KAFKA,
-               partitions: int = 4) -> list[str]:
-        """A destination with paused subscriptions {name: url}; returns their ids."""
+               partitions: int = 4, auth: PushAuth | None = None) -> list[str]:
+        """A destination with paused subscriptions {name: url}, each with `auth` (how its
+        pushes authenticate; stored as given, unsealed); returns their ids."""
+        # every dispatcher serves every subscription: the replicas phase shares one cap
         subs = [Subscription(destination=code, name=name, url=HttpUrl(url), paused=True,
-                             max_concurrency=concurrency, timeout_ms=timeout_ms)
+                             max_concurrency=concurrency, timeout_ms=timeout_ms, auth=auth,
+                             dispatchers=None)
                 for name, url in subscribers.items()]
 
         async def save(store: MongoStore) -> None:
@@ -287,20 +317,24 @@ class DispatchStack:
 
     # ---- the subscribers ------------------------------------------------------------------
 
+    def _reader(self, base_url: str) -> httpx.Client:
+        return self._readers.get(base_url, self.http)
+
     def count(self, base_url: str, label: str, lo: int, hi: int) -> dict[str, int]:
-        return dict(self.http.get(f"{base_url}/_count/{label}",
-                                  params={"lo": lo, "hi": hi}).json())
+        return dict(self._reader(base_url).get(f"{base_url}/_count/{label}",
+                                               params={"lo": lo, "hi": hi}).json())
 
     def records(self, base_url: str, label: str, lo: int,
                 hi: int) -> list[tuple[int, float, float]]:
-        rows = self.http.get(f"{base_url}/_records/{label}", params={"lo": lo, "hi": hi}).json()
+        rows = self._reader(base_url).get(f"{base_url}/_records/{label}",
+                                          params={"lo": lo, "hi": hi}).json()
         return [(int(n), float(s), float(a)) for n, s, a in rows]
 
     def peak(self, base_url: str, label: str) -> int:
-        return int(self.http.get(f"{base_url}/_peak/{label}").json()["peak"])
+        return int(self._reader(base_url).get(f"{base_url}/_peak/{label}").json()["peak"])
 
     def hits(self, base_url: str, label: str) -> int:
-        return int(self.http.get(f"{base_url}/_hits/{label}").json()["hits"])
+        return int(self._reader(base_url).get(f"{base_url}/_hits/{label}").json()["hits"])
 
     def submit(self, fn: Callable[..., dict[str, Any]], **kwargs: Any) -> Future[dict[str, Any]]:
         return self.load.submit(fn, **kwargs)

@@ -14,6 +14,9 @@ One app answers four kinds of subscriber, chosen by the first path segment:
 
 `GET /_hits/<label>` -> `{"hits": requests received}` (every kind counts its requests);
 `GET /_count/<label>?lo=A&hi=B` and `GET /_records/<label>?lo=A&hi=B` as in bench.subscriber.
+
+`serve(port, cert_file, key_file[, client_ca_file])` serves the same app over https (the auth
+phase of bench.dispatch: server TLS only, and mutual TLS with the client CA).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -99,6 +103,15 @@ async def _disconnected(receive: Any) -> None:
         pass
 
 
-def serve(port: int) -> None:
-    """Process target: serve a `DispatchSubscriber` on 127.0.0.1:`port` until SIGTERM."""
-    serve_app(DispatchSubscriber, port)
+def serve(port: int, cert_file: str | None = None, key_file: str | None = None,
+          client_ca_file: str | None = None) -> None:
+    """Process target: serve a `DispatchSubscriber` on 127.0.0.1:`port` until SIGTERM; over
+    https with a certificate and key (files), requiring client certificates signed by the CA of
+    `client_ca_file` if given (mutual TLS)."""
+    tls = None
+    if cert_file is not None and key_file is not None:
+        from msgbus_devtools.testkit.certs import ServerTls
+
+        tls = ServerTls(Path(cert_file), Path(key_file),
+                        Path(client_ca_file) if client_ca_file is not None else None)
+    serve_app(DispatchSubscriber, port, tls)

@@ -7,20 +7,27 @@ body) and the arrival `time.time()`, and answers 200. A bus push carries the mes
 
 `GET /_count/<label>?lo=A&hi=B` -> `{"unique": .., "duplicates": .., "bad": ..}` for n in [A, B);
 `GET /_records/<label>?lo=A&hi=B` -> `[[n, sent_at, arrived_at], ...]` (first arrival of each n).
+
+`serve_app(..., tls=ServerTls(...))` serves https instead (the certificate and key files; with
+`client_ca_file`, client certificates that CA signed are required: mutual TLS).
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import orjson
 
 from msgbus_cli.asgi import answer_lifespan, read_body, respond
+
+if TYPE_CHECKING:
+    from msgbus_devtools.testkit.certs import ServerTls
 
 HOST = "127.0.0.1"
 
@@ -92,8 +99,9 @@ def serve(port: int) -> None:
     serve_app(Recorder, port)
 
 
-def serve_app(make_app: Callable[[], Any], port: int) -> None:
-    """Process target: serve `make_app()` on 127.0.0.1:`port` until SIGTERM.
+def serve_app(make_app: Callable[[], Any], port: int, tls: ServerTls | None = None) -> None:
+    """Process target: serve `make_app()` on 127.0.0.1:`port` until SIGTERM; over https with
+    `tls` (client certificates required if it names a client CA).
 
     SIGINT is ignored: a Ctrl-C reaches the whole process group, and the parent, which may
     still read from this process, stops it by its pid."""
@@ -105,14 +113,20 @@ def serve_app(make_app: Callable[[], Any], port: int) -> None:
     except ImportError:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(_serve(make_app(), port))
+        runner.run(_serve(make_app(), port, tls))
 
 
-async def _serve(app: Any, port: int) -> None:
+async def _serve(app: Any, port: int, tls: ServerTls | None) -> None:
     from msgbus.serving import make_server
 
     server = make_server(app, HOST, port)  # installs no signal handlers of its own
     server.config.backlog = 4096
+    if tls is not None:  # read by uvicorn's Config.load() when the server starts
+        server.config.ssl_certfile = tls.cert_file
+        server.config.ssl_keyfile = tls.key_file
+        if tls.client_ca_file is not None:
+            server.config.ssl_ca_certs = str(tls.client_ca_file)
+            server.config.ssl_cert_reqs = ssl.CERT_REQUIRED
 
     def should_exit() -> None:
         server.should_exit = True

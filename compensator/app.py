@@ -17,7 +17,8 @@ def create_app(service: CompensatorService) -> FastAPI:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "mongo": await service.store.ping(),
                 "mongo_gate": service.store.gate.state(),
-                "instance": service.instance, "subscriptions": sorted(service.retriers),
+                "instance": service.instance, "subscriptions": service.subscription_ids,
+                "retrying": service.rounds.draining,
                 "swept": service.sweeper.swept, "last_sweep_s": service.sweeper.last_sweep_s}
 
     async def readiness() -> dict[str, bool]:

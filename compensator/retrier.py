@@ -1,9 +1,10 @@
-"""`SubscriptionRetrier`: one subscription's retry loop — claim the failed deliveries that are
-due, push each through the subscription's limiter (circuit breaker and concurrency slots, as in
-the dispatcher), record every attempt on the trace.
+"""`SubscriptionRetrier`: one subscription's retries — claim the failed and scheduled
+deliveries that are due, push each through the subscription's limiter (circuit breaker, rate
+and concurrency slots, as in the dispatcher), record every attempt on the trace.
 
-Each subscription has its own loop and limiter, so a subscriber that stays broken holds only its
-own retries back.
+It has no loop of its own: the compensator's rounds (`compensator/rounds.py`) find the
+subscriptions with something due and have each one's retrier drain it, each in a task of its
+own, so a subscriber that stays broken holds only its own retries back.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from msgbus.models import DeliveryOutcome, Envelope, Subscription, utcnow
 from msgbus.settings import CompensatorSettings
 from msgbus.store import MongoStore
 from msgbus.store.claims import ClaimedDelivery, DeliveryClaims
-from msgbus.tasks import PeriodicWork
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +34,14 @@ MISSING_MESSAGE_DELAY_S = 30.0  # its record may still be on its way from a rece
 LEASE_MARGIN_S = 1.0  # a push must be able to end (timeout) this long before the lease does
 ERROR_PAUSE_S = 1.0
 CLAIM_TIMEOUT_S = 10.0  # a claim and its messages' records: a few round trips
-# at close, pushes under way finish within this long; claimed deliveries not pushed yet are
-# given back at once
-CLOSE_GRACE_S = 10.0
 
 
-class SubscriptionRetrier(PeriodicWork):
+class SubscriptionRetrier:
     def __init__(self, subscription_id: str, current: Callable[[], Subscription | None],
                  claims: DeliveryClaims, store: MongoStore, sender: Sender,
-                 settings: CompensatorSettings, shares: CapShares, *,
+                 settings: CompensatorSettings, shares: CapShares, closing: asyncio.Event, *,
                  on_recorded: Callable[[list[DeliveryOutcome]], None] = lambda _: None) -> None:
-        super().__init__(close_grace_s=CLOSE_GRACE_S)
+        """`closing`: set when the compensator closes (pushes not begun are given back)."""
         self._on_recorded = on_recorded  # the notifier looks for parked outcomes
         self.subscription_id = subscription_id
         self._shares = shares
@@ -53,35 +50,28 @@ class SubscriptionRetrier(PeriodicWork):
         self._store = store
         self._sender = sender
         self._settings = settings
+        self._closing = closing
         self._limiter: SubscriptionLimiter | None = None
         self._limits: tuple[Any, ...] = ()
-        self.every(settings.scan_interval_s, self._retry_pass, what=f"retry {subscription_id}",
-                   again_while_busy=True)
 
-    async def _retry_pass(self) -> bool:
-        """One claim of due retries; True when it claimed some (the next claim comes at
-        once)."""
-        sub = self._current()
-        try:
-            return sub is not None and not sub.paused and bool(await self.retry_due(sub))
-        except MongoUnavailable as exc:
-            log.warning("%s: retries wait for MongoDB (%s)", self.subscription_id, exc)
-            await self._until_mongo_answers()
-        except Exception:
-            log.exception("%s: retrying failed deliveries failed; trying again",
-                          self.subscription_id)
-            await self._pause(ERROR_PAUSE_S)
-        return False
-
-    async def _until_mongo_answers(self) -> None:
-        """Until the store's gate opens (its probe looks for MongoDB) or the loop closes."""
-        waits = [asyncio.ensure_future(self._store.gate.wait_available()),
-                 asyncio.ensure_future(self._closing.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
+    async def drain(self) -> None:
+        """Claims and pushes until a claim finds nothing due (or the subscription is paused,
+        deleted, or the compensator closes). A failure ends the drain: the next round finds
+        what is left."""
+        while not self._closing.is_set():
+            sub = self._current()
+            if sub is None or sub.paused:
+                return
+            try:
+                if not await self.retry_due(sub):
+                    return
+            except MongoUnavailable as exc:
+                log.warning("%s: retries wait for MongoDB (%s)", self.subscription_id, exc)
+                return
+            except Exception:
+                log.exception("%s: retrying failed deliveries failed; the next round tries "
+                              "again", self.subscription_id)
+                return
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -1,5 +1,6 @@
-"""`CompensatorService`: the compensator's parts, wired from its settings — a retry loop per
-subscription, the sweeper and the replay runner."""
+"""`CompensatorService`: the compensator's parts, wired from its settings — the retry rounds
+(one scan for due work across subscriptions, a drain per subscription found), the sweeper and
+the replay runner."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 
 from compensator.replays import ReplayRunner
 from compensator.retrier import SubscriptionRetrier
+from compensator.rounds import RetryRounds
 from compensator.sweeper import Sweeper
 from msgbus.delivery.senders import make_sender
 from msgbus.delivery.shares import CapShares
@@ -33,6 +35,7 @@ class CompensatorService:
         self.instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
         self.keys = sealing_keys(conn)  # to open the sealed signing secrets
         self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="compensator",
+                                index_skip_scans=conn.mongo_index_skip_scans,
                                 keys=self.keys)
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s)
         self.claims = DeliveryClaims(self.store, self.instance)
@@ -50,9 +53,18 @@ class CompensatorService:
         self.shares.on_circuit = self.notifier.circuit_changed
         self.replays = ReplayRunner(self.store, self.registry, self.sender, settings,
                                     self.shares, owner=self.instance)
-        self.retriers: dict[str, SubscriptionRetrier] = {}
+        self.rounds = RetryRounds(self.claims, self.registry.subscriptions, self._retrier,
+                                  interval_s=settings.scan_interval_s,
+                                  ready=self.store.gate.wait_available)
+        self._known: set[str] = set()
         self._lock = asyncio.Lock()
         self.registry.on_change(self.sync)
+
+    def _retrier(self, sub_id: str, closing: asyncio.Event) -> SubscriptionRetrier:
+        return SubscriptionRetrier(
+            sub_id, functools.partial(self.registry.subscription, sub_id), self.claims,
+            self.store, self.sender, self.settings, self.shares, closing,
+            on_recorded=self.notifier.saw_outcomes)
 
     async def start(self) -> None:
         await self.store.ensure_indexes()
@@ -61,32 +73,26 @@ class CompensatorService:
         self.notifier.start()
         self.shares.start()
         await self.sync()
+        self.rounds.start()
         self.sweeper.start()
         self.replays.start()
 
+    @property
+    def subscription_ids(self) -> list[str]:
+        return sorted(self._known)
+
     async def sync(self) -> None:
-        """One retry loop per configured subscription (a paused one idles in its loop)."""
+        """A deleted subscription's retrier and cap shares go."""
         async with self._lock:
-            wanted = {sub.id for sub in self.registry.subscriptions()}
-            for sub_id in set(self.retriers) - wanted:
-                await self.retriers.pop(sub_id).close()
+            known = {sub.id for sub in self.registry.subscriptions()}
+            for sub_id in self._known - known:
+                self.rounds.forget(sub_id)
                 self.shares.forget(sub_id)
-            for sub_id in wanted - set(self.retriers):
-                retrier = SubscriptionRetrier(
-                    sub_id, functools.partial(self.registry.subscription, sub_id),
-                    self.claims, self.store, self.sender, self.settings, self.shares,
-                    on_recorded=self.notifier.saw_outcomes)
-                retrier.start()
-                self.retriers[sub_id] = retrier
+            self._known = known
 
     async def close(self) -> None:
         await close_in_order("compensator", (
             ("replays", self.replays.close), ("sweeper", self.sweeper.close),
-            ("registry", self.registry.close), ("retry loops", self._close_retriers),
+            ("registry", self.registry.close), ("retry rounds", self.rounds.close),
             ("cap shares", self.shares.close), ("notifier", self.notifier.close),
             ("sender", self.sender.close), ("MongoDB client", self.store.close)))
-
-    async def _close_retriers(self) -> None:
-        async with self._lock:
-            await asyncio.gather(*(r.close() for r in self.retriers.values()))
-            self.retriers.clear()

@@ -32,6 +32,7 @@ class BacklogMonitor(PeriodicWork):
         self._late_after_s = late_after_s  # subscription id -> its delivery objective
         self._on_late = on_late  # (subscription id, oldest age, objective)
         self._shown: set[str] = set()
+        self._sampled_some: set[str] = set()  # whose last sample written held a backlog
         self.every(interval_s, self.update, what="backlog metrics", max_busy=GAUGE_MAX_BUSY,
                    ready=store.gate.wait_available)
 
@@ -41,16 +42,36 @@ class BacklogMonitor(PeriodicWork):
             for gauge in (BACKLOG, OLDEST_UNDELIVERED_AGE, PAUSED_PARTITIONS):
                 with contextlib.suppress(KeyError):
                     gauge.remove(sub_id)
+            self._sampled_some.discard(sub_id)
         self._shown = set(paused)
         now = utcnow()
+        # one scan across subscriptions; only those it names are counted (the others' backlog
+        # is empty): idle subscriptions cost no MongoDB operation
+        with_backlog = await self._store.progress.subscriptions_with_backlog(list(paused))
+        samples = []
         for sub_id, partitions in paused.items():
             PAUSED_PARTITIONS.labels(sub_id).set(partitions)
-            count, oldest = await self._store.progress.backlog(sub_id, BACKLOG_CAP)
+            count, oldest = (await self._store.progress.backlog(sub_id, BACKLOG_CAP)
+                             if sub_id in with_backlog else (0, None))
             BACKLOG.labels(sub_id).set(count)
             age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
             OLDEST_UNDELIVERED_AGE.labels(sub_id).set(age)
             objective = self._late_after_s(sub_id)
             if objective is not None and age > objective:
                 self._on_late(sub_id, age, objective)
-            # and over time, for the admin's subscription page
-            await self._store.figures.record_backlog_sample(sub_id, count, age)
+            if self._worth_a_sample(sub_id, count, age):
+                samples.append((sub_id, count, age))
+        # and over time, for the admin's subscription page
+        await self._store.figures.record_backlog_samples(samples)
+
+    def _worth_a_sample(self, sub_id: str, count: int, age: float) -> bool:
+        """A sample of an empty backlog is written once after a non-empty one (a minute keeps
+        its latest sample), not on every pass: the charts draw nothing for an empty backlog
+        and for no sample alike."""
+        some = bool(count or age)
+        was = sub_id in self._sampled_some
+        if some:
+            self._sampled_some.add(sub_id)
+        else:
+            self._sampled_some.discard(sub_id)
+        return some or was

@@ -49,6 +49,7 @@ class DispatcherService:
         self.instance = settings.instance or f"{socket.gethostname()}-{os.getpid()}"
         self.keys = sealing_keys(conn)  # to open the sealed signing secrets
         self.store = MongoStore(conn.mongo_uri, conn.mongo_db, component="dispatcher",
+                                index_skip_scans=conn.mongo_index_skip_scans,
                                 keys=self.keys)
         self.registry = Registry(self.store, refresh_s=conn.config_refresh_s,
                                  snapshot=conn.state_dir / "dispatcher-config.json")

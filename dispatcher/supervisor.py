@@ -10,16 +10,20 @@ a broker that is no longer used are still delivered."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 
 from dispatcher.drains import Consumed, DrainWatch
 from dispatcher.redelivery import DeliveredCheck
 from dispatcher.trace import TraceWriter
 from dispatcher.worker import SubscriptionWorker
+from msgbus.assignment import leavers_holding, serves
 from msgbus.brokers.base import SubscriptionConsumer
 from msgbus.delivery.filters import subscription_receives
 from msgbus.delivery.sender import Sender
 from msgbus.delivery.shares import CapShares
+from msgbus.metrics import ASSIGNMENT_MOVES
 from msgbus.models import BrokerKind, Envelope, Subscription
 from msgbus.registry import Registry
 from msgbus.settings import DispatcherSettings
@@ -28,6 +32,10 @@ from msgbus.tasks import PeriodicWork
 log = logging.getLogger(__name__)
 
 RESYNC_S = 5.0  # also catches drain windows that ended
+# at start, for the heartbeats' view of the other dispatchers (two beats on a slow MongoDB)
+PEERS_WAIT_S = 10.0
+# the longest a subscription that moves here waits for the instance it leaves to let it go
+HANDOVER_MAX_S = 60.0
 
 
 def make_consumers(settings: DispatcherSettings, sources: list[Consumed],
@@ -67,6 +75,10 @@ class WorkerSupervisor:
                  trace: TraceWriter, delivered: DeliveredCheck, shares: CapShares,
                  drains: DrainWatch) -> None:
         self._settings, self._registry, self._drains = settings, registry, drains
+        self._assigned: set[str] = set()  # the brokered subscriptions this instance serves
+        self._active: set[str] = set()  # every subscription not paused, at the last sync
+        self._handover_since: dict[str, float] = {}  # moving here, the old instance holds it
+        self._started = False
         # what each worker is built with
         self._sender, self._trace, self._delivered = sender, trace, delivered
         self._shares = shares
@@ -74,11 +86,20 @@ class WorkerSupervisor:
         self._workers: dict[str, tuple[str, list[Consumed], SubscriptionWorker]] = {}
         self._lock = asyncio.Lock()
         self._resync = PeriodicWork()
+        self._resync_now = asyncio.Event()
         self._resync.every(RESYNC_S, self._sync_again, what="supervisor resync",
-                           first_pause=True)
+                           first_pause=True, wake=self._resync_now)
         registry.on_change(self.sync)
+        shares.on_peers = self._resync_now.set  # a dispatcher came or went: the assignment moves
 
     async def start(self) -> None:
+        # who else serves (the second heartbeat's read), so as not to start every consumer and
+        # stop most of them a second later: a member that joins a Kafka group and leaves it
+        # during the rebalance can stall the group (docs/decisions.md). MongoDB down: serve
+        # everything meanwhile
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._shares.peers_known.wait(), PEERS_WAIT_S)
+        self._started = True
         await self.sync()
         self._resync.start()
 
@@ -89,14 +110,59 @@ class WorkerSupervisor:
             log.exception("re-syncing the workers failed")
 
     def _wanted(self) -> dict[str, tuple[Subscription, list[Consumed]]]:
-        wanted = {}
+        """The subscriptions to serve here: every active one assigned to this instance (a
+        direct destination's: everywhere, it has no consumers to place)."""
+        wanted, assigned, active = {}, set(), set()
+        peers = self._shares.peers
         for destination in self._registry.destinations():
             for sub in self._registry.subscriptions_of(destination.code):
-                if not sub.paused:
-                    wanted[sub.id] = (sub, self._drains.sources_for(destination, sub))
+                if sub.paused:
+                    continue
+                sources = self._drains.sources_for(destination, sub)
+                brokered = any(kind is not BrokerKind.DIRECT for kind, _ in sources)
+                active.add(sub.id)
+                if brokered and not serves(self._shares.instance, sub.id, peers,
+                                           sub.dispatchers):
+                    continue
+                if brokered:
+                    assigned.add(sub.id)
+                    if self._awaits_handover(sub):
+                        continue
+                wanted[sub.id] = (sub, sources)
+        self._count_moves(assigned, active)
+        for sub_id in set(self._handover_since) - assigned:
+            del self._handover_since[sub_id]
         return wanted
 
+    def _awaits_handover(self, sub: Subscription) -> bool:
+        """Whether a subscription that moves here waits for the instances that no longer
+        serve it to let it go (their heartbeats stop listing it). A Kafka group that one
+        member leaves while another joins has stalled for minutes (docs/decisions.md); one
+        after the other, each rebalance takes seconds, and the cap is never split over both."""
+        if sub.id in self._workers:
+            return False
+        leavers = leavers_holding(sub.id, self._shares.hosted, self._shares.peers,
+                                  sub.dispatchers)
+        if not leavers:
+            self._handover_since.pop(sub.id, None)
+            return False
+        since = self._handover_since.setdefault(sub.id, time.monotonic())
+        if time.monotonic() - since < HANDOVER_MAX_S:
+            return True
+        log.warning("%s moved here, but %s still serve it after %.0f s: serving it anyway",
+                    sub.id, ", ".join(leavers), HANDOVER_MAX_S)
+        return False
+
+    def _count_moves(self, assigned: set[str], active: set[str]) -> None:
+        """Subscriptions that came here or left because the instances changed (not because
+        they were made, deleted, paused or resumed)."""
+        ASSIGNMENT_MOVES.labels("in").inc(len((assigned - self._assigned) & self._active))
+        ASSIGNMENT_MOVES.labels("out").inc(len((self._assigned - assigned) & active))
+        self._assigned, self._active = assigned, active
+
     async def sync(self) -> None:
+        if not self._started:  # the registry's first load: the assignment is not known yet
+            return
         async with self._lock:
             wanted = self._wanted()
             for sub_id in list(self._workers):

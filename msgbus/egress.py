@@ -113,10 +113,21 @@ class EgressPolicy:
             raise OSError(f"{host} resolves to no address")
         allowed = [str(address) for address in found if self.refusal(address) is None]
         if not allowed:
-            first = found[0]
-            raise EgressRefused(f"egress policy: {host} is {first}, {self.refusal(first)}; "
-                                "refused (MSGBUS_PUSH_ALLOW_NETWORKS opens a network)")
+            raise self._refused(host, found[0])
         return allowed
+
+    def check_url_literal(self, url: str) -> None:
+        """Raises EgressRefused when `url`'s host is an IP address the policy refuses. For a
+        client that resolves names through the policy but connects to IP literals directly
+        (aiohttp does)."""
+        host = urlsplit(url).hostname
+        literal = _ip_literal(host) if host else None
+        if literal is not None and self.refusal(literal) is not None:
+            raise self._refused(host or "", literal)
+
+    def _refused(self, host: str, address: IPAddress) -> EgressRefused:
+        return EgressRefused(f"egress policy: {host} is {address}, {self.refusal(address)}; "
+                             "refused (MSGBUS_PUSH_ALLOW_NETWORKS opens a network)")
 
     async def url_refusal(self, url: str) -> str | None:
         """Why pushes to `url` would be refused now (its host is, or resolves to, only refused

@@ -91,6 +91,15 @@ RATE_SHARE = Gauge(
     "msgbus_subscription_rate_share",
     "The pushes per second this process may begin to the subscription: its share of the "
     "subscription's max_rate_per_s", ["subscription", "component"], multiprocess_mode="livesum")
+ASSIGNMENT_MOVES = Counter(
+    "msgbus_assignment_moves_total",
+    "Subscriptions this dispatcher began (in) or stopped (out) serving because dispatchers "
+    "came or went (msgbus/assignment.py)", ["direction"])
+PUSH_TOKEN_FETCHES = Counter(
+    "msgbus_push_token_fetches_total",
+    "OAuth2 tokens fetched for subscriptions' pushes (auth.oauth2), by token endpoint host and "
+    "outcome (ok, failed); one per process and credentials while a token lasts",
+    ["host", "outcome"])
 PUSHES = Counter(
     "msgbus_pushes_total",
     "Pushes to subscribers by outcome: delivered, failed (to be retried), parked (given up)",

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from msgbus.push_credentials import PushAuth
 from msgbus.teams import PLATFORM_TEAM, TeamName, team_of_label
 
 CODE_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,99}$"
@@ -36,6 +37,7 @@ MAX_BATCH_BYTES = 16 * 1024 * 1024
 # the longest a message may wait for its delivery (deliver_at, delay_s; a subscription's delay_s)
 MAX_DELIVERY_DELAY_S = 30 * 24 * 3600.0
 DEFAULT_DELIVERY_OBJECTIVE_S = 15 * 60.0
+DEFAULT_DISPATCHERS = 2  # instances serving a subscription (msgbus/assignment.py)
 
 JSON_CONTENT_TYPE = "application/json"
 DEFAULT_CLUSTER = "default"  # the cluster MSGBUS_KAFKA_BOOTSTRAP / MSGBUS_RABBITMQ_URL define
@@ -409,6 +411,29 @@ class SubscriptionSettings(ConfigModel):
         description="A message should be delivered within this long after its delay_s: when "
                     "the oldest undelivered one is older, the owning team is told "
                     "(delivery.late) and the MsgbusUndeliveredOld alert fires")
+    dispatchers: Annotated[int, Field(ge=1, le=1000), *_WHOLE] | None = Field(
+        default=DEFAULT_DISPATCHERS,
+        description="How many dispatcher instances serve it (consume its messages and push "
+                    "them), chosen among the live ones and moved when one comes or goes; "
+                    "None: every instance. A direct destination's are served by every one")
+    auth: PushAuth | None = Field(
+        default=None,
+        description="How pushes authenticate besides their signature: static headers, Basic, "
+                    "OAuth2 client credentials, TLS client certificate and CA; secret values "
+                    "are answered as '********', which a PUT may send back to keep them")
+
+    @model_validator(mode="after")
+    def _tls_over_https(self) -> SubscriptionSettings:
+        if self.auth is not None and self.auth.tls is not None and self.url.scheme != "https":
+            raise ValueError("auth.tls applies to an https url only")
+        return self
+
+    def shown(self) -> dict[str, Any]:
+        """As answers and the audit log show it: no signing secret, other secrets masked."""
+        shown = self.model_dump(mode="json", exclude={"signing_secrets"})
+        if self.auth is not None:
+            shown["auth"] = self.auth.masked().model_dump(mode="json")
+        return shown
 
     @model_validator(mode="after")
     def _batch_fits_in_flight(self) -> SubscriptionSettings:

@@ -19,6 +19,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from msgbus.delivery.proxy import PushProxy
 from msgbus.egress import EgressPolicy
 from msgbus.models import DEFAULT_CLUSTER, BrokerKind
 from msgbus.sealing import SecretKeyError, SecretKeys, keys_from
@@ -35,6 +36,10 @@ class ConnectionSettings(BaseSettings):
 
     mongo_uri: str = "mongodb://127.0.0.1:27017"
     mongo_db: str = "msgbus"
+    # scans across subscriptions walk the index (MongoDB); false: look at each subscription,
+    # for the development stand-in, whose planner scans the whole collection for the walk
+    # (msgbus/store/skipscan.py)
+    mongo_index_skip_scans: bool = True
     kafka_bootstrap: str = ""
     rabbitmq_url: str = ""
     # Several clusters of a broker kind (e.g. a primary and a standby in two data centres), as
@@ -134,13 +139,22 @@ class PushSettings(BaseSettings):
     # comma-separated CIDRs, e.g. "10.20.0.0/16,fd00:1::/64". A denial wins over an allowance.
     allow_networks: str = ""
     deny_networks: str = ""
+    # The company's HTTP proxy for every push (msgbus/delivery/proxy.py), e.g.
+    # "http://proxy.corp:3128" (a password in it stays secret), and the hosts reached directly
+    # (curl's NO_PROXY form: "internal.corp,10.0.0.0/8"). With a proxy the aiohttp client pushes.
+    proxy: SecretStr = SecretStr("")
+    no_proxy: str = ""
 
     def egress_policy(self) -> EgressPolicy:
         return EgressPolicy.parse(self.allow_networks, self.deny_networks)
 
+    def push_proxy(self) -> PushProxy | None:
+        return PushProxy.parse(self.proxy.get_secret_value(), self.no_proxy)
+
     @model_validator(mode="after")
     def _networks_parse(self) -> PushSettings:
         self.egress_policy()  # a ValueError naming the setting, at start-up
+        self.push_proxy()
         return self
 
 
@@ -258,7 +272,7 @@ class CompensatorSettings(BaseSettings):
     port: int = 8082
     instance: str = ""  # names this compensator in attempts and leases; default host-pid
     http_client: HttpClient = "h1"
-    # an idle subscription looks for due retries this often
+    # one scan across subscriptions looks for due retries and scheduled deliveries this often
     scan_interval_s: float = 1.0
     # most deliveries one claim takes (also at most 4 x the subscription's max_concurrency)
     claim_batch: int = 256

@@ -15,6 +15,7 @@ import click
 import orjson
 
 from msgbus_cli.admin_client import BY_OPTION, YES_OPTION, AdminClient, F, admin_options
+from msgbus_cli.auth_options import auth_options, changed_auth, take_auth_options
 from msgbus_cli.schema_cmd import schema
 
 SUBSCRIPTION_COLUMNS = ("destination", "name", "url", "paused", "max_concurrency",
@@ -41,6 +42,16 @@ def _file_body(path: Path | None) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise click.BadParameter("must hold a JSON object", param_hint=str(path))
     return loaded
+
+
+def _dispatchers_option(value: str) -> int | None:
+    if value.strip().lower() == "all":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a number nor 'all'",
+                                 param_hint="--dispatchers") from None
 
 
 def _changes(**options: Any) -> dict[str, Any]:
@@ -175,12 +186,19 @@ def subscription_list(client: AdminClient, destination: str | None) -> None:
 @click.option("--retry-policy", help='JSON, e.g. {"delays_s": [10, 60], "max_attempts": 5}.')
 @click.option("--circuit", help="JSON circuit breaker policy.")
 @click.option("--filters", help="JSON list of message filters (docs/subscribers.md).")
+@click.option("--dispatchers", metavar="N|all",
+              help="How many dispatcher instances serve it (default 2), or all of them.")
+@auth_options
 @FROM_FILE
 def subscription_put(client: AdminClient, code: str, name: str, from_file: Path | None,
                      retry_policy: str | None, circuit: str | None, filters: str | None,
-                     **options: Any) -> None:
+                     dispatchers: str | None, **options: Any) -> None:
     """Create subscription NAME of destination CODE, or change the settings given of an
-    existing one. The answer carries the signing secret the subscriber verifies with."""
+    existing one. The answer carries the signing secret the subscriber verifies with.
+
+    Auth options (docs/subscribers.md, "Authenticating pushes") change only what they name;
+    secrets come from environment variables, files or a prompt, never from the command line."""
+    auth_given = take_auth_options(options)
     current = _current_subscription(client, code, name)
     given = _file_body(from_file)
     if not current and not options.get("url") and "url" not in given:
@@ -189,6 +207,10 @@ def subscription_put(client: AdminClient, code: str, name: str, from_file: Path 
         retry_policy=_json_option(retry_policy, "--retry-policy"),
         circuit=_json_option(circuit, "--circuit"),
         filters=_json_option(filters, "--filters"), **options)
+    if auth_given:
+        body["auth"] = changed_auth(body.get("auth"), auth_given)
+    if dispatchers is not None:
+        body["dispatchers"] = _dispatchers_option(dispatchers)
     answer = client.call("PUT", _sub_path(code, name), json=body)
     client.show(answer, lambda a: (
         f"{'updated' if current else 'created'} {a['destination']}/{a['name']} -> {a['url']}\n"

@@ -154,6 +154,8 @@ def _brokers(state_dir: Path, servers: EmbeddedServers) -> dict[str, Any]:
         mongo = servers.start(MONGO, state_dir, required=True)
         if mongo is not None:
             overrides["mongo_uri"] = mongo.url
+            # the embedded stand-in scans the whole collection for an index walk
+            overrides["mongo_index_skip_scans"] = False
     if not kafka_configured():
         kafka = servers.start(KAFKA, state_dir, required=False)
         if kafka is not None:

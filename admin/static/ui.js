@@ -101,8 +101,11 @@ document.addEventListener("click", async (event) => {
 // booleans, number inputs numbers, data-json fields parsed, data-list fields split on commas
 // (data-list="number": into numbers), datetime-local read as UTC; a dotted name ("circuit.
 // cooldowns_s", "filters.0.field") sets a nested field, and a fieldset[data-row] whose fields
-// are all empty is left out. A submit button with value "dry_run" asks for a count only and
-// shows it in #dry-run. [data-confirm="..."] asks first. Validation errors show by their fields.
+// are all empty is left out. A fieldset[data-entry="auth.headers"] sets one entry of that object:
+// its [data-key] field's value is the key, its [data-value] field's the value (left out when
+// both are empty; neither has a name, so a key with a dot stays whole). A submit button with
+// value "dry_run" asks for a count only and shows it in #dry-run. [data-confirm="..."] asks
+// first. Validation errors show by their fields.
 function fieldValue(field) {
   const value = field.value;
   if (field.type === "checkbox") return field.checked;
@@ -144,6 +147,13 @@ document.addEventListener("submit", async (event) => {
       continue;
     }
     setPath(body, field.name, value);
+  }
+  for (const row of form.querySelectorAll("fieldset[data-entry]")) {
+    const key = row.querySelector("[data-key]").value.trim();
+    const value = row.querySelector("[data-value]").value.trim();
+    if (key === "" && value === "") continue;
+    const entries = row.dataset.entry.split(".").reduce((node, part) => (node[part] ??= {}), body);
+    entries[key] = value;
   }
   const dryRun = event.submitter && event.submitter.value === "dry_run";
   if (dryRun) body.dry_run = true;

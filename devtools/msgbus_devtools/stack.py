@@ -86,6 +86,8 @@ def render_env(kafka_bootstrap: str, mongo_uri: str, rabbitmq_url: str) -> str:
         f"MSGBUS_MONGO_URI={mongo_uri}\n"
         f"MSGBUS_KAFKA_BOOTSTRAP={kafka_bootstrap}\n"
         f"MSGBUS_RABBITMQ_URL={rabbitmq_url}\n"
+        # SecantusDB scans the whole collection for an index walk (msgbus/store/skipscan.py)
+        "MSGBUS_MONGO_INDEX_SKIP_SCANS=false\n"
     )
 
 

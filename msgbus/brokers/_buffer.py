@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from msgbus.brokers.base import Received, SubscriptionConsumer
+from msgbus.models import Subscription
 
 TokenT = TypeVar("TokenT")
 
@@ -91,22 +92,17 @@ class ReceiveBuffer:
                 return self._take(max_messages)
 
 
-class ThreadedConsumer(SubscriptionConsumer):
-    """A consumer whose broker client blocks (confluent-kafka, pika): it runs on a daemon
-    thread of its own, which stops when `_stop` is set and hands what it receives over through
-    `_buffer`."""
+class BufferedConsumer(SubscriptionConsumer):
+    """A consumer whose broker client runs on a thread (confluent-kafka, pika) and hands what it
+    receives over through `_buffer`, which the event loop reads."""
 
-    def _init_thread(self) -> None:
+    def __init__(self, subscription: Subscription, *, max_buffered: int) -> None:
+        super().__init__(subscription, max_buffered=max_buffered)
         self._buffer = ReceiveBuffer()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def _start_thread(self, name: str, run: Callable[[], None]) -> None:
+    def _bind_buffer(self) -> None:
         """Called on the event loop that will `receive`."""
         self._buffer.bind(asyncio.get_running_loop())
-        self._stop.clear()
-        self._thread = threading.Thread(target=run, name=name, daemon=True)
-        self._thread.start()
 
     async def receive(self, max_messages: int, timeout_s: float) -> list[Received]:
         return await self._buffer.get(max_messages, timeout_s)
@@ -117,6 +113,26 @@ class ThreadedConsumer(SubscriptionConsumer):
             raise TypeError(f"not a {self.kind.value} ack token: {received.token!r}")
         return received.token
 
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+
+class ThreadedConsumer(BufferedConsumer):
+    """A `BufferedConsumer` on a daemon thread of its own, which stops when `_stop` is set."""
+
+    def __init__(self, subscription: Subscription, *, max_buffered: int) -> None:
+        super().__init__(subscription, max_buffered=max_buffered)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _start_thread(self, name: str, run: Callable[[], None]) -> None:
+        """Called on the event loop that will `receive`."""
+        self._bind_buffer()
+        self._stop.clear()
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
     async def close(self) -> None:
         thread, self._thread = self._thread, None
         if thread is None:
@@ -124,7 +140,3 @@ class ThreadedConsumer(SubscriptionConsumer):
         self._stop.set()
         await asyncio.to_thread(thread.join)
         self._buffer.close()
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)

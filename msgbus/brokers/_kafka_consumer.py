@@ -66,6 +66,11 @@ MISSING_TOPIC_LOOK_S = 1.0
 
 
 MAX_REVOKE_GRACE_S = 10.0
+IDLE_POLL_S = 1.0  # a poll's wait with nothing in flight (`_wait_s`)
+# The longest a consumer that stops during its group's rebalance polls on for the rebalance to
+# end before it leaves: on tansu, a member that left mid-rebalance stalled its group for minutes
+# (docs/decisions.md, "A moved subscription is handed over, not overlapped").
+SETTLE_BEFORE_LEAVING_S = 10.0
 _RECORD_MARGIN_S = 2.0  # after the push's answer, its outcome is recorded before the ack
 
 
@@ -125,7 +130,6 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
             "error_cb": self._on_error,
             **(extra_config or {}),
         }
-        self._init_thread()
         self._tracker = OffsetTracker()
         self._lock = threading.Lock()  # guards _tracker (acks arrive on the event loop thread)
         self._acked = threading.Condition(self._lock)  # notified by every ack
@@ -141,6 +145,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         self._assigned_at: dict[Partition, float] = {}  # poll thread only; wall clock
         self._never_committed: set[Partition] = set()  # poll thread only
         self.assignments = 0  # on_assign calls: one per rebalance this member took part in
+        self._rebalancing = True  # poll thread only: joining, or revoked and not yet assigned
         self.pauses = 0  # times the partitions were paused because the subscriber lagged
 
     # -- event loop side ---------------------------------------------------------------
@@ -206,12 +211,19 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
             self._look_for_topic(consumer, self._missing_topic_look_s)
         room = self.max_buffered - in_flight
         batch = 1 if self._paused else max(1, min(_FETCH_BATCH, room))
-        messages = self._fetch(consumer, batch)
+        messages = self._fetch(consumer, batch, self._wait_s(in_flight))
         if messages:
             self._handle(messages)
         self._commit(consumer)
 
-    def _fetch(self, consumer: Consumer, batch: int) -> list[Any]:
+    def _wait_s(self, in_flight: int) -> float:
+        """How long a poll waits for a message. A message ends the wait at once; the wait
+        bounds how soon acks are committed and paused partitions resume, which matter only
+        while something is in flight, so an idle consumer wakes up once a second, not ten
+        times (a dispatcher hosts hundreds of them)."""
+        return self._poll_timeout_s if in_flight or self._paused else IDLE_POLL_S
+
+    def _fetch(self, consumer: Consumer, batch: int, wait_s: float) -> list[Any]:
         """Up to `batch` messages, without waiting for a full batch.
 
         `consume(n, timeout)` returns only when n messages are there or the whole timeout has
@@ -222,7 +234,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         messages = consumer.consume(num_messages=batch, timeout=0)
         if messages:
             return messages
-        messages = consumer.consume(num_messages=1, timeout=self._poll_timeout_s)
+        messages = consumer.consume(num_messages=1, timeout=wait_s)
         if messages and batch > 1:
             messages += consumer.consume(num_messages=batch - 1, timeout=0)
         return messages
@@ -339,6 +351,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
                     self._tracker.commit_failed(tp, offset)
 
     def _shutdown(self, consumer: Consumer) -> None:
+        self._let_rebalance_end(consumer)
         try:
             self._commit(consumer, force=True)
         except Exception:
@@ -352,6 +365,17 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         self._assigned_at.clear()
         self._never_committed.clear()
         self._consumer = None
+
+    def _let_rebalance_end(self, consumer: Consumer) -> None:
+        """Leave the group only once it is stable. What is fetched meanwhile is dropped: it was
+        never handed out nor committed, so the next owner reads it."""
+        deadline = time.monotonic() + SETTLE_BEFORE_LEAVING_S
+        while self._rebalancing and time.monotonic() < deadline:
+            try:
+                consumer.consume(num_messages=_FETCH_BATCH, timeout=self._poll_timeout_s)
+            except KafkaException as exc:
+                log.warning("kafka consumer %s: leaving during a rebalance: %s", self.group, exc)
+                return
 
     def _log_error(self, error: KafkaError) -> None:
         now = time.monotonic()
@@ -384,6 +408,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         self._assigned_at.update((part, now) for part in parts)
         self._never_committed = self._without_commits(consumer, partitions)
         self.assignments += 1
+        self._rebalancing = False
         self._reapply_flow = True
         log.info("kafka consumer %s assigned %s", self.group, parts)
 
@@ -401,6 +426,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
                 if tp.error is None and tp.offset == OFFSET_INVALID}
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rebalancing = True
         parts = [(tp.topic, tp.partition) for tp in partitions]
         dropped = self._settle(parts)
         with self._lock:
@@ -441,6 +467,7 @@ class KafkaSubscriptionConsumer(ThreadedConsumer):
         return len(dropped)
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rebalancing = True
         parts = [(tp.topic, tp.partition) for tp in partitions]
         self._forget(parts, "lost", len(self._drop_buffered(parts)))
 

@@ -1,10 +1,11 @@
-"""RabbitMQ subscription consumer: a durable queue per subscription, consumed by its own thread.
+"""RabbitMQ subscription consumer: a durable queue per subscription, consumed on a channel of
+the process's shared connection (`RabbitHub`, msgbus/brokers/_rabbit_hub.py).
 
-The thread owns a pika `BlockingConnection` (pika objects are not thread safe): it declares the
-topology, sets `basic_qos(prefetch_count=max_buffered)` and consumes into a buffer the event
-loop reads. Acks are queued and handed to the thread with `add_callback_threadsafe`, one wake-up
-per burst. When the connection drops the thread reconnects with backoff; messages buffered from
-the old connection are dropped (RabbitMQ redelivers every unacked message: at-least-once).
+The hub's thread declares the topology, sets `basic_qos(prefetch_count=max_buffered)` on the
+consumer's channel and hands its deliveries to a buffer the event loop reads. Acks are queued
+and handed to that thread with `add_callback_threadsafe`, one wake-up per burst. When the
+channel or the connection goes, messages buffered from it are dropped (RabbitMQ redelivers
+every unacked message: at-least-once).
 
 A queue is classic or quorum (`MSGBUS_RABBITMQ_QUEUE_TYPE`: replicated on the cluster's nodes).
 Its type is fixed when it is first declared; a queue that exists with another shape is used as
@@ -13,15 +14,16 @@ broker-health monitor (msgbus/replication.py).
 
 An ordered subscription's queue has one consumer at a time, whatever the number of
 dispatchers. On a classic queue it consumes with `exclusive=True`; the others are refused (403)
-and ask again every STANDBY_S, so one of them takes over within about that long after the
-active one is gone (its unacked messages go back to the head of the queue). Quorum queues
-ignore `exclusive` (RabbitMQ 3.10 accepts a second exclusive consumer), so an ordered quorum
-queue is declared with `x-single-active-consumer`: the broker keeps the others waiting and
-hands the queue to one of them when the active one goes (docs/decisions.md).
+and ask again every STANDBY_S (`_rabbit_hub.py`), so one of them takes over within about that
+long after the active one is gone (its unacked messages go back to the head of the queue).
+Quorum queues ignore `exclusive` (RabbitMQ 3.10 accepts a second exclusive consumer), so an
+ordered quorum queue is declared with `x-single-active-consumer`: the broker keeps the others
+waiting and hands the queue to one of them when the active one goes (docs/decisions.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -36,21 +38,15 @@ from pika.exceptions import AMQPError, ChannelClosedByBroker
 from pika.spec import Basic
 
 from msgbus import codec
-from msgbus.backoff import backoff_s
-from msgbus.brokers._buffer import ThreadedConsumer
+from msgbus.brokers._buffer import BufferedConsumer
+from msgbus.brokers._rabbit_hub import RabbitHub, shared_hub
 from msgbus.brokers.base import Received, consumer_name, topic_name
 from msgbus.errors import BrokerError
 from msgbus.models import BrokerKind, Subscription
 
 log = logging.getLogger(__name__)
 
-RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.5, 10.0
 _MAX_PREFETCH = 65_535
-_POLL_S = 0.2
-STANDBY_S = 1.0  # how often a refused consumer of an ordered queue asks again
-_ACCESS_REFUSED = 403
-
-
 _PRECONDITION_FAILED = 406
 QueueType = Literal["classic", "quorum"]
 
@@ -153,10 +149,10 @@ def declare_topology(urls: str | Sequence[str], exchange: str,
 @dataclass(frozen=True, slots=True)
 class AmqpToken:
     delivery_tag: int
-    epoch: int  # the connection it came on: tags mean nothing on another connection
+    channel: int  # the channel it came on: tags mean nothing on another one
 
 
-class RabbitSubscriptionConsumer(ThreadedConsumer):
+class RabbitSubscriptionConsumer(BufferedConsumer):
     kind = BrokerKind.RABBITMQ
 
     def __init__(self, subscription: Subscription, *, url: str | Sequence[str],
@@ -165,101 +161,117 @@ class RabbitSubscriptionConsumer(ThreadedConsumer):
         self.queue = consumer_name(subscription.destination, subscription.name)
         self.exchange = topic_name(subscription.destination)
         self._url = url
-        self._init_thread()
+        self._hub: RabbitHub | None = None
         self._lock = threading.Lock()  # guards the fields below
-        self._connection: BlockingConnection | None = None
-        self._channel: BlockingChannel | None = None  # thread only
-        self._epoch = 0
+        self._channel: BlockingChannel | None = None
+        self._opened = 0  # channels opened so far: the current one's number, for ack tokens
         self._acks: list[int] = []
         self._ack_scheduled = False
-        self._incoming: list[Received] = []  # thread only: filled by callbacks, then flushed
-        self._failures = 0
+        self._incoming: list[Received] = []  # hub thread only: filled by callbacks, then flushed
+        self._cancelled = False  # hub thread only: the broker cancelled the consumer
         self._ordered = subscription.ordered_by_biz_id
         self._wanted = QueueShape.wanted(queue_type, self._ordered)
-        self._exclusive = self._ordered  # on a classic queue; set per connection
+        self.exclusive = self._ordered  # on a classic queue; set per channel
         self.standing_by = False  # refused: another process consumes the ordered queue
-        self.connections = 0  # successful connects, for tests and metrics
+        self.connections = 0  # channels it consumed on, for tests and metrics
 
     # -- event loop side ---------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._thread is not None:
+        if self._hub is not None:
             return
-        params = node_parameters(self._url)
-        self._start_thread(f"rabbit-{self.queue}", functools.partial(self._run, params))
+        self._bind_buffer()
+        self._hub = shared_hub(self._url, node_parameters(self._url))
+        self._hub.attach(self)
+
+    async def close(self) -> None:
+        hub, self._hub = self._hub, None
+        if hub is None:
+            return
+        await asyncio.to_thread(hub.detach(self).wait)
+        self._buffer.close()
 
     def ack(self, received: Received) -> None:
         token = self._token(received, AmqpToken)
         with self._lock:
-            connection = self._connection
-            if token.epoch != self._epoch or connection is None:
-                return  # that connection is gone; RabbitMQ redelivers the message
+            if token.channel != self._opened or self._channel is None:
+                return  # that channel is gone; RabbitMQ hands the message out again
             self._acks.append(token.delivery_tag)
             if self._ack_scheduled:
                 return
             self._ack_scheduled = True
-        try:
-            connection.add_callback_threadsafe(self._flush_acks)
-        except AMQPError as exc:
-            log.debug("rabbitmq consumer %s: ack after disconnect: %r", self.queue, exc)
+        hub = self._hub
+        if hub is None or not hub.call(self._flush_acks):
+            log.debug("rabbitmq consumer %s: ack after disconnect", self.queue)
 
-    # -- consumer thread ---------------------------------------------------------------
+    # -- the hub's thread --------------------------------------------------------------
 
-    def _run(self, params: list[pika.URLParameters]) -> None:
-        while not self._stop.is_set():
-            start = self._failures % len(params)  # after a failure, begin at the next node
-            try:
-                self._consume(params[start:] + params[:start])
-            except ChannelClosedByBroker as exc:
-                if not (self._exclusive and exc.reply_code == _ACCESS_REFUSED):
-                    log.warning("rabbitmq consumer %s: %r", self.queue, exc)
-                elif not self.standing_by:
-                    self.standing_by = True
-                    log.info("rabbitmq consumer %s: another process consumes this ordered "
-                             "queue; standing by", self.queue)
-            except AMQPError as exc:
-                log.warning("rabbitmq consumer %s: %r", self.queue, exc)
-            except Exception:  # the loop never dies
-                log.exception("rabbitmq consumer %s failed", self.queue)
-            finally:
-                self._disconnect()
-            if self._stop.is_set():
-                break
-            if self.standing_by:
-                self._stop.wait(STANDBY_S)
-                continue
-            self._failures += 1
-            delay = backoff_s(failures=self._failures, first_s=RECONNECT_FIRST_S,
-                              max_s=RECONNECT_MAX_S)
-            log.info("rabbitmq consumer %s: reconnecting in %.1fs", self.queue, delay)
-            self._stop.wait(delay)
-
-    def _consume(self, params: list[pika.URLParameters]) -> None:
-        connection = BlockingConnection(params)
-        with self._lock:
-            self._epoch += 1
-            self._connection = connection
-            self._acks.clear()
-            self._ack_scheduled = False
-            epoch = self._epoch
+    def open_on(self, connection: BlockingConnection) -> None:
+        """Declare the queue and consume it on a new channel of `connection`."""
         channel, shapes = declare_on(connection.channel(), self.exchange,
                                      {self.queue: self._wanted})
-        self._channel = channel
-        self._exclusive = self._ordered and self._consumes_exclusive(shapes[self.queue])
+        self.exclusive = self._ordered and self._consumes_exclusive(shapes[self.queue])
+        with self._lock:
+            self._opened += 1
+            number = self._opened
+            self._channel = channel
+            self._acks.clear()
+            self._ack_scheduled = False
+        self._cancelled = False
         channel.basic_qos(prefetch_count=self.max_buffered)
-        channel.basic_consume(self.queue, functools.partial(self._on_message, epoch),
-                              exclusive=self._exclusive)
-        self._failures = 0
+        channel.add_on_cancel_callback(self._on_cancel)
+        channel.basic_consume(self.queue, functools.partial(self._on_message, number),
+                              exclusive=self.exclusive)
         self.standing_by = False
         self.connections += 1
         log.info("rabbitmq consumer %s: consuming (prefetch %d%s)", self.queue,
-                 self.max_buffered, ", the only consumer" if self._exclusive
+                 self.max_buffered, ", the only consumer" if self.exclusive
                  else ", one active at a time" if self._wanted.single_active else "")
-        while not self._stop.is_set():
-            connection.process_data_events(time_limit=_POLL_S)
-            self._flush_incoming()
+
+    def stand_by(self) -> None:
+        if not self.standing_by:
+            self.standing_by = True
+            log.info("rabbitmq consumer %s: another process consumes this ordered queue; "
+                     "standing by", self.queue)
+
+    def channel_lost(self) -> bool:
+        """Whether its channel was closed, or its consumer cancelled, by the broker (then the
+        channel is let go, and what it buffered dropped)."""
+        with self._lock:
+            channel = self._channel
+        if channel is None or (channel.is_open and not self._cancelled):
+            return False
+        log.warning("rabbitmq consumer %s: %s by the broker; consuming again shortly",
+                    self.queue, "consumer cancelled" if self._cancelled else "channel closed")
+        self.close_channel()
+        return True
+
+    def close_channel(self) -> None:
+        """Send the acks queued so far, close the channel, drop what it buffered."""
         self._flush_acks()
-        connection.close()
+        with self._lock:
+            channel, self._channel = self._channel, None
+        self._forget(self._opened)
+        if channel is not None and channel.is_open:
+            try:
+                channel.close()
+            except AMQPError as exc:
+                log.debug("rabbitmq consumer %s: close: %r", self.queue, exc)
+
+    def connection_lost(self) -> None:
+        with self._lock:
+            self._channel = None
+        self._forget(self._opened)
+
+    def _forget(self, number: int) -> None:
+        with self._lock:
+            self._acks.clear()
+            self._ack_scheduled = False
+        self._incoming.clear()
+        dropped = len(self._buffer.drop(lambda r: r.token.channel == number))
+        if dropped:
+            log.info("rabbitmq consumer %s: dropped %d buffered messages of a closed channel",
+                     self.queue, dropped)
 
     def _consumes_exclusive(self, shape: QueueShape | None) -> bool:
         """Whether this ordered subscription needs an exclusive consumer: on a classic queue
@@ -273,7 +285,10 @@ class RabbitSubscriptionConsumer(ThreadedConsumer):
                       "is not kept (docs/operations.md: migrating a queue)", self.queue)
         return False
 
-    def _on_message(self, epoch: int, channel: BlockingChannel, method: Basic.Deliver,
+    def _on_cancel(self, _frame: object) -> None:
+        self._cancelled = True
+
+    def _on_message(self, number: int, channel: BlockingChannel, method: Basic.Deliver,
                     _properties: pika.BasicProperties, body: bytes) -> None:
         tag = method.delivery_tag
         try:
@@ -284,9 +299,11 @@ class RabbitSubscriptionConsumer(ThreadedConsumer):
             channel.basic_ack(tag)
             return
         envelope.redelivered = envelope.redelivered or bool(method.redelivered)
-        self._incoming.append(Received(envelope, AmqpToken(tag, epoch)))
+        if not self._incoming and self._hub is not None:
+            self._hub.received(self)
+        self._incoming.append(Received(envelope, AmqpToken(tag, number)))
 
-    def _flush_incoming(self) -> None:
+    def flush_incoming(self) -> None:
         if self._incoming:
             items, self._incoming = self._incoming, []
             self._buffer.put(items)
@@ -295,25 +312,8 @@ class RabbitSubscriptionConsumer(ThreadedConsumer):
         with self._lock:
             tags, self._acks = self._acks, []
             self._ack_scheduled = False
-        channel = self._channel
+            channel = self._channel
         if channel is None or not channel.is_open:
             return
         for tag in sorted(tags):
             channel.basic_ack(tag)
-
-    def _disconnect(self) -> None:
-        with self._lock:
-            connection, self._connection = self._connection, None
-            epoch = self._epoch
-            self._acks.clear()
-        self._channel = None
-        self._incoming.clear()
-        dropped = len(self._buffer.drop(lambda r: r.token.epoch == epoch))
-        if dropped:
-            log.info("rabbitmq consumer %s: dropped %d buffered messages of a closed connection",
-                     self.queue, dropped)
-        if connection is not None and connection.is_open:
-            try:
-                connection.close()
-            except Exception as exc:
-                log.debug("rabbitmq consumer %s: close: %r", self.queue, exc)

@@ -78,6 +78,7 @@ def encode_request(target: Target, body: bytes, headers: dict[str, str]) -> byte
 
 
 Answer = tuple[int, str | None, bytes | None]  # status, Retry-After, the kept body
+Pool = tuple[Origin, ssl.SSLContext | None]
 
 
 class Connection(asyncio.Protocol):
@@ -85,7 +86,8 @@ class Connection(asyncio.Protocol):
     answer, it keeps the first `answer_keep_bytes` of the body; a longer body is not read
     further (the connection closes)."""
 
-    def __init__(self, answer_keep_bytes: int = 0) -> None:
+    def __init__(self, answer_keep_bytes: int = 0, closed_hint: str = "") -> None:
+        self._closed_hint = closed_hint  # said when the server closes without answering
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -117,8 +119,8 @@ class Connection(asyncio.Protocol):
             self._fail(ProtocolError("the server closed the connection in the middle of its "
                                      "answer"))
         else:
-            self._fail(exc or ConnectionResetError("the server closed the connection without "
-                                                   "answering"))
+            self._fail(exc or ConnectionResetError(
+                "the server closed the connection without answering" + self._closed_hint))
 
     # httptools callbacks
     def on_message_begin(self) -> None:
@@ -192,7 +194,13 @@ class H1Sender(BaseSender):
         super().__init__(instance=instance, max_connections=max_connections,
                          answer_keep_bytes=answer_keep_bytes, egress=egress, keys=keys)
         self._protocol = functools.partial(Connection, answer_keep_bytes)
-        self._idle: dict[Origin, list[Connection]] = {}  # most recently used last
+        # Under TLS 1.3 a server that refuses the client certificate closes the connection
+        # after the handshake, and asyncio reports no alert: say what it likely means.
+        self._mutual_tls_protocol = functools.partial(
+            Connection, answer_keep_bytes, " (with the subscription's TLS settings: this is how "
+            "a server refuses a client certificate it does not trust)")
+        # by origin and TLS context (a subscription's client certificate is its own pool)
+        self._idle: dict[Pool, list[Connection]] = {}  # most recently used last
         self._slots = asyncio.Semaphore(max_connections)
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
@@ -203,17 +211,19 @@ class H1Sender(BaseSender):
 
     async def close(self) -> None:
         self._closed = True
+        await super().close()
         for connections in self._idle.values():
             for connection in connections:
                 connection.close()
         self._idle.clear()
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str],
-                    timeout_s: float) -> Answer:
+                    timeout_s: float, tls: ssl.SSLContext | None = None) -> Answer:
         target = parse_target(url)
         data = encode_request(target, body, headers)
+        pool = (target.origin, tls if target.origin.scheme == "https" else None)
         async with asyncio.timeout(timeout_s), self._slots:
-            connection = await self._connection(target.origin)
+            connection = await self._connection(pool)
             try:
                 answer = await connection.request(data)
             except BaseException:
@@ -221,7 +231,7 @@ class H1Sender(BaseSender):
                 raise
             if not connection.closed and not self._closed:
                 connection.idle_since = now = time.monotonic()
-                self._idle.setdefault(target.origin, []).append(connection)
+                self._idle.setdefault(pool, []).append(connection)
                 if now - self._pruned_at > KEEPALIVE_S:
                     self._prune(now)
             return answer
@@ -229,7 +239,7 @@ class H1Sender(BaseSender):
     def _prune(self, now: float) -> None:
         """Close what expired at origins no longer pushed to (a deleted subscription's)."""
         self._pruned_at = now
-        for origin, connections in list(self._idle.items()):
+        for pool, connections in list(self._idle.items()):
             alive = []
             for connection in connections:
                 if connection.reusable(now):
@@ -237,12 +247,13 @@ class H1Sender(BaseSender):
                 else:
                     connection.close()
             if alive:
-                self._idle[origin] = alive
+                self._idle[pool] = alive
             else:
-                del self._idle[origin]
+                del self._idle[pool]
 
-    async def _connection(self, origin: Origin) -> Connection:
-        idle = self._idle.get(origin)
+    async def _connection(self, pool: Pool) -> Connection:
+        origin, context = pool
+        idle = self._idle.get(pool)
         now = time.monotonic()
         while idle:
             connection = idle.pop()
@@ -250,14 +261,15 @@ class H1Sender(BaseSender):
                 return connection
             connection.close()
         loop = asyncio.get_running_loop()
-        tls = self._tls_context() if origin.scheme == "https" else None
+        tls = (context or self._tls_context()) if origin.scheme == "https" else None
         # to an address the egress policy allows, the very one it checked (no second lookup)
         addresses = await self.egress.addresses(origin.host, origin.port)
         failure: OSError | None = None
         for address in addresses:
             try:
                 _, connection = await loop.create_connection(
-                    self._protocol, address, origin.port, ssl=tls,
+                    self._protocol if context is None else self._mutual_tls_protocol,
+                    address, origin.port, ssl=tls,
                     server_hostname=origin.host.strip("[]") if tls is not None else None)
                 return connection
             except OSError as exc:

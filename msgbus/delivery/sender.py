@@ -17,16 +17,20 @@ pushes per CPU-second) and `AiohttpSender` (the fallback), are in their own modu
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Protocol, get_args
 
 from msgbus import __version__, telemetry
+from msgbus.delivery.authenticator import PushAuthenticator, PushAuthError
 from msgbus.delivery.batch import BatchPush, batch_headers
 from msgbus.delivery.headers import plain, push_headers
+from msgbus.delivery.proxy import PushProxy
 from msgbus.egress import EgressPolicy
 from msgbus.models import AttemptResult, Envelope, Subscription, utcnow
+from msgbus.push_credentials import PushAuth
 from msgbus.sealing import SecretKeys
 from msgbus.settings import HttpClient
 
@@ -92,7 +96,7 @@ class BaseSender(ABC):
 
     def __init__(self, *, instance: str, max_connections: int = 1000,
                  answer_keep_bytes: int = 1024, egress: EgressPolicy | None = None,
-                 keys: SecretKeys | None = None) -> None:
+                 keys: SecretKeys | None = None, proxy: PushProxy | None = None) -> None:
         self.instance = instance
         self.max_connections = max_connections
         # how much of the answer to a failed push `_post` keeps (0: none)
@@ -101,20 +105,24 @@ class BaseSender(ABC):
         self.egress = egress or EgressPolicy()
         # open the sealed signing secrets (msgbus/sealing.py); without keys, plain ones only
         self.open_secret = keys.open if keys is not None else plain
+        # the subscriptions' own authentication (headers, OAuth2 tokens, TLS client certificates)
+        self.proxy = proxy  # the company's HTTP proxy (msgbus/delivery/proxy.py), if any
+        self.authenticator = PushAuthenticator(self.open_secret, self.egress, USER_AGENT, proxy)
 
     @abstractmethod
     async def start(self) -> None: ...
 
-    @abstractmethod
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        await self.authenticator.close()
 
     @abstractmethod
     async def _post(self, url: str, body: bytes, headers: dict[str, str],
-                    timeout_s: float) -> tuple[int, str | None, bytes | None]:
+                    timeout_s: float, tls: ssl.SSLContext | None = None
+                    ) -> tuple[int, str | None, bytes | None]:
         """POST within `timeout_s` in total, read the whole answer; return its status, its
         Retry-After header (or None) and, for a status other than 2xx, the first
-        `answer_keep_bytes` of its body (None when 0). Raises on a timeout or a transport
-        error."""
+        `answer_keep_bytes` of its body (None when 0). `tls`: the context of an https URL
+        (None: the default one). Raises on a timeout or a transport error."""
 
     async def push(self, envelope: Envelope, subscription: Subscription,
                    attempt: int) -> AttemptResult:
@@ -125,7 +133,7 @@ class BaseSender(ABC):
                 str(subscription.url), envelope.body,
                 lambda: push_headers(envelope, subscription, attempt, trace.traceparent,
                                      self.open_secret),
-                subscription.timeout_ms / 1000)
+                subscription.timeout_ms / 1000, subscription.auth)
             trace.answered(status, error)
         return AttemptResult(
             message_id=envelope.message_id, subscription=subscription.id, attempt=attempt,
@@ -144,7 +152,7 @@ class BaseSender(ABC):
             status, error, retry_after, answer = await self._answer_of(
                 str(subscription.url), body,
                 lambda: batch_headers(batch, subscription, body, self.open_secret),
-                subscription.timeout_ms / 1000)
+                subscription.timeout_ms / 1000, subscription.auth)
         latency_ms = (time.perf_counter() - t0) * 1000
         return [AttemptResult(
             message_id=envelope.message_id, subscription=subscription.id, attempt=attempt,
@@ -161,23 +169,39 @@ class BaseSender(ABC):
         return status, error
 
     async def _answer_of(self, url: str, body: bytes, headers: Callable[[], dict[str, str]],
-                         timeout_s: float
+                         timeout_s: float, auth: PushAuth | None = None
                          ) -> tuple[int | None, str | None, float | None, str | None]:
         """One POST: (status, error text, Retry-After s, the kept answer). Headers are made
-        inside, so that an error making them (a bad secret) is a failed attempt too."""
+        inside, so that an error making them (a bad secret, a token endpoint down) is a failed
+        attempt too. A 401 to an OAuth2 push is pushed once more with a new token."""
         status: int | None = None
         try:
-            status, retry_after_header, kept = await self._post(
-                url, body, headers(), timeout_s)
+            status, retry_after_header, kept = await self._authenticated_post(
+                url, body, headers(), timeout_s, auth)
             if not 200 <= status < 300:
                 return (status, f"HTTP {status}", retry_after_s(retry_after_header),
                         answer_text(kept))
             return status, None, None, None
         except asyncio.CancelledError:
             raise
+        except PushAuthError as exc:
+            return status, str(exc)[:ERROR_TEXT_MAX], None, None
         except self.timeout_errors:  # before transport_errors: TimeoutError is an OSError
             return status, timeout_text(timeout_s), None, None
         except self.transport_errors as exc:
             return status, error_text(exc), None, None
         except Exception as exc:  # an unexpected bug must still become a failed attempt
             return status, error_text(exc, unexpected=True), None, None
+
+    async def _authenticated_post(self, url: str, body: bytes, headers: dict[str, str],
+                                  timeout_s: float, auth: PushAuth | None
+                                  ) -> tuple[int, str | None, bytes | None]:
+        if auth is None:
+            return await self._post(url, body, headers, timeout_s)
+        tls = self.authenticator.tls(auth)
+        sent = headers | await self.authenticator.headers(auth)
+        answer = await self._post(url, body, sent, timeout_s, tls)
+        if answer[0] == 401 and self.authenticator.rejected(auth, sent):
+            sent = headers | await self.authenticator.headers(auth)
+            answer = await self._post(url, body, sent, timeout_s, tls)
+        return answer

@@ -139,6 +139,14 @@ class CapShares(PeriodicWork):
         self._wake = asyncio.Event()  # a push waits with no slot at all: beat now
         self._lease_until = 0.0  # monotonic: when this process's lease ends unless renewed
         self._outage: str | None = None
+        # the live instances of this process's component, as of the last beat (this one too)
+        self.peers: frozenset[str] = frozenset()
+        # by other live instance: the subscriptions it holds shares of (it serves them)
+        self.hosted: dict[str, frozenset[str]] = {}
+        # set at the second view: instances that start together have each written a lease by then
+        self.peers_known = asyncio.Event()
+        self._views = 0
+        self.on_peers: Callable[[], None] | None = None  # told when either of them changes
         self.every(self._next_beat_in_s, self._heartbeat, what=f"cap shares {component}",
                    wake=self._wake, first_pause=True)
 
@@ -254,6 +262,7 @@ class CapShares(PeriodicWork):
             log.warning("cap shares: renewing the lease took %.1f s of its %.1f s", renew_s,
                         self._lease_s)
         instances = await self._store.live_instances(now)
+        self._see_peers(instances)
         self._hear_circuits(instances)
         live = set(instances)
         sub_ids = sorted(set(self._slots) | self._leaving)
@@ -264,6 +273,22 @@ class CapShares(PeriodicWork):
                 if await self._settle(sub_id, doc, live, now):
                     break
                 doc = (await self._store.read([sub_id])).get(sub_id)
+
+    def _see_peers(self, instances: dict[str, dict[str, Any]]) -> None:
+        mine = {name: doc for name, doc in instances.items()
+                if doc.get("component") == self._component}
+        peers = frozenset(mine) | {self.instance}
+        hosted = {name: frozenset(doc.get("subscriptions", ())) for name, doc in mine.items()
+                  if name != self.instance}
+        if peers != self.peers:
+            log.info("%s instances live: %s", self._component, ", ".join(sorted(peers)))
+        changed = peers != self.peers or hosted != self.hosted
+        self.peers, self.hosted = peers, hosted
+        self._views += 1
+        if self._views >= 2:
+            self.peers_known.set()
+        if changed and self.on_peers is not None:
+            self.on_peers()
 
     def _circuit_reports(self) -> list[dict[str, Any]]:
         return [{"subscription": sub_id, "open": breaker.is_open, **breaker.report().to_doc()}

@@ -12,6 +12,7 @@ round trips, not hundreds (docs/decisions.md).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,8 +23,10 @@ from msgbus.models import OPEN_STATUSES, DeliveryStatus, Envelope, utcnow
 from msgbus.store import documents as docs
 from msgbus.store.duescan import DueScan
 from msgbus.store.idsets import find_by_ids, update_by_ids
+from msgbus.store.indexes import CLAIMS_INDEX, STATES_BY_AGE_INDEX
 from msgbus.store.mongo import MongoStore
 from msgbus.store.pending import SWEPT_ERROR
+from msgbus.store.skipscan import subscriptions_matching
 
 _CLAIM_FIELDS = {"message_id": 1, "subscription": 1, "attempts": 1, "attempt_base": 1,
                  "redriven_at": 1, "scheduled_for": 1}
@@ -33,6 +36,8 @@ _CLAIMABLE = {"$in": [DeliveryStatus.FAILED.value, DeliveryStatus.SCHEDULED.valu
 # holds its own, without a next_attempt_at)
 _HELD_BY_CLAIMS = {"status": DeliveryStatus.SCHEDULED.value, "next_attempt_at": {"$ne": None}}
 SCHEDULED_COUNT_CAP = 100_000
+_COUNTED = [DeliveryStatus.FAILED.value, DeliveryStatus.PARKED.value,
+            DeliveryStatus.SCHEDULED.value]  # by `stats`
 
 
 @dataclass(slots=True)
@@ -66,6 +71,7 @@ class DeliveryClaims:
     def __init__(self, store: MongoStore, owner: str) -> None:
         self._deliveries = store.db["deliveries"]
         self._messages = store.db["messages"]
+        self._walk = store.index_skip_scans  # msgbus/store/skipscan.py
         self._due = DueScan(self._deliveries)
         self._due_scheduled = DueScan(self._deliveries, status=DeliveryStatus.SCHEDULED)
         self.owner = owner
@@ -79,6 +85,15 @@ class DeliveryClaims:
         # failed ones left out are found again by the next claim (the scan's floor only
         # moves over empty windows)
         return failed[:limit - len(scheduled)] + scheduled
+
+    async def subscriptions_due(self, now: datetime, candidates: Collection[str], *,
+                                after: str | None = None, limit: int) -> list[str]:
+        """Up to `limit` subscriptions, in order, from the first after `after`, that have a
+        failed or scheduled delivery due by `now`: the compensator's one scan per round
+        (msgbus/store/skipscan.py; `candidates`: the ones to look at, without a walk)."""
+        return await subscriptions_matching(
+            self._deliveries, {"status": _CLAIMABLE, "next_attempt_at": {"$lte": now}},
+            CLAIMS_INDEX, candidates, walk=self._walk, after=after, limit=limit)
 
     async def claim_due(self, subscription: str, limit: int,
                         lease_s: float) -> list[ClaimedDelivery]:
@@ -118,6 +133,22 @@ class DeliveryClaims:
     async def envelopes(self, message_ids: list[str]) -> dict[str, Envelope]:
         found = await find_by_ids(self._messages, message_ids)
         return {d["_id"]: docs.envelope_from_doc(d) for d in found}
+
+    async def subscriptions_with_pending(self, older_than: datetime,
+                                         candidates: Collection[str]) -> list[str]:
+        """Those of `candidates` with a pending delivery state created before `older_than`
+        (what `sweep_pending` turns into retries)."""
+        return await subscriptions_matching(
+            self._deliveries, {"status": DeliveryStatus.PENDING.value,
+                               "created_at": {"$lt": older_than}}, STATES_BY_AGE_INDEX,
+            candidates, walk=self._walk)
+
+    async def subscriptions_with_open(self, candidates: Collection[str]) -> list[str]:
+        """Those of `candidates` with a failed, parked or scheduled delivery: those whose
+        retry gauges `stats` counts (every other one's are zero)."""
+        return await subscriptions_matching(
+            self._deliveries, {"status": {"$in": _COUNTED}}, STATES_BY_AGE_INDEX, candidates,
+            walk=self._walk)
 
     async def sweep_pending(self, subscription: str, older_than: datetime,
                             limit: int) -> int:

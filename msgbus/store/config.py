@@ -19,6 +19,7 @@ from msgbus.models import (
     Subscription,
     subscription_id,
 )
+from msgbus.push_credentials import MASK
 from msgbus.store import documents as docs
 from msgbus.store.checked import InvalidDocumentLog, Loaded, read_each, read_one, storable
 
@@ -30,7 +31,7 @@ class ConfigStore:
         self._subscriptions = db["subscriptions"]
         self._runtime = db["runtime"]
         self._invalid_log = invalid_log
-        self._seal = seal  # a signing secret is stored sealed (msgbus/sealing.py)
+        self._seal = seal  # secrets are stored sealed (msgbus/sealing.py)
 
     # --- destinations ----------------------------------------------------------------------
 
@@ -66,8 +67,11 @@ class ConfigStore:
     # --- subscriptions ---------------------------------------------------------------------
 
     async def save_subscription(self, subscription: Subscription) -> None:
+        if subscription.auth is not None and MASK in subscription.auth.secret_places().values():
+            raise ValueError("a masked secret reached the store (PushAuth.keeping not applied)")
         sealed = subscription.model_copy(update={
-            "signing_secrets": [self._seal(s) for s in subscription.signing_secrets]})
+            "signing_secrets": [self._seal(s) for s in subscription.signing_secrets],
+            "auth": subscription.auth and subscription.auth.with_secrets(self._seal)})
         doc = storable(docs.subscription_doc(sealed), docs.subscription_from_doc)
         await self._subscriptions.replace_one({"_id": doc["_id"]}, doc, upsert=True)
 

@@ -40,10 +40,12 @@ class FigureStore:
     async def close(self) -> None:
         await self._pushes.close()
 
-    async def record_backlog_sample(self, subscription: str, backlog: int,
-                                    oldest_age_s: float) -> None:
-        await self._upsert_push_stats(
-            pushstats.backlog_writes(subscription, utcnow(), backlog, oldest_age_s))
+    async def record_backlog_samples(self, samples: list[tuple[str, int, float]]) -> None:
+        """Samples of (subscription, backlog, oldest undelivered age in s), in one write."""
+        now = utcnow()
+        await self._upsert_push_stats([write for sub, backlog, age in samples
+                                       for write in pushstats.backlog_writes(sub, now, backlog,
+                                                                             age)])
 
     async def _upsert_push_stats(self, writes: list[UpdateOne]) -> None:
         """Best effort: the figures are for people, the trace is the record. Two processes

@@ -10,6 +10,14 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from msgbus.store import pushstats, signin_sessions, signins
 
+# the compensator's claims and its scan for subscriptions with something due (store/claims.py)
+CLAIMS_INDEX = [("subscription", ASCENDING), ("status", ASCENDING), ("next_attempt_at", ASCENDING)]
+# one subscription's deliveries in a status by age: counts, the sweep of old pending states
+STATES_BY_AGE_INDEX = [("subscription", ASCENDING), ("status", ASCENDING),
+                       ("created_at", ASCENDING)]
+# the sweep: one subscription's pending batches, oldest first
+PENDING_BATCHES_INDEX = [("subscription", ASCENDING), ("recorded_at", ASCENDING)]
+
 INDEXES: dict[str, list[IndexModel]] = {
     "messages": [
         IndexModel([("biz_id", ASCENDING), ("created_at", DESCENDING)]),
@@ -20,15 +28,12 @@ INDEXES: dict[str, list[IndexModel]] = {
         # a message's trace: an equality on message_id (docs/decisions.md: why not a range
         # of the _ids, which begin with the message id)
         IndexModel([("message_id", ASCENDING)]),
-        IndexModel([("subscription", ASCENDING), ("status", ASCENDING), ("created_at", ASCENDING)]),
-        # the compensator's claims: one subscription's failed deliveries by due time
-        IndexModel([("subscription", ASCENDING), ("status", ASCENDING),
-                    ("next_attempt_at", ASCENDING)]),
+        IndexModel(STATES_BY_AGE_INDEX),
+        IndexModel(CLAIMS_INDEX),
         # analytics: reads by time range (statistics, archive), split into parallel slices
         IndexModel([("created_at", ASCENDING)]),
     ],
-    # the sweep: one subscription's batches, oldest first
-    "pending_batches": [IndexModel([("subscription", ASCENDING), ("recorded_at", ASCENDING)])],
+    "pending_batches": [IndexModel(PENDING_BATCHES_INDEX)],
     "attempts": [
         IndexModel([("message_id", ASCENDING), ("started_at", ASCENDING)]),
         IndexModel([("started_at", ASCENDING)]),  # analytics: reads by time range

@@ -54,7 +54,7 @@ def _as_given(value: str) -> str:
 class MongoStore:
     def __init__(self, uri: str, db_name: str, *, timeout_ms: int = 5000,
                  socket_timeout_ms: int = 30_000, component: str = "msgbus",
-                 keys: SecretKeys | None = None) -> None:
+                 keys: SecretKeys | None = None, index_skip_scans: bool = True) -> None:
         """`component`: which service this process runs (its gate's metric label). `keys`
         seal the secrets it stores (msgbus/sealing.py); without, as in development tools that
         write configuration, they are stored as given, and the admin seals them at start."""
@@ -79,7 +79,10 @@ class MongoStore:
         self.figures = FigureStore(self.db, self.gate)
         self.records = RecordStore(self.db, self.gate, self.figures)
         self.traces = TraceStore(self.db)
-        self.progress = DeliveryProgress(self.db)
+        # scans across subscriptions walk an index (MongoDB), or look at each one (the
+        # development stand-in): msgbus/store/skipscan.py
+        self.index_skip_scans = index_skip_scans
+        self.progress = DeliveryProgress(self.db, walk=index_skip_scans)
         self.keys = keys
         seal = keys.seal if keys is not None else _as_given
         self.config = ConfigStore(self.db, self.invalid_log, seal)

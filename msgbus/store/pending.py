@@ -18,6 +18,7 @@ ahead of it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,7 +31,9 @@ from msgbus.models import OPEN_STATUSES, DeliveryStatus, utcnow
 from msgbus.store import documents as docs
 from msgbus.store.duplicates import raise_unless_duplicates
 from msgbus.store.idsets import find_by_ids
+from msgbus.store.indexes import PENDING_BATCHES_INDEX
 from msgbus.store.mongo import MongoStore
+from msgbus.store.skipscan import subscriptions_matching
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +99,17 @@ class PendingSweep:
     def __init__(self, store: MongoStore) -> None:
         self._progress = store.progress
         self._batches = store.db["pending_batches"]
+        self._walk = store.index_skip_scans
         self._deliveries = store.db["deliveries"]
         self._messages = store.db["messages"]
+
+    async def subscriptions_with_batches(self, recorded_before: datetime,
+                                         candidates: Collection[str]) -> list[str]:
+        """Those of `candidates` with a pending batch recorded before `recorded_before`
+        (msgbus/store/skipscan.py)."""
+        return await subscriptions_matching(
+            self._batches, {"recorded_at": {"$lt": recorded_before}}, PENDING_BATCHES_INDEX,
+            candidates, walk=self._walk)
 
     async def run(self, subscription: str, *, settle_before: datetime,
                   sweep_before: datetime | None, limit: int,

@@ -4,7 +4,7 @@ batches (`RecordStore` writes both)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -13,10 +13,13 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from msgbus.models import UNDELIVERED_STATUSES, DeliveryStatus, delivery_id
 from msgbus.store.idsets import find_by_ids
+from msgbus.store.indexes import PENDING_BATCHES_INDEX, STATES_BY_AGE_INDEX
+from msgbus.store.skipscan import subscriptions_matching
 
 
 class DeliveryProgress:
-    def __init__(self, db: AsyncDatabase[dict[str, Any]]) -> None:
+    def __init__(self, db: AsyncDatabase[dict[str, Any]], *, walk: bool = True) -> None:
+        self._walk = walk  # how scans across subscriptions go (msgbus/store/skipscan.py)
         self._deliveries = db["deliveries"]
         self._pending_batches = db["pending_batches"]
 
@@ -70,6 +73,16 @@ class DeliveryProgress:
                 break
         done = await self.with_state_among(subscription, ids)
         return [m for m in ids if m not in done][:limit]
+
+    async def subscriptions_with_backlog(self, candidates: Collection[str]) -> set[str]:
+        """Those of `candidates` with a pending batch or an undelivered state: those whose
+        `backlog` may not be empty (msgbus/store/skipscan.py)."""
+        batches = await subscriptions_matching(self._pending_batches, {}, PENDING_BATCHES_INDEX,
+                                               candidates, walk=self._walk)
+        states = await subscriptions_matching(
+            self._deliveries, {"status": {"$in": [s.value for s in UNDELIVERED_STATUSES]}},
+            STATES_BY_AGE_INDEX, set(candidates) - set(batches), walk=self._walk)
+        return set(batches) | set(states)
 
     async def backlog(self, subscription: str, cap: int) -> tuple[int, datetime | None]:
         """Deliveries of a subscription not yet done (at most about `cap` counted) and the

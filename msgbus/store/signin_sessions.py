@@ -6,21 +6,15 @@ its cookie would have expired."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from datetime import datetime
 from typing import Any
 
-from cryptography.fernet import Fernet, InvalidToken
 from pymongo import ASCENDING, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
 
+from msgbus.sealing import SecretKeyError, SecretKeys, is_sealed
+
 INDEXES = [IndexModel([("expires_at", ASCENDING)], expireAfterSeconds=0)]  # store/indexes.py
-
-
-def fernet_of(secret: str) -> Fernet:
-    return Fernet(base64.urlsafe_b64encode(hashlib.sha256(b"msgbus-oidc:" + secret.encode()
-                                                          ).digest()))
 
 
 class CompanySessions:
@@ -28,8 +22,8 @@ class CompanySessions:
         self._sessions = db["oidc_sessions"]
 
     async def save(self, session_id: str, user: str, refresh_token: str | None,
-                   refresh_at: datetime, expires_at: datetime, fernet: Fernet) -> None:
-        secret = None if refresh_token is None else fernet.encrypt(refresh_token.encode())
+                   refresh_at: datetime, expires_at: datetime, keys: SecretKeys) -> None:
+        secret = None if refresh_token is None else keys.seal(refresh_token)
         await self._sessions.replace_one({"_id": session_id}, {
             "_id": session_id, "user": user, "refresh_token": secret,
             "refresh_at": refresh_at, "expires_at": expires_at}, upsert=True)
@@ -39,13 +33,15 @@ class CompanySessions:
         return doc
 
     @staticmethod
-    def refresh_token(doc: dict[str, Any], fernet: Fernet) -> str | None:
-        """The session's refresh token (None: none, or not readable with this key)."""
-        if doc.get("refresh_token") is None:
+    def refresh_token(doc: dict[str, Any], keys: SecretKeys) -> str | None:
+        """The session's refresh token (None: none, or not readable with these keys, e.g.
+        one stored before 0.2 under a key of its own: that person signs in again)."""
+        stored = doc.get("refresh_token")
+        if not isinstance(stored, str) or not is_sealed(stored):
             return None
         try:
-            return fernet.decrypt(doc["refresh_token"]).decode()
-        except InvalidToken:
+            return keys.open(stored)
+        except SecretKeyError:
             return None
 
     async def delete(self, session_id: str) -> None:

@@ -16,7 +16,11 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from msgbus_devtools.testkit.bus import RunningBus, StartBus
-from msgbus_devtools.testkit.subscriber import RecordingSubscriber, ScriptedSubscriber
+from msgbus_devtools.testkit.subscriber import (
+    CheckingSubscriber,
+    RecordingSubscriber,
+    ScriptedSubscriber,
+)
 from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.ids import uuid7
@@ -186,6 +190,9 @@ def test_admin_ui_creates_a_destination_and_subscription_and_sends_a_test_messag
         delays.fill("5, 60")
         sub_form.locator("input[name='retry_policy.permanent_status_codes']").fill("400, 410")
         sub_form.locator("input[name=max_rate_per_s]").fill("50")
+        served_by = sub_form.locator("select[name=dispatchers]")
+        assert served_by.input_value() == "2", "a new subscription: the default, 2"
+        served_by.select_option(label="every dispatcher")
         sub_form.locator("input[name='circuit.open_after_failures']").fill("5")
         sub_form.locator("input[name='filters.0.field']").fill("header:tag")
         sub_form.locator("input[name='filters.0.values']").fill("blue, green")
@@ -195,12 +202,15 @@ def test_admin_ui_creates_a_destination_and_subscription_and_sends_a_test_messag
         saved = bus.admin.get("/v1/subscriptions", params={"destination": code}).json()
         assert [(s["name"], s["url"], s["retry_policy"]["delays_s"],
                  s["retry_policy"]["permanent_status_codes"], s["max_rate_per_s"],
-                 s["circuit"]["open_after_failures"], s["filters"]) for s in saved] == [
+                 s["circuit"]["open_after_failures"], s["filters"], s["dispatchers"])
+                for s in saved] == [
             ("audit", url, [5.0, 60.0], [400, 410], 50, 5,
-             [{"field": "header:tag", "values": ["blue", "green"]}])]
+             [{"field": "header:tag", "values": ["blue", "green"]}], None)]
         # the saved values come back into the form
         assert delays.input_value() == "5.0, 60.0"
         assert sub_form.locator("input[name='filters.0.values']").input_value() == "blue, green"
+        assert served_by.input_value() == "null"
+        assert "Served by every dispatcher" in page.locator("#assigned").inner_text()
         assert "it is closed" in page.locator("#pushers").inner_text()
 
         page.get_by_role("button", name="Send test message").click()
@@ -485,5 +495,48 @@ def test_admin_ui_destination_page_shows_its_switches_subscriptions_and_schemas(
         assert [v.split("\t")[:4] for v in versions] == [
             ["2", "backward", "qty, sku", "sku"], ["1", "backward", "sku", "sku"]]
         page.screenshot(path=str(ARTIFACTS / "destination.png"), full_page=True)
+    finally:
+        page.close()
+
+
+def test_admin_ui_sets_push_authentication_and_keeps_masked_secrets_on_save(
+        bus: RunningBus, browser: object) -> None:
+    """A subscriber that requires Basic and an API-key header: set in the form, the test push
+    passes; the page shows the secrets masked, and saving it again keeps them."""
+    code = f"ui-auth-{uuid.uuid4().hex[:6]}"
+    bus.create_destination(code, "direct")
+    password, key = f"pw-{uuid.uuid4().hex}", f"key-{uuid.uuid4().hex}"
+    subscriber = CheckingSubscriber(lambda h: h.get("x-api-key") == key and h.get(
+        "authorization", "").startswith("Basic "))
+    bus.subscribe(code, "guarded", bus.serve_subscriber(subscriber), paused=True)
+    page: Any = _logged_in_page(bus, browser)
+    try:
+        page.goto(f"/ui/subscriptions/{code}/guarded")
+        form = page.locator("#subscription-form")
+        form.locator("[data-entry='auth.headers'] input[data-key]").first.fill("X-Api-Key")
+        form.locator("[data-entry='auth.headers'] input[data-value]").first.fill(key)
+        form.locator("input[name='auth.basic.username']").fill("bus")
+        form.locator("input[name='auth.basic.password']").fill(password)
+        with page.expect_navigation():
+            form.get_by_role("button", name="Save").click()
+
+        def test_push() -> str:
+            page.locator("#test-result").evaluate("e => e.innerText = ''")
+            page.get_by_role("button", name="Send test message").click()
+            page.wait_for_function(
+                "document.querySelector('#test-result').innerText.includes('status_code')")
+            return str(page.locator("#test-result").inner_text())
+
+        assert '"status_code": 200' in test_push()
+        form = page.locator("#subscription-form")
+        assert form.locator("input[name='auth.basic.password']").input_value() == "********"
+        assert password not in page.content() and key not in page.content()
+        form.locator("input[name=timeout_ms]").fill("4000")
+        with page.expect_navigation():
+            form.get_by_role("button", name="Save").click()  # the masks go back: kept
+        assert '"status_code": 200' in test_push()
+        [shown] = bus.admin.get("/v1/subscriptions", params={"destination": code}).json()
+        assert shown["timeout_ms"] == 4000
+        assert shown["auth"]["basic"] == {"username": "bus", "password": "********"}
     finally:
         page.close()

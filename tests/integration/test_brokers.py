@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -515,6 +516,46 @@ async def test_rabbit_consumer_reconnects_and_gets_unacked_redelivered(
     await eventually_async(lambda: amqp.depth(queue) == 0, 15)
 
 
+async def test_rabbit_consumers_of_a_process_share_one_connection_and_a_deleted_queue_returns(
+    rabbitmq_url: str, rabbit_publisher: RabbitPublisher, amqp: Amqp
+) -> None:
+    """Forty subscriptions consumed in one process: one connection and one thread, a channel
+    each, and each gets every message. A queue deleted under one of them is declared again and
+    consumed within seconds, while the others go on."""
+    dest = new_destination(BrokerKind.RABBITMQ)
+    subs = [new_subscription(dest, f"s{n}") for n in range(40)]
+    queues = amqp.track(dest, *subs)
+    await rabbit_publisher.ensure_topology(dest, subs)
+    consumers = [RabbitSubscriptionConsumer(s, url=rabbitmq_url, max_buffered=100)
+                 for s in subs]
+    try:
+        await asyncio.gather(*(c.start() for c in consumers))
+        [hub] = {c._hub for c in consumers}
+        assert hub is not None
+        await eventually_async(lambda: all(c.connections == 1 for c in consumers), 15,
+                               "every consumer on its channel")
+        names = [t.name for t in threading.enumerate()]
+        assert hub._thread is not None and hub._thread.name in names
+        assert not [n for n in names if any(q in n for q in queues)], names
+        sent = await published(rabbit_publisher, dest, 20)
+        for consumer in consumers:
+            assert_same_messages(sent, await take(consumer, 20))
+
+        amqp.channel.queue_delete(queues[0])
+        await eventually_async(lambda: consumers[0].connections == 2, 15,
+                               "the deleted queue declared and consumed again")
+        more = await published(rabbit_publisher, dest, 5)
+        for consumer in consumers:
+            assert_same_messages(more, await take(consumer, 5))
+    finally:
+        await closing(*consumers)
+    await eventually_async(lambda: all(amqp.depth(q) == 0 for q in queues), 15, "all acked")
+    assert not set(consumers) & hub._members
+    # its thread ends with its last consumer (another test's bus in this process may hold one)
+    await eventually_async(lambda: hub._thread is None or hub.size > 0, 15,
+                           "the hub's thread ended")
+
+
 async def test_rabbit_publisher_reconnects_after_connection_loss(
     rabbit_publisher: RabbitPublisher, amqp: Amqp
 ) -> None:
@@ -542,7 +583,9 @@ async def drop_connection(adapter: RabbitPublisher | RabbitSubscriptionConsumer)
         io._ioloop.add_callback_threadsafe(connection.close)
         await eventually_async(lambda: connection.is_closed, 15)
         return
-    blocking = adapter._connection
+    hub = adapter._hub  # the process's shared connection to the cluster
+    assert hub is not None
+    blocking = hub._connection
     assert blocking is not None
     blocking.add_callback_threadsafe(blocking.close)
     await eventually_async(lambda: blocking.is_closed, 15)

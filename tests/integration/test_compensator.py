@@ -19,7 +19,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from msgbus_devtools.testkit.bus import RunningBus, running_bus, sample_value
-from msgbus_devtools.testkit.subscriber import ScriptedSubscriber
+from msgbus_devtools.testkit.subscriber import PeakSubscriber, ScriptedSubscriber
 from msgbus_devtools.testkit.waiting import Steady, describe, eventually
 
 from compensator.service import CompensatorService
@@ -238,15 +238,7 @@ def test_a_dead_compensators_claims_are_retried_when_their_lease_ends(
 def test_two_compensators_share_2000_due_retries_without_duplicates(cbus: RunningBus) -> None:
     subscriber = ScriptedSubscriber()
     code, sub_id = _destination(cbus, subscriber, paused=True, max_concurrency=64)
-    now = utcnow()
-    envelopes = [Envelope(message_id=uuid7(), destination=code, body=b"{}",
-                          created_at=now - timedelta(seconds=5)) for _ in range(DUE_RETRIES)]
-    failed = [docs.delivery_doc(e, sub_id, now) | {
-        "status": "failed", "next_attempt_at": now, "attempts": 1} for e in envelopes]
-    for at in range(0, DUE_RETRIES, 500):  # one insert of 5,000 outlived 30 s on a busy server
-        cbus.query(cbus.store.db.messages.insert_many(
-            [docs.message_doc(e, [sub_id]) for e in envelopes[at:at + 500]]))
-        cbus.query(cbus.store.db.deliveries.insert_many(failed[at:at + 500]))
+    _due_retries(cbus, code, sub_id, DUE_RETRIES)
 
     second: CompensatorService = cbus.new_compensator(instance="second-compensator")
     cbus.query(second.start())
@@ -270,6 +262,43 @@ def test_two_compensators_share_2000_due_retries_without_duplicates(cbus: Runnin
     counts = cbus.query(retries_by_instance())
     assert sum(counts.values()) == DUE_RETRIES
     assert len(counts) == 2 and min(counts.values()) > 0, f"one compensator did all: {counts}"
+
+
+def _due_retries(cbus: RunningBus, code: str, sub_id: str, count: int) -> list[str]:
+    """`count` messages of `code` whose first push to `sub_id` failed, each due now."""
+    now = utcnow()
+    envelopes = [Envelope(message_id=uuid7(), destination=code, body=b"{}",
+                          created_at=now - timedelta(seconds=5)) for _ in range(count)]
+    for at in range(0, count, 500):  # one insert of 5,000 outlived 30 s on a busy server
+        part = envelopes[at:at + 500]
+        cbus.query(cbus.store.db.messages.insert_many([docs.message_doc(e, [sub_id])
+                                                       for e in part]))
+        cbus.query(cbus.store.db.deliveries.insert_many([docs.delivery_doc(e, sub_id, now) | {
+            "status": "failed", "next_attempt_at": now, "attempts": 1} for e in part]))
+    return [e.message_id for e in envelopes]
+
+
+def test_a_large_due_backlog_does_not_hold_back_another_subscriptions_retries(
+        cbus: RunningBus) -> None:
+    """One scan per round finds every subscription with something due, and each drains in a
+    task of its own under its own cap: a few retries of one subscription are delivered while
+    another's 400 still drain, slowly (2 at a time, 50 ms each)."""
+    slow = PeakSubscriber(delay_s=0.05)
+    big_code, big_sub = _destination(cbus, slow, paused=True, max_concurrency=2)
+    _due_retries(cbus, big_code, big_sub, 400)
+    cbus.admin.post(f"/v1/destinations/{big_code}/subscriptions/s/resume").raise_for_status()
+    eventually(lambda: len(slow.pushes) >= 20, 30, "the large backlog draining")
+
+    quick = ScriptedSubscriber()
+    code, sub_id = _destination(cbus, quick, paused=True)
+    ids = _due_retries(cbus, code, sub_id, 5)
+    cbus.admin.post(f"/v1/destinations/{code}/subscriptions/s/resume").raise_for_status()
+    eventually(lambda: quick.successes().keys() == set(ids), 30,
+               "the other subscription's retries delivered")
+    assert len(slow.pushes) < 380, "the large backlog had drained first: nothing was shown"
+    assert slow.peak <= 2
+    # the rest would drain beside the next tests of this bus
+    cbus.admin.post(f"/v1/destinations/{big_code}/subscriptions/s/pause").raise_for_status()
 
 
 def _settled(value: Any, quiet_s: float = 1.5, timeout_s: float = 15) -> Any:

@@ -92,8 +92,10 @@ def test_a_subscription_delay_holds_every_message_that_long(
     for push in subscriber.pushes:  # the subscription's delay counts from acceptance
         accepted = bus.query(bus.store.traces.get_message(push.message_id))["received_at"]
         assert wall_time(push) >= accepted + timedelta(seconds=5.0)
-    record = bus.query(bus.store.db.deliveries.find_one(
-        {"subscription": f"{destination}/sub", "status": "delivered"}))
+    # the outcome is recorded after the push's answer
+    record = eventually(lambda: bus.query(bus.store.db.deliveries.find_one(
+        {"subscription": f"{destination}/sub", "status": "delivered"})), 30,
+        "a delivered outcome recorded")
     assert record["scheduled_for"] is not None and record["attempts"] == 1
 
 

@@ -14,6 +14,7 @@ from msgbus_devtools.testkit.waiting import eventually_async
 from msgbus.ids import uuid7
 from msgbus.models import DeliveryStatus, utcnow
 from msgbus.store import MongoStore
+from msgbus.store.claims import DeliveryClaims
 from msgbus.store.duescan import DueScan
 
 pytestmark = pytest.mark.integration
@@ -116,3 +117,31 @@ async def test_a_thousand_due_at_one_instant_are_claimed_with_few_queries(
     assert sorted(taken) == sorted(d["_id"] for d in due) and len(set(taken)) == len(taken)
     # 1,000 in claims of 50 would be 20 queries reading the instant; 8 claims' worth each: 3
     assert scan.windows_with_ids == 3
+
+
+@pytest.mark.parametrize("walk", [True, False], ids=["index walk", "each subscription"])
+async def test_one_scan_names_the_subscriptions_with_something_due_and_goes_on_after_a_limit(
+        store: MongoStore, walk: bool) -> None:
+    now = utcnow()
+    past, future = now - timedelta(seconds=30), now + timedelta(minutes=5)
+    due_subs = [f"d{n:02}/s" for n in range(12)]
+    docs = [delivery(past, sub=sub) for sub in due_subs[:6]]
+    docs += [delivery(past, sub=sub, status=DeliveryStatus.SCHEDULED) for sub in due_subs[6:]]
+    # many subscriptions with nothing due: delivered, parked, not due yet, or held by an
+    # ordered subscription's dispatcher (scheduled without a due time)
+    for n in range(300):
+        sub = f"idle{n:03}/s"
+        docs += [delivery(past, sub=sub, status=DeliveryStatus.DELIVERED),
+                 delivery(past, sub=sub, status=DeliveryStatus.PARKED),
+                 delivery(future, sub=sub)]
+        held = delivery(past, sub=sub, status=DeliveryStatus.SCHEDULED)
+        docs.append(held | {"next_attempt_at": None})
+    await store.db.deliveries.insert_many(docs)
+    store.index_skip_scans = walk
+    claims = DeliveryClaims(store, "compensator:test")
+    known = sorted({d["subscription"] for d in docs} | {"never/used"})
+
+    assert await claims.subscriptions_due(utcnow(), known, limit=100) == due_subs
+    first = await claims.subscriptions_due(utcnow(), known, limit=5)
+    rest = await claims.subscriptions_due(utcnow(), known, after=first[-1], limit=100)
+    assert first + rest == due_subs, "a round goes on after the last one the previous found"

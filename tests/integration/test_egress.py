@@ -10,19 +10,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import ssl
+import subprocess
+import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from msgbus_devtools.servers import free_port, stop, wait_for_port
 from msgbus_devtools.testkit.bus import RunningBus
+from msgbus_devtools.testkit.certs import TestCa
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
+from msgbus_devtools.testkit.waiting import eventually_async
 
 from msgbus import __version__
 from msgbus.delivery.aiohttp_sender import AiohttpSender
 from msgbus.delivery.h1_sender import H1Sender
 from msgbus.delivery.sender import BaseSender
+from msgbus.delivery.senders import make_sender
 from msgbus.egress import EgressPolicy
 from msgbus.ids import uuid7
 from msgbus.models import AttemptResult, Envelope, Subscription
@@ -152,3 +161,82 @@ async def _push(kind: type[BaseSender], policy: EgressPolicy, url: str) -> Attem
         return await sender.push(envelope, sub, attempt=1)
     finally:
         await sender.close()
+
+
+@pytest.mark.parametrize("kind", list(SENDERS))
+async def test_an_internal_ip_address_in_the_url_is_not_connected_to(
+        servers: tuple[Server, Server], kind: str) -> None:
+    """No name to resolve: the address itself is checked (aiohttp connects to an IP literal
+    without asking its resolver)."""
+    subscriber, _ = servers
+    only_another = EgressPolicy((ipaddress.ip_network("127.0.0.2/32"),))
+    refused = await _push(SENDERS[kind], only_another,
+                          f"http://127.0.0.1:{subscriber.port}/hook")
+    assert not refused.ok and refused.error is not None and "loopback" in refused.error
+    assert subscriber.connections == 0
+
+
+@pytest.fixture
+def proxy_log(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A real HTTP proxy (proxy.py, from PyPI) on 127.0.0.1: its URL and its access log."""
+    port, log = free_port(), tmp_path / "proxy.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("proxy")), "--hostname", "127.0.0.1",
+             "--port", str(port), "--num-workers", "1", "--num-acceptors", "1",
+             "--log-level", "INFO"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port("127.0.0.1", port, 30)
+        yield f"http://127.0.0.1:{port}", log
+    finally:
+        stop(process.pid)
+
+
+async def test_pushes_go_through_the_company_proxy_but_for_the_no_proxy_hosts(
+        servers: tuple[Server, Server], proxy_log: tuple[str, Path], tmp_path: Path) -> None:
+    """Plain http is relayed by the proxy, https is tunnelled through it (with the
+    subscription's client certificate and CA), a no-proxy host is reached directly, and a
+    refused address never reaches the proxy."""
+    proxy, log = proxy_log
+    plain, _ = servers
+    ca = TestCa()
+    cert, key = ca.server().write(tmp_path, "server")
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    tls.load_verify_locations(cadata=ca.pem)
+    tls.verify_mode = ssl.CERT_REQUIRED  # mutual TLS, through the tunnel
+    secure = Server()
+    started = await asyncio.start_server(secure.serve, "127.0.0.1", 0, ssl=tls)
+    secure.port = started.sockets[0].getsockname()[1]
+    client = ca.client()
+    push = PushSettings(allow_networks="127.0.0.0/8", proxy=proxy, no_proxy="localhost")
+    sender = make_sender("h1", instance="proxy-test", push=push)
+    await sender.start()
+    try:
+        envelope = Envelope(message_id=uuid7(), destination="orders", body=b'{"n": 1}')
+
+        async def push_to(url: str, **settings: Any) -> AttemptResult:
+            sub = Subscription(destination="orders", name="billing", url=url,  # type: ignore[arg-type]
+                               timeout_ms=5000, **settings)
+            return await sender.push(envelope, sub, attempt=1)
+
+        relayed = await push_to(f"http://127.0.0.1:{plain.port}/hook")
+        tunnelled = await push_to(f"https://127.0.0.1:{secure.port}/hook", auth={"tls": {
+            "client_cert": client.cert, "client_key": client.key, "ca_bundle": ca.pem}})
+        direct = await push_to(f"http://localhost:{plain.port}/direct")
+        refused = await push_to("http://10.20.30.40/hook")
+    finally:
+        await sender.close()
+        started.close()
+    assert relayed.ok and tunnelled.ok and direct.ok, (relayed, tunnelled, direct)
+    assert refused.error is not None and "private" in refused.error
+    assert len(plain.requests) == 2 and len(secure.requests) == 1
+
+    relayed_line = f"POST 127.0.0.1:{plain.port}/hook"
+    tunnel_line = f"CONNECT 127.0.0.1:{secure.port}"
+    def logged() -> str | None:
+        text = log.read_text()
+        return text if relayed_line in text and tunnel_line in text else None
+
+    text = await eventually_async(logged, 10, "the proxy's access log lines of both pushes")
+    assert "/direct" not in text and "10.20.30.40" not in text

@@ -27,20 +27,6 @@ from msgbus.store.sealed_secrets import reseal_secrets
 from msgbus_cli.main import main
 
 
-def _documents_holding(bus: RunningBus, values: set[str]) -> list[str]:
-    """Where in the bus's database any of `values` is stored plain (collection/_id)."""
-    async def scan() -> list[str]:
-        found = []
-        for name in await bus.store.db.list_collection_names():
-            async for doc in bus.store.db[name].find({}):
-                text = orjson.dumps(doc, default=str).decode()
-                if any(value in text for value in values):
-                    found.append(f"{name}/{doc['_id']}")
-        return found
-    found: list[str] = bus.query(scan())
-    return found
-
-
 def test_plain_secrets_of_the_previous_version_are_sealed_at_start_and_still_sign(
         bus: RunningBus, api_key: str) -> None:
     code, team = f"seal-{uuid.uuid4().hex[:6]}", f"team-{uuid.uuid4().hex[:6]}"
@@ -56,10 +42,10 @@ def test_plain_secrets_of_the_previous_version_are_sealed_at_start_and_still_sig
     plain_notify = new_signing_secret()
     bus.query(bus.store.db["teams"].update_one({"_id": team},
                                              {"$set": {"notify_secret": plain_notify}}))
-    assert _documents_holding(bus, {plain, plain_notify})
+    assert bus.documents_holding({plain, plain_notify})
 
     bus.start_admin()  # an admin of this version starts: it seals what it finds plain
-    assert not _documents_holding(bus, {plain, plain_notify})
+    assert not bus.documents_holding({plain, plain_notify})
     stored = bus.query(bus.store.db["subscriptions"].find_one({"_id": f"{code}/old"}))
     assert [key_id_of(s) for s in stored["signing_secrets"]] == ["test"]
 
@@ -75,7 +61,7 @@ def test_plain_secrets_of_the_previous_version_are_sealed_at_start_and_still_sig
 
     made = bus.subscribe(code, "new", bus.serve_subscriber(RecordingSubscriber()), paused=True)
     [new_plain] = made["signing_secrets"]  # shown plain to whoever configures the subscriber
-    assert new_plain.startswith("whsec_") and not _documents_holding(bus, {new_plain})
+    assert new_plain.startswith("whsec_") and not bus.documents_holding({new_plain})
     cli = CliRunner()
     rotated = cli.invoke(main, ["secrets", "rotate-key", "--admin-url", bus.admin_url,
                                 "--token", bus.admin_token, "-o", "json"])
@@ -98,7 +84,9 @@ def test_a_key_rotation_under_load_loses_no_push_and_leaves_nothing_under_the_ol
         deployment: Deployment) -> None:
     """The runbook of docs/operations.md, under a steady load: the new key put first on every
     pushing service (restarted one by one), every value sealed again, the old key dropped (a
-    second restart). Every push verifies with the subscriber's one secret throughout."""
+    second restart). Every push verifies with the subscriber's one secret throughout, and
+    carries the subscription's API-key header (a push credential, sealed too) once the
+    dispatchers have read it."""
     phases = Phases()
     new_text = new_key("k2")
     both, old = SecretKeys.parse(f"{new_text},{TEST_SECRET_KEYS}"), SecretKeys.parse(
@@ -106,6 +94,9 @@ def test_a_key_rotation_under_load_loses_no_push_and_leaves_nothing_under_the_ol
     with deployment.logs_on_failure():
         deployment.start()
         plain = _stored_secrets(deployment)
+        api_key = f"key-{uuid.uuid4().hex}"
+        deployment.run(deployment.store.db["subscriptions"].update_many(
+            {}, {"$set": {"auth": {"headers": {"X-Api-Key": old.seal(api_key)}}}}))
         deployment.run(reseal_secrets(deployment.store.db, old))  # as a running bus has them
         load = deployment.load(rate_per_s=100, duration_s=20).start()
         deployment.wait_warm(20)
@@ -127,11 +118,15 @@ def test_a_key_rotation_under_load_loses_no_push_and_leaves_nothing_under_the_ol
         assert subscriber.pushes, sub_id
         for push in subscriber.pushes:
             verify_push(secret, push.headers, push.body)
+        assert {p.headers.get("x-api-key") for p in subscriber.pushes} <= {None, api_key}
+        assert subscriber.pushes[-1].headers.get("x-api-key") == api_key, sub_id
 
 
 def _stored_secrets(deployment: Deployment) -> dict[str, list[str]]:
+    """Per subscription, every secret it stores: signing secrets and push credentials."""
     async def read() -> dict[str, list[str]]:
         return {doc["_id"]: doc["signing_secrets"]
+                + list(((doc.get("auth") or {}).get("headers") or {}).values())
                 async for doc in deployment.store.db["subscriptions"].find({})}
     return deployment.run(read())
 

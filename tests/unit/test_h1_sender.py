@@ -205,7 +205,7 @@ async def test_connections_to_an_origin_no_longer_pushed_to_are_closed_and_forgo
     assert (await sender.push(envelope(), subscription(other_url), attempt=1)).ok
     await idle_past_the_keepalive(sender)
     assert (await sender.push(envelope(), subscription(url), attempt=1)).ok
-    assert [origin.port for origin in sender._idle] == [parse_target(url).origin.port]
+    assert [origin.port for origin, _ in sender._idle] == [parse_target(url).origin.port]
     srv.close()
 
 

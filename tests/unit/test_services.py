@@ -106,6 +106,7 @@ def test_render_env_names_every_address() -> None:
         "MSGBUS_MONGO_URI=mongodb://127.0.0.1:2",
         "MSGBUS_KAFKA_BOOTSTRAP=127.0.0.1:1",
         "MSGBUS_RABBITMQ_URL=amqp://x",
+        "MSGBUS_MONGO_INDEX_SKIP_SCANS=false",
     ]
 
 

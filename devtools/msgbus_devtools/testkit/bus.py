@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 from pydantic import SecretStr
 
 from admin.app import create_app as admin_app
@@ -30,6 +31,7 @@ from msgbus.settings import (
     ReceiverSettings,
 )
 from msgbus.store import MongoStore
+from msgbus_devtools.testkit.certs import ServerTls
 from msgbus_devtools.testkit.loop import BackgroundLoop
 from msgbus_devtools.testkit.subscriber import RecordingSubscriber
 from msgbus_devtools.testkit.waiting import eventually
@@ -197,14 +199,14 @@ class RunningBus:
 
         return f"http://{HOST}:{self.loop.run(start())}"
 
-    def serve_subscriber(self, app: Any) -> str:
-        """Run a subscriber app; returns its URL."""
+    def serve_subscriber(self, app: Any, tls: ServerTls | None = None) -> str:
+        """Run a subscriber app; returns its URL (https with `tls`)."""
 
         async def start() -> int:
-            server = await self._subscribers.start(make_server(app, HOST, 0), "subscriber")
-            return server.port
+            server = make_server(app, HOST, 0) if tls is None else tls.server(app, HOST)
+            return (await self._subscribers.start(server, "subscriber")).port
 
-        return f"http://{HOST}:{self.loop.run(start())}/hook"
+        return f"{'http' if tls is None else 'https'}://{HOST}:{self.loop.run(start())}/hook"
 
     def add_user(self, role: str, password: str = USER_PASSWORD) -> str:
         """A new user (name: `role` and a random suffix) of bus-wide `role`."""
@@ -278,6 +280,19 @@ class RunningBus:
             return []
         answer.raise_for_status()
         return list(answer.json()["deliveries"])
+
+    def documents_holding(self, values: set[str]) -> list[str]:
+        """Where in the bus's database any of `values` is stored plain (collection/_id)."""
+        async def scan() -> list[str]:
+            found = []
+            for name in await self.store.db.list_collection_names():
+                async for doc in self.store.db[name].find({}):
+                    text = orjson.dumps(doc, default=str).decode()
+                    if any(value in text for value in values):
+                        found.append(f"{name}/{doc['_id']}")
+            return found
+        found: list[str] = self.query(scan())
+        return found
 
     def wait_for_workers(self, sub_ids: list[str], timeout_s: float = 30) -> None:
         def ready() -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import secrets
 import time
 import uuid
@@ -219,14 +220,17 @@ class Deployment:
         # MSGBUS_COMPENSATOR_* of the compensator `start()` runs
         self.compensator_settings: dict[str, str] = {"scan_interval_s": "0.5"}
         self.subscriber_factory: Callable[[], RecordingSubscriber] = RecordingSubscriber
+        # one subscriber (one server) for every subscription, when set: for many of them
+        self.shared_subscriber: RecordingSubscriber | None = None
+        self._shared_url = ""
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
         return self.loop.run(coro, timeout_s)
 
     # -- set-up --------------------------------------------------------------------------
 
-    def start(self, receivers: int = 1) -> None:
-        self.run(self._configure())
+    def start(self, receivers: int = 1, workers_within_s: float = 60) -> None:
+        self.run(self._configure(), timeout_s=max(60, workers_within_s))
         self.dispatcher = self._process("dispatcher", "dispatcher", self.work_dir / "dispatcher")
         # The receivers first: they create each destination's topic and queues as they load
         # the registry. A Kafka consumer that subscribes before its topic exists finds it only
@@ -241,31 +245,48 @@ class Deployment:
         self.dispatcher.wait_started()
         self.compensator.wait_started()
         subscriptions = set(self.subscription_ids())
-        eventually(lambda: subscriptions <= set(self._dispatcher_workers()), 60,
-                   f"dispatcher workers for {sorted(subscriptions)}", interval_s=0.2)
+        eventually(lambda: subscriptions <= self._dispatcher_workers(), workers_within_s,
+                   f"dispatcher workers for {len(subscriptions)} subscriptions", interval_s=0.2,
+                   progress=lambda: f"{len(subscriptions & self._dispatcher_workers())} up")
 
     async def _configure(self) -> None:
         await self.store.ensure_indexes()
         for code, broker in self.destinations.items():
             await self.store.config.save_destination(Destination(code=code, broker=broker))
             for name in self.subscription_names:
-                subscriber = self.subscriber_factory()
-                server = await self._subscriber_servers.start(
-                    make_server(subscriber, services.HOST, 0), f"subscriber-{code}-{name}")
-                url = f"http://{services.HOST}:{server.port}/hook"
+                subscriber, url = await self._subscriber_for(f"{code}-{name}")
                 await self.store.config.save_subscription(Subscription(
                     destination=code, name=name, url=HttpUrl(url),
-                    **{"max_concurrency": 32, **self.subscription_options,
+                    # every dispatcher serves every subscription unless a test says otherwise:
+                    # these tests are about several processes keeping one promise
+                    **{"max_concurrency": 32, "dispatchers": None, **self.subscription_options,
                        **self.options_of.get(code, {})}))
                 self.subscriber_of[f"{code}/{name}"] = subscriber
             self.subscribers[code] = self.subscriber_of[f"{code}/{SUBSCRIPTION}"]
         self.api_key = new_api_key()
         await self.store.producers.create_app("load", hash_api_key(self.api_key), ["*"])
 
-    def _dispatcher_workers(self) -> list[str]:
-        assert self.dispatcher is not None
-        health = self.dispatcher.health()
-        return list(health["subscriptions"]) if health else []
+    async def _subscriber_for(self, name: str) -> tuple[RecordingSubscriber, str]:
+        """A subscription's subscriber and its URL: a new one, or the shared one."""
+        subscriber = self.shared_subscriber or self.subscriber_factory()
+        if subscriber is self.shared_subscriber and self._shared_url:
+            return subscriber, self._shared_url
+        server = await self._subscriber_servers.start(
+            make_server(subscriber, services.HOST, 0), f"subscriber-{name}")
+        url = f"http://{services.HOST}:{server.port}/hook"
+        if subscriber is self.shared_subscriber:
+            self._shared_url = url
+        return subscriber, url
+
+    def _dispatcher_workers(self) -> set[str]:
+        """The subscriptions some running dispatcher serves."""
+        found: set[str] = set()
+        for process in self.processes:
+            if process.service == "dispatcher" and process.process is not None \
+                    and process.process.poll() is None:
+                health = process.health()
+                found.update(health["subscriptions"] if health else ())
+        return found
 
     def _env(self, state_dir: Path) -> dict[str, str]:
         servers = self.servers
@@ -382,10 +403,11 @@ class Deployment:
             raise
 
     def print_state(self) -> None:
-        """The end of every process's log, and the metrics of those running."""
+        """The end of every process's log, and the health and metrics of those running."""
         print("\n" + self.logs(), flush=True)
         for process in self.processes:
             if process.process is not None and process.process.poll() is None:
+                say(f"{process.name} health: {json.dumps(process.health())[:3000]}")
                 lines = [line for line in process.metrics("msgbus_")
                          if "_bucket{" not in line and "_created{" not in line]
                 say(f"{process.name} metrics:\n  " + "\n  ".join(lines))

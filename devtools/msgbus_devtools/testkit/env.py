@@ -17,7 +17,10 @@ from msgbus.egress import LOOPBACK_ONLY
 
 TEST_SECRET_KEYS = "test:hO7E0GGCd_q4bOvPQ3SJL-2lq_XBZaxXCz03J-ZkWYQ="
 TEST_BUS_ENV = {"MSGBUS_PUSH_ALLOW_NETWORKS": LOOPBACK_ONLY,
-                "MSGBUS_SECRET_KEYS": TEST_SECRET_KEYS}
+                "MSGBUS_SECRET_KEYS": TEST_SECRET_KEYS,
+                # SecantusDB, the tests' MongoDB, scans the whole collection for an index walk
+                # (msgbus/store/skipscan.py)
+                "MSGBUS_MONGO_INDEX_SKIP_SCANS": "false"}
 
 
 def service_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,33 @@ class RecordingSubscriber:
                 if push.succeeded:
                     counts[push.message_id] = counts.get(push.message_id, 0) + 1
             return counts
+
+
+@dataclass
+class CheckingSubscriber:
+    """A subscriber that answers 401 to a push whose credentials `check` refuses, and records
+    the others (their headers and body)."""
+
+    check: Callable[[dict[str, str]], bool]
+    accepted: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    refused: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if (request := await read_request(scope, receive, send)) is None:
+            return
+        headers, body = request
+        allowed = self.check(headers)
+        with self._lock:
+            if allowed:
+                self.accepted.append((headers, body))
+            else:
+                self.refused += 1
+        await respond(send, 200 if allowed else 401, b"ok" if allowed else b"unauthorized")
+
+    def message_ids(self) -> set[str]:
+        with self._lock:
+            return {headers["ce-id"] for headers, _ in self.accepted}
 
 
 @dataclass
