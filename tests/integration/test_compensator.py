@@ -282,19 +282,22 @@ def test_a_large_due_backlog_does_not_hold_back_another_subscriptions_retries(
         cbus: RunningBus) -> None:
     """One scan per round finds every subscription with something due, and each drains in a
     task of its own under its own cap: a few retries of one subscription are delivered while
-    another's 400 still drain, slowly (2 at a time, 50 ms each)."""
-    slow = PeakSubscriber(delay_s=0.05)
+    another's 400 still drain, slowly (2 at a time, 250 ms each: 50 s at least, so that a
+    stalled MongoDB stand-in cannot let the backlog drain first)."""
+    slow = PeakSubscriber(delay_s=0.25)
     big_code, big_sub = _destination(cbus, slow, paused=True, max_concurrency=2)
     _due_retries(cbus, big_code, big_sub, 400)
     cbus.admin.post(f"/v1/destinations/{big_code}/subscriptions/s/resume").raise_for_status()
-    eventually(lambda: len(slow.pushes) >= 20, 30, "the large backlog draining")
+    eventually(lambda: len(slow.pushes) >= 8, 120, "the large backlog draining",
+               progress=lambda: f"{len(slow.pushes)} pushed")
 
     quick = ScriptedSubscriber()
     code, sub_id = _destination(cbus, quick, paused=True)
     ids = _due_retries(cbus, code, sub_id, 5)
     cbus.admin.post(f"/v1/destinations/{code}/subscriptions/s/resume").raise_for_status()
-    eventually(lambda: quick.successes().keys() == set(ids), 30,
-               "the other subscription's retries delivered")
+    eventually(lambda: quick.successes().keys() == set(ids), 60,
+               "the other subscription's retries delivered",
+               progress=lambda: f"{len(quick.successes())} of 5; the backlog {len(slow.pushes)}")
     assert len(slow.pushes) < 380, "the large backlog had drained first: nothing was shown"
     assert slow.peak <= 2
     # the rest would drain beside the next tests of this bus
