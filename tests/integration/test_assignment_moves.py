@@ -1,14 +1,18 @@
-"""Each subscription is served by `dispatchers: 2` of three dispatcher processes (issue 41 part 1):
-each hosts exactly the consumers the assignment gives it; one killed with -9 has its
+"""Each of 1,000 subscriptions is served by `dispatchers: 2` of three dispatcher processes (issue
+41 parts 1 and 4): each hosts exactly the consumers the assignment gives it, about two thirds of
+them; one killed with -9 has its
 subscriptions served by the two others within its lease; a fourth that starts takes its share,
 each move handed over (the old instance lets go before the new one starts); the killed one comes
 back at the end, as a killed container restarts in its pod, and writes the outcomes it had only
 on disk.
-Under a steady load through Kafka and RabbitMQ the whole time, nothing is lost and the cap
-holds."""
+Under a steady load through Kafka and RabbitMQ the whole time to 8 of the subscriptions, nothing
+is lost and the cap holds; the 992 others are idle RabbitMQ subscriptions (what a Kafka consumer
+costs each is issue 41 part 2's open work), and a message sent to a few of them at the end reaches
+every one."""
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +20,12 @@ from pathlib import Path
 import pytest
 from msgbus_devtools.testkit.deployment import Deployment, Phases, Servers
 from msgbus_devtools.testkit.procs import BusProcess, say
+from msgbus_devtools.testkit.sending import post_batches
 from msgbus_devtools.testkit.subscriber import PeakSubscriber
 from msgbus_devtools.testkit.waiting import eventually
 
 from msgbus.assignment import serving
+from msgbus.ids import uuid7
 from msgbus.models import BrokerKind
 
 pytestmark = [pytest.mark.serial, pytest.mark.timeout(600)]
@@ -27,6 +33,8 @@ MOVE_WITHIN_S = 30.0  # the lease and a heartbeat, and room for a machine busy w
 
 CAP = 4
 LEASE_S = 3.0
+SUBSCRIPTIONS = 1000
+IDLE_SAMPLES = 5  # idle destinations sent a message at the end
 UNIQUE = uuid.uuid4().hex[:6]
 DESTINATIONS = {**{f"as-k{n}-{UNIQUE}": BrokerKind.KAFKA for n in range(4)},
                 **{f"as-r{n}-{UNIQUE}": BrokerKind.RABBITMQ for n in range(4)}}
@@ -37,7 +45,10 @@ def deployment(private_servers: Servers, tmp_path: Path) -> Iterator[Deployment]
     deployed = Deployment(private_servers, tmp_path, DESTINATIONS)
     deployed.subscription_options = {"dispatchers": 2, "max_concurrency": CAP}
     deployed.subscriber_factory = lambda: PeakSubscriber(delay_s=0.02)
-    deployed.extra_env = {"MSGBUS_SHARE_LEASE_S": str(LEASE_S)}
+    deployed.idle_subscriptions = SUBSCRIPTIONS - len(DESTINATIONS)
+    # the product's refresh: five processes reading 1,000 subscriptions twice a second would
+    # keep the MongoDB stand-in busy
+    deployed.extra_env = {"MSGBUS_SHARE_LEASE_S": str(LEASE_S), "MSGBUS_CONFIG_REFRESH_S": "2"}
     yield deployed
     deployed.close()
 
@@ -56,13 +67,14 @@ def _differences(deployment: Deployment, live: list[BusProcess]) -> dict[str, st
     gives it: what it lacks and what it has too many."""
     names = [_instance(p) for p in live]
     found = {}
+    subscriptions = deployment.subscription_ids()
     for process in live:
-        wanted = {sub for sub in deployment.subscription_ids()
-                  if _instance(process) in serving(sub, names, 2)}
+        wanted = {sub for sub in subscriptions if _instance(process) in serving(sub, names, 2)}
         hosted = _hosted(process) or set()
         if hosted != wanted:
-            found[process.name] = (f"lacks {sorted(wanted - hosted)}, "
-                                   f"too many {sorted(hosted - wanted)}")
+            lacks, extra = sorted(wanted - hosted), sorted(hosted - wanted)
+            found[process.name] = (f"lacks {len(lacks)} {lacks[:3]}, "
+                                   f"too many {len(extra)} {extra[:3]}")
     return found
 
 
@@ -78,17 +90,19 @@ def test_subscriptions_move_when_a_dispatcher_dies_or_joins_and_nothing_is_lost(
         others = [deployment.add_dispatcher("dispatcher-1"), deployment.add_dispatcher("d-2")]
         for process in others:
             process.launch()
-        deployment.start()
+        deployment.start(workers_within_s=300)
         live = [deployment.dispatcher, *others]
         assert all(p is not None for p in live)
         dispatchers: list[BusProcess] = [p for p in live if p is not None]
         with phases.phase("three dispatchers host the assignment"):
-            eventually(lambda: _assignment_held(deployment, dispatchers), 60,
+            eventually(lambda: _assignment_held(deployment, dispatchers), 120,
                        "each dispatcher hosting its assignment",
                        progress=lambda: str(_differences(deployment, dispatchers)))
         counts = {p.name: len(_hosted(p) or ()) for p in dispatchers}
         say(f"subscriptions hosted: {counts}")
-        assert sum(counts.values()) == 2 * len(deployment.subscription_ids())
+        assert sum(counts.values()) == 2 * SUBSCRIPTIONS
+        # rendezvous hashing balances by count: each about two thirds (binomial, sd ~15)
+        assert all(abs(count - 2 * SUBSCRIPTIONS / 3) < 100 for count in counts.values()), counts
 
         load = deployment.load(rate_per_s=80, duration_s=30).start()
         deployment.wait_warm(5)
@@ -115,6 +129,9 @@ def test_subscriptions_move_when_a_dispatcher_dies_or_joins_and_nothing_is_lost(
         with phases.phase("the killed dispatcher restarts and writes its trace buffer"):
             victim.start()
         deployment.check_everything_delivered(load, phases)
+        with phases.phase(f"a message to each of {IDLE_SAMPLES} idle destinations pushed to "
+                          "all their subscriptions"):
+            _send_to_idle(deployment)
         print(phases.report())
 
     peaks = {code: deployment.subscribers[code] for code in DESTINATIONS}
@@ -127,3 +144,22 @@ def test_subscriptions_move_when_a_dispatcher_dies_or_joins_and_nothing_is_lost(
 def _moves(process: BusProcess) -> float:
     return sum(float(line.rsplit(" ", 1)[1])
                for line in process.metrics("msgbus_assignment_moves_total"))
+
+
+def _send_to_idle(deployment: Deployment) -> None:
+    codes = random.sample(deployment.idle_destinations(), IDLE_SAMPLES)
+    sent = {uuid7(): code for code in codes}
+    post_batches(deployment.receivers[0].url, deployment.api_key,
+                 [{"message_id": mid, "destination": code, "body": {}}
+                  for mid, code in sent.items()])
+    # a message of one destination: its id and the subscription's name name the push
+    wanted = {(mid, sub_id.split("/", 1)[1]) for mid, code in sent.items()
+              for sub_id in deployment.subscription_ids(code)}
+    subscriber = deployment.idle_subscriber
+
+    def pushed() -> set[tuple[str, str]]:
+        return {(p.message_id, p.headers["ce-subscription"]) for p in subscriber.pushes
+                if p.succeeded}
+
+    eventually(lambda: wanted <= pushed(), 60, "the idle subscriptions' pushes",
+               progress=lambda: f"{len(wanted & pushed())} of {len(wanted)}")

@@ -87,7 +87,8 @@ async def take(
         return len(got) >= count
 
     with contextlib.suppress(NotInTime):
-        await eventually_async(enough, timeout_s, f"{count} messages", interval_s=0)
+        await eventually_async(enough, timeout_s, f"{count} messages", interval_s=0,
+                               patient=False)
     return got
 
 

@@ -57,7 +57,8 @@ def published_flags(bootstrap: str, destination: str, expected: int) -> dict[str
     try:
         # bounded, not a failure here: the test's assertions show what is missing
         with contextlib.suppress(NotInTime):
-            eventually(consumed_all, 30, f"{expected} records of {destination}", interval_s=0)
+            eventually(consumed_all, 30, f"{expected} records of {destination}", interval_s=0,
+                       patient=False)
     finally:
         consumer.close()
     return flags

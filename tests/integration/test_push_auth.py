@@ -265,7 +265,7 @@ def test_a_failing_authentication_step_is_a_failed_attempt_with_a_clear_error_th
                 for d in bus.deliveries(message_id)}
 
     failed = eventually(lambda: (e := errors()) and len(e.get(f"{code}/oauth", [])) >= 2
-                        and len(e.get(f"{code}/mtls", [])) >= 2 and e, 30,
+                        and len(e.get(f"{code}/mtls", [])) >= 2 and e, 60,
                         "two failed attempts each")
     assert all(f"OAuth2 token endpoint http://127.0.0.1:{token_port}/token" in error
                for error in failed[f"{code}/oauth"]), failed

@@ -8,6 +8,12 @@ import pytest
 from msgbus_devtools.testkit.waiting import NotInTime, Steady, eventually, eventually_async
 
 
+@pytest.fixture(autouse=True)
+def no_patience(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budgets as written (the parallel pass doubles them)."""
+    monkeypatch.delenv("MSGBUS_TEST_PATIENCE", raising=False)
+
+
 def test_eventually_returns_the_first_truthy_value() -> None:
     values = iter([0, None, [], "ready"])
     assert eventually(lambda: next(values), 5, "a value", interval_s=0) == "ready"
@@ -23,6 +29,15 @@ def test_without_what_the_error_quotes_the_condition() -> None:
     items: list[int] = []
     with pytest.raises(NotInTime, match=r"waiting for lambda: len\(items\) == 3"):
         eventually(lambda: len(items) == 3, 0.05, interval_s=0.01)
+
+
+def test_patience_multiplies_a_budget_unless_the_wait_is_bounded_on_purpose(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSGBUS_TEST_PATIENCE", "3")
+    with pytest.raises(NotInTime, match=r"timed out after 0\.15 s waiting for the thing"):
+        eventually(lambda: False, 0.05, "the thing", interval_s=0.01)
+    with pytest.raises(NotInTime, match=r"timed out after 0\.05 s waiting for the thing"):
+        eventually(lambda: False, 0.05, "the thing", interval_s=0.01, patient=False)
 
 
 def test_not_in_time_is_an_assertion_error() -> None:

@@ -279,7 +279,8 @@ def _settle(deployment: Deployment, timeout_s: float = 30.0) -> None:
     pushes = Steady(lambda: sum(len(s.pushes) for s in deployment.subscriber_of.values()),
                     SETTLE_S)
     try:
-        eventually(pushes, timeout_s, f"no push for {SETTLE_S:.0f} s", interval_s=SETTLE_S)
+        eventually(pushes, timeout_s, f"no push for {SETTLE_S:.0f} s", interval_s=SETTLE_S,
+                   patient=False)
     except NotInTime:
         say(f"  pushes still coming after {timeout_s:.0f} s ({pushes.last} so far)")
 

@@ -46,6 +46,7 @@ T = TypeVar("T")
 KAFKA_BUCKET = "tansu"
 SUBSCRIPTION = "rec"  # the first subscription of every destination
 PROGRESS_EVERY_S = 5.0
+IDLE_PER_DESTINATION = 10  # subscriptions per idle destination (`Deployment.idle_subscriptions`)
 KAFKA_QUIESCE_S = 1.0  # tansu finishes the produce requests it is working on well within this
 
 
@@ -223,6 +224,11 @@ class Deployment:
         # one subscriber (one server) for every subscription, when set: for many of them
         self.shared_subscriber: RecordingSubscriber | None = None
         self._shared_url = ""
+        # this many idle subscriptions beside the destinations': RabbitMQ destinations of
+        # IDLE_PER_DESTINATION subscriptions each, all pushing to `idle_subscriber`; the load
+        # sends them nothing
+        self.idle_subscriptions = 0
+        self.idle_subscriber = RecordingSubscriber()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
         return self.loop.run(coro, timeout_s)
@@ -263,8 +269,24 @@ class Deployment:
                        **self.options_of.get(code, {})}))
                 self.subscriber_of[f"{code}/{name}"] = subscriber
             self.subscribers[code] = self.subscriber_of[f"{code}/{SUBSCRIPTION}"]
+        await self._configure_idle()
         self.api_key = new_api_key()
         await self.store.producers.create_app("load", hash_api_key(self.api_key), ["*"])
+
+    async def _configure_idle(self) -> None:
+        if not self.idle_subscriptions:
+            return
+        server = await self._subscriber_servers.start(
+            make_server(self.idle_subscriber, services.HOST, 0), "subscriber-idle")
+        url = HttpUrl(f"http://{services.HOST}:{server.port}/hook")
+        for code in self.idle_destinations():
+            await self.store.config.save_destination(
+                Destination(code=code, broker=BrokerKind.RABBITMQ))
+        for sub_id in self.idle_ids():
+            code, name = sub_id.split("/", 1)
+            await self.store.config.save_subscription(Subscription(
+                destination=code, name=name, url=url,
+                **{"dispatchers": None, **self.subscription_options}))
 
     async def _subscriber_for(self, name: str) -> tuple[RecordingSubscriber, str]:
         """A subscription's subscriber and its URL: a new one, or the shared one."""
@@ -342,9 +364,22 @@ class Deployment:
     # -- observing -----------------------------------------------------------------------
 
     def subscription_ids(self, code: str | None = None) -> list[str]:
-        """"code/name" of every subscription (of destination `code`, if given)."""
-        return [f"{dest}/{name}" for dest in self.destinations
-                for name in self.subscription_names if code in (None, dest)]
+        """"code/name" of every subscription, the idle ones included (of destination `code`,
+        if given)."""
+        return [*(f"{dest}/{name}" for dest in self.destinations
+                  for name in self.subscription_names if code in (None, dest)),
+                *(sub_id for sub_id in self.idle_ids()
+                  if code in (None, sub_id.split("/", 1)[0]))]
+
+    def idle_destinations(self) -> list[str]:
+        count = -(-self.idle_subscriptions // IDLE_PER_DESTINATION)
+        return [f"idle{index}-{self.db[-6:]}" for index in range(count)]
+
+    def idle_ids(self) -> list[str]:
+        """"code/name" of the idle subscriptions (`idle_subscriptions`)."""
+        ids = [f"{code}/i{index}" for code in self.idle_destinations()
+               for index in range(IDLE_PER_DESTINATION)]
+        return ids[:self.idle_subscriptions]
 
     def pushes(self, code: str) -> int:
         return len(self.subscribers[code].pushes)
