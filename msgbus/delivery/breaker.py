@@ -55,6 +55,11 @@ class Evidence:
     failures: int = 0  # unwell failures of different messages since `counted_since`
     counted_since: float = 0.0  # the newest answer anywhere that process knew of
 
+    def tells(self) -> bool:
+        """Whether it says anything to the others: with no answer and no failure its
+        `counted_since` counts nothing (`CircuitBreaker.hear` reads it as no report)."""
+        return bool(self.ok_at or self.answered_at or self.failures)
+
     def to_doc(self) -> dict[str, Any]:
         return {"ok_at": self.ok_at, "answered_at": self.answered_at,
                 "failures": self.failures, "counted_since": self.counted_since}

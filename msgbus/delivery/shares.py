@@ -6,7 +6,8 @@ begun within the last second where `AdjustableSlots` count those in flight).
 Each process holds a share of each subscription's `max_concurrency` and never has more pushes
 in flight than its share (`AdjustableSlots`): no MongoDB round trip per push. The shares live
 in MongoDB (`msgbus.store.shares`); every `heartbeat_s` a process
-1. renews its lease (`instances`: alive until `lease_s` from now),
+1. renews its lease (`instances`: alive until `lease_s` from now; also in between while a beat
+   takes longer than `heartbeat_s`),
 2. reads the subscriptions' share documents, drops the entries of dead instances,
 3. works out its fair share from everyone's demand (`fair_shares`: nobody gets more than it
    asks for, what one does not need goes to the others), and
@@ -132,12 +133,17 @@ class CapShares(PeriodicWork):
         self._slots: dict[str, Share] = {}
         self._caps: dict[str, int] = {}
         self._leaving: set[str] = set()  # limits whose entry is to be removed
+        # whether the entries a former run of this instance (killed, then restarted under the
+        # same name) left behind are known: those of limits it no longer serves must go, or
+        # they would hold room of caps that moved to other instances meanwhile
+        self._inherited = False
         self._pushers_seen: dict[str, int] = {}  # processes sharing each limit, last seen
         self._breakers: dict[str, CircuitBreaker] = {}  # by subscription id
         # told of every circuit's transition (subscription id, open), e.g. msgbus/notify.py's
         self.on_circuit: Callable[[str, bool], None] | None = None
         self._wake = asyncio.Event()  # a push waits with no slot at all: beat now
         self._lease_until = 0.0  # monotonic: when this process's lease ends unless renewed
+        self._renewed_at = 0.0  # monotonic: the last renewal's start
         self._outage: str | None = None
         # the live instances of this process's component, as of the last beat (this one too)
         self.peers: frozenset[str] = frozenset()
@@ -149,6 +155,7 @@ class CapShares(PeriodicWork):
         self.on_peers: Callable[[], None] | None = None  # told when either of them changes
         self.every(self._next_beat_in_s, self._heartbeat, what=f"cap shares {component}",
                    wake=self._wake, first_pause=True)
+        self.every(heartbeat_s, self._keep_lease, what=f"lease {component}", first_pause=True)
 
     def slots(self, sub_id: str, cap: int) -> AdjustableSlots:
         """This process's slots of the subscription's concurrency (one object, whichever part
@@ -240,6 +247,26 @@ class CapShares(PeriodicWork):
         # before the next pause: `_wake` starts a beat at most this often
         await asyncio.sleep(self._heartbeat_s * MIN_BEAT_GAP_SHARE)
 
+    async def _keep_lease(self) -> None:
+        """Renews the lease between beats while a beat takes long (one that settles hundreds
+        of subscriptions after a move, on a busy MongoDB): a slow beat must not look like a
+        dead process to the others, who would then take its shares and its subscriptions, and
+        rewrite every share document it is in."""
+        started = time.monotonic()
+        if started - self._renewed_at < self._heartbeat_s:
+            return
+        ends = self._lease_until if self._lease_until > started else started + self._lease_s
+        try:
+            async with self._store.gate.guard("cap shares lease", ends - started):
+                await self._store.beat(self.instance, self._component, self._lease_s, {})
+        except (PyMongoError, MongoUnavailable):
+            return  # the beat tells of MongoDB's state, and falls back when the lease ends
+        self._renewed(started)
+
+    def _renewed(self, started: float) -> None:
+        self._renewed_at = started
+        self._lease_until = max(self._lease_until, started + self._lease_s)
+
     def _next_beat_in_s(self) -> float:
         """Sooner while a limit holds pushes back that its cap would allow: the room the
         others give up reaches this process within a quarter of a heartbeat, not a whole one
@@ -256,7 +283,7 @@ class CapShares(PeriodicWork):
                                      {"subscriptions": sorted(self.subscription_ids()),
                                       "circuits": self._circuit_reports(),
                                       "health_url": self.health_url})
-        self._lease_until = started + self._lease_s
+        self._renewed(started)
         renew_s = time.monotonic() - started
         if renew_s > self._lease_s / 4:
             log.warning("cap shares: renewing the lease took %.1f s of its %.1f s", renew_s,
@@ -265,6 +292,9 @@ class CapShares(PeriodicWork):
         self._see_peers(instances)
         self._hear_circuits(instances)
         live = set(instances)
+        if not self._inherited:
+            self._leaving |= set(await self._store.held_by(self.instance)) - set(self._slots)
+            self._inherited = True
         sub_ids = sorted(set(self._slots) | self._leaving)
         docs = await self._store.read(sub_ids)
         for sub_id in sub_ids:
@@ -291,8 +321,16 @@ class CapShares(PeriodicWork):
             self.on_peers()
 
     def _circuit_reports(self) -> list[dict[str, Any]]:
-        return [{"subscription": sub_id, "open": breaker.is_open, **breaker.report().to_doc()}
-                for sub_id, breaker in self._breakers.items()]
+        """The evidence of the subscriptions this process has seen an answer or a failure of:
+        one never pushed to has none to tell, and a heartbeat of a process that hosts hundreds
+        of idle subscriptions stays small (reading no report is reading an empty one)."""
+        reports = []
+        for sub_id, breaker in self._breakers.items():
+            evidence = breaker.report()
+            if breaker.is_open or evidence.tells():
+                reports.append({"subscription": sub_id, "open": breaker.is_open,
+                                **evidence.to_doc()})
+        return reports
 
     def _hear_circuits(self, instances: dict[str, dict[str, Any]]) -> None:
         heard: dict[str, list[Evidence]] = {}

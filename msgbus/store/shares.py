@@ -60,6 +60,11 @@ class ShareStore:
         """A clean stop: the instance is dead at once (its entries free their room)."""
         await self._instances.delete_one({"_id": instance})
 
+    async def held_by(self, instance: str) -> list[str]:
+        """The share documents with an entry of `instance`."""
+        cursor = self._shares.find({"entries.instance": instance}, {"_id": 1})
+        return [doc["_id"] async for doc in cursor]
+
     async def read(self, sub_ids: list[str]) -> dict[str, dict[str, Any]]:
         cursor = self._shares.find({"_id": {"$in": sub_ids}})
         return {doc["_id"]: doc async for doc in cursor}

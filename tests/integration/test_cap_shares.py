@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -81,3 +82,48 @@ async def test_processes_never_exceed_the_cap_together_and_a_dead_ones_share_ret
             await process.close()
         with contextlib.suppress(BaseException):
             await dead.close()
+
+
+async def test_a_process_restarted_under_its_name_lets_go_of_what_its_former_run_held(
+        store: MongoStore) -> None:
+    """A dispatcher killed and restarted in its pod within its lease keeps its instance name,
+    and its lease goes on. Its former run's entry of a subscription that it no longer serves
+    (the assignment moved it meanwhile) would count as held by a live instance and keep that
+    room from the others for good: the new run drops it at its first beat."""
+    shares = ShareStore(store)
+    counter = InFlight()
+
+    def process(name: str) -> CapShares:
+        return CapShares(shares, instance=name, component="dispatcher",
+                         heartbeat_s=HEARTBEAT_S, lease_s=LEASE_S)
+
+    first_run, other = process("restarted"), process("other")
+    first_run.start()
+    killed = [asyncio.create_task(_push_forever(first_run, counter)) for _ in range(CAP)]
+    pushing: list[asyncio.Task[None]] = []
+    second_run = process("restarted")  # serves other subscriptions now
+    former_entry_gone = _entry_gone(shares, "dispatcher:restarted")
+    try:
+        await eventually_async(lambda: first_run.slots(SUB, CAP).limit == CAP, 30,
+                               "the whole cap with the first run")
+        for task in [*killed, *first_run._tasks]:  # kill -9
+            task.cancel()
+        second_run.start()
+        other.start()
+        pushing = [asyncio.create_task(_push_forever(other, counter)) for _ in range(CAP)]
+        await eventually_async(former_entry_gone, 30, "the former run's entry gone")
+        await eventually_async(lambda: other.slots(SUB, CAP).limit == CAP, 30,
+                               "the whole cap with the other process")
+        assert counter.over_cap == []
+    finally:
+        for task in pushing:
+            task.cancel()
+        await other.close()
+        await second_run.close()
+
+
+def _entry_gone(shares: ShareStore, instance: str) -> Callable[[], Awaitable[bool]]:
+    async def gone() -> bool:
+        doc = (await shares.read([SUB])).get(SUB) or {}
+        return all(e["instance"] != instance for e in doc.get("entries", []))
+    return gone

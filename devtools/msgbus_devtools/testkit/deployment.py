@@ -46,6 +46,7 @@ T = TypeVar("T")
 KAFKA_BUCKET = "tansu"
 SUBSCRIPTION = "rec"  # the first subscription of every destination
 PROGRESS_EVERY_S = 5.0
+METRIC_LINES = 400  # of each process, printed when a test fails (1,000 subscriptions make 30,000)
 IDLE_PER_DESTINATION = 10  # subscriptions per idle destination (`Deployment.idle_subscriptions`)
 KAFKA_QUIESCE_S = 1.0  # tansu finishes the produce requests it is working on well within this
 
@@ -445,7 +446,9 @@ class Deployment:
                 say(f"{process.name} health: {json.dumps(process.health())[:3000]}")
                 lines = [line for line in process.metrics("msgbus_")
                          if "_bucket{" not in line and "_created{" not in line]
-                say(f"{process.name} metrics:\n  " + "\n  ".join(lines))
+                left = len(lines) - METRIC_LINES
+                more = f"\n  ... {left} more" if left > 0 else ""
+                say(f"{process.name} metrics:\n  " + "\n  ".join(lines[:METRIC_LINES]) + more)
 
     # -- checking --------------------------------------------------------------------------
 
