@@ -125,6 +125,11 @@ def test_subscriptions_move_when_a_dispatcher_dies_or_joins_and_nothing_is_lost(
         # sweep, deploy/k8s/base/dispatcher.yaml)
         with phases.phase("the killed dispatcher restarts and writes its trace buffer"):
             victim.start()
+        every = [*survivors, fourth, victim]
+        with phases.phase("the assignment over four, the restarted one included"):
+            eventually(lambda: _assignment_held(deployment, every), MOVE_WITHIN_S,
+                       "the assignment over four", progress=lambda: str(
+                           _differences(deployment, every)))
         deployment.check_everything_delivered(load, phases)
         with phases.phase("a message to each idle destination pushed to all its subscriptions"):
             _send_to_idle(deployment)
