@@ -235,9 +235,7 @@ class CapShares(PeriodicWork):
         try:
             # a beat still running when the lease ends would leave this process pushing
             # with a share the others may have taken back: it ends there
-            now = time.monotonic()
-            ends = self._lease_until if self._lease_until > now else now + self._lease_s
-            async with self._store.gate.guard("cap shares", ends - now):
+            async with self._store.gate.guard("cap shares", self._lease_left_s()):
                 await self.beat()
             self._mongo_back()
         except (PyMongoError, MongoUnavailable) as exc:
@@ -255,13 +253,18 @@ class CapShares(PeriodicWork):
         started = time.monotonic()
         if started - self._renewed_at < self._heartbeat_s:
             return
-        ends = self._lease_until if self._lease_until > started else started + self._lease_s
         try:
-            async with self._store.gate.guard("cap shares lease", ends - started):
+            async with self._store.gate.guard("cap shares lease", self._lease_left_s()):
                 await self._store.beat(self.instance, self._component, self._lease_s, {})
         except (PyMongoError, MongoUnavailable):
             return  # the beat tells of MongoDB's state, and falls back when the lease ends
         self._renewed(started)
+
+    def _lease_left_s(self) -> float:
+        """How long MongoDB may take to renew the lease: what is left of it, or a whole lease
+        once it has ended."""
+        left = self._lease_until - time.monotonic()
+        return left if left > 0 else self._lease_s
 
     def _renewed(self, started: float) -> None:
         self._renewed_at = started
