@@ -277,9 +277,7 @@ class Deployment:
     async def _configure_idle(self) -> None:
         if not self.idle_subscriptions:
             return
-        server = await self._subscriber_servers.start(
-            make_server(self.idle_subscriber, services.HOST, 0), "subscriber-idle")
-        url = HttpUrl(f"http://{services.HOST}:{server.port}/hook")
+        url = HttpUrl(await self._serve(self.idle_subscriber, "subscriber-idle"))
         for code in self.idle_destinations():
             await self.store.config.save_destination(
                 Destination(code=code, broker=BrokerKind.RABBITMQ))
@@ -294,12 +292,16 @@ class Deployment:
         subscriber = self.shared_subscriber or self.subscriber_factory()
         if subscriber is self.shared_subscriber and self._shared_url:
             return subscriber, self._shared_url
-        server = await self._subscriber_servers.start(
-            make_server(subscriber, services.HOST, 0), f"subscriber-{name}")
-        url = f"http://{services.HOST}:{server.port}/hook"
+        url = await self._serve(subscriber, f"subscriber-{name}")
         if subscriber is self.shared_subscriber:
             self._shared_url = url
         return subscriber, url
+
+    async def _serve(self, subscriber: RecordingSubscriber, name: str) -> str:
+        """Start a server for `subscriber`; returns its push URL."""
+        server = await self._subscriber_servers.start(
+            make_server(subscriber, services.HOST, 0), name)
+        return f"http://{services.HOST}:{server.port}/hook"
 
     def _dispatcher_workers(self) -> set[str]:
         """The subscriptions some running dispatcher serves."""
