@@ -27,11 +27,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from dispatcher.copies import CopiesCheck
 from msgbus.brokers.base import consumer_name, topic_name
+from msgbus.brokers.kafka import committed_offsets
 from msgbus.brokers.management import get_json_list, management_endpoints
 from msgbus.metrics import (
     BROKER_UP,
@@ -169,17 +170,13 @@ class BrokerHealthMonitor(PeriodicWork):
     @staticmethod
     def _record_kafka(cluster: str, sub: Subscription, admin: AdminClient, reader: Consumer,
                       topic: str, partitions: list[int]) -> None:
-        group = consumer_name(sub.destination, sub.name)
-        request = ConsumerGroupTopicPartitions(
-            group, [TopicPartition(topic, p) for p in partitions])
-        futures = admin.list_consumer_group_offsets([request], request_timeout=KAFKA_TIMEOUT_S)
-        committed = {tp.partition: tp.offset
-                     for tp in futures[group].result(KAFKA_TIMEOUT_S).topic_partitions}
+        committed = committed_offsets(admin, consumer_name(sub.destination, sub.name),
+                                      [(topic, p) for p in partitions], KAFKA_TIMEOUT_S)
         lag = 0
         for partition in partitions:
             low, high = reader.get_watermark_offsets(TopicPartition(topic, partition),
                                                      timeout=KAFKA_TIMEOUT_S)
-            offset = committed.get(partition, -1)
+            offset = committed.get((topic, partition), -1)
             position = offset if offset >= 0 else low  # nothing committed: from the start
             KAFKA_COMMITTED_OFFSET.labels(cluster, sub.id, str(partition)).set(max(offset, 0))
             lag += max(0, high - position)

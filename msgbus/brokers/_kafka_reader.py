@@ -35,6 +35,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
+from msgbus.brokers.kafka import committed_offsets
+
 log = logging.getLogger(__name__)
 
 # a fetch's wait with nothing to read (a record ends it at once); it bounds how soon a placement,
@@ -220,11 +222,7 @@ class GroupOffsets:
 
     def committed(self, group: str, parts: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """The group's committed offset of each of `parts` that has one."""
-        request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in parts])
-        future = self._admin.list_consumer_group_offsets([request])[group]
-        result = future.result(timeout=ADMIN_TIMEOUT_S)
-        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions
-                if tp.error is None and tp.offset >= 0}
+        return committed_offsets(self._admin, group, parts, ADMIN_TIMEOUT_S)
 
     def commit(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
         """Commit `offsets` (the next offset to read of each partition) for `group`."""

@@ -20,7 +20,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from msgbus import codec
@@ -319,3 +326,13 @@ class KafkaPublisher(Publisher):
         if remaining:
             log.warning("kafka producer closed with %d messages undelivered", remaining)
         self._admin = None
+
+
+def committed_offsets(admin: AdminClient, group: str, parts: list[tuple[str, int]],
+                      timeout_s: float) -> dict[tuple[str, int], int]:
+    """`group`'s committed offset of each of `parts` (topic, partition) that has one."""
+    request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in parts])
+    futures = admin.list_consumer_group_offsets([request], request_timeout=timeout_s)
+    result = futures[group].result(timeout=timeout_s)
+    return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions
+            if tp.error is None and tp.offset >= 0}
