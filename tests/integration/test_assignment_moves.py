@@ -63,10 +63,10 @@ def _differences(deployment: Deployment, live: list[BusProcess]) -> dict[str, st
     """Per live dispatcher that does not host exactly what the assignment over the live ones
     gives it: what it lacks and what it has too many."""
     names = [_instance(p) for p in live]
+    assigned = {sub: serving(sub, names, 2) for sub in deployment.subscription_ids()}
     found = {}
-    subscriptions = deployment.subscription_ids()
     for process in live:
-        wanted = {sub for sub in subscriptions if _instance(process) in serving(sub, names, 2)}
+        wanted = {sub for sub, serve in assigned.items() if _instance(process) in serve}
         hosted = _hosted(process) or set()
         if hosted != wanted:
             lacks, extra = sorted(wanted - hosted), sorted(hosted - wanted)
