@@ -85,11 +85,6 @@ class _Handle:
         with self._lock:
             return (topic, partition) in self._lanes
 
-    @property
-    def lanes(self) -> int:
-        with self._lock:
-            return len(self._lanes)
-
     def add(self, lane: Lane, offset: int, deliver: Deliver) -> None:
         part = [TopicPartition(lane.topic, lane.partition, offset)]
         with self._lock:
@@ -192,7 +187,9 @@ class ReaderPool:
                 handle = _Handle(self._config, f"kafka-reader-{len(self._handles)}")
                 self._handles.append(handle)
             self._placed[lane] = handle
-        handle.add(lane, offset, deliver)
+            # under the pool's lock: a placement of the same topic-partition at the same time
+            # must see this one held, not pick this handle too
+            handle.add(lane, offset, deliver)
 
     def remove(self, lane: Lane) -> None:
         with self._lock:
