@@ -20,7 +20,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote_plus
 
 import aiohttp
@@ -38,11 +38,30 @@ DEFAULT_TOKEN_LIFETIME_S = 3600.0  # a token answer without expires_in
 TOKEN_TIMEOUT_S = 10.0
 ERROR_DETAIL_CHARS = 200
 KEPT = 10_000  # memoised entries, by credentials (cleared past this)
+T = TypeVar("T")
 
 
 class PushAuthError(Exception):
     """The push's authentication step failed (token endpoint, certificate): a failed attempt,
     retried like any other."""
+
+
+class _PerObject(Generic[T]):
+    """A value worked out once per settings object (the registry keeps a subscription's objects
+    until its settings change), by identity; cleared past KEPT entries."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[object, T]] = {}
+
+    def get(self, settings: object, make: Callable[[], T]) -> T:
+        known = self._known.get(id(settings))
+        if known is not None and known[0] is settings:
+            return known[1]
+        value = make()
+        if len(self._known) >= KEPT:
+            self._known.clear()
+        self._known[id(settings)] = (settings, value)
+        return value
 
 
 @dataclass(slots=True)
@@ -60,10 +79,10 @@ class PushAuthenticator:
         self._egress = egress
         self._proxy = proxy
         self._user_agent = user_agent
-        self._headers: dict[int, tuple[PushAuth, dict[str, str]]] = {}  # by id(auth)
+        self._headers: _PerObject[dict[str, str]] = _PerObject()  # by auth
         self._contexts: dict[tuple[str | None, str | None, str | None], ssl.SSLContext] = {}
         self._tokens: dict[str, _Token] = {}
-        self._token_keys: dict[int, tuple[OAuth2ClientCredentials, str]] = {}  # by id(oauth2)
+        self._token_keys: _PerObject[str] = _PerObject()  # by oauth2
         self._fetching: dict[str, asyncio.Future[_Token]] = {}
         self._failed_at: dict[str, float] = {}  # the last failed fetch, by credentials
         self._session: aiohttp.ClientSession | None = None
@@ -111,29 +130,18 @@ class PushAuthenticator:
     # --- internals -------------------------------------------------------------------------
 
     def _fixed_headers(self, auth: PushAuth) -> dict[str, str]:
-        known = self._headers.get(id(auth))
-        if known is not None and known[0] is auth:
-            return known[1]
+        return self._headers.get(auth, functools.partial(self._opened_headers, auth))
+
+    def _opened_headers(self, auth: PushAuth) -> dict[str, str]:
         fixed = {name: self._open(value) for name, value in auth.headers.items()}
         if auth.basic is not None:
             fixed["authorization"] = _basic(auth.basic.username, self._open(auth.basic.password))
-        if len(self._headers) >= KEPT:
-            self._headers.clear()
-        self._headers[id(auth)] = (auth, fixed)
         return fixed
 
     def _token_key(self, oauth: OAuth2ClientCredentials) -> str:
         """Every field (a changed secret or scope is another token), worked out once per
-        settings object: the registry keeps a subscription's object until its settings
-        change."""
-        known = self._token_keys.get(id(oauth))
-        if known is not None and known[0] is oauth:
-            return known[1]
-        if len(self._token_keys) >= KEPT:
-            self._token_keys.clear()
-        key = oauth.model_dump_json()
-        self._token_keys[id(oauth)] = (oauth, key)
-        return key
+        settings object."""
+        return self._token_keys.get(oauth, oauth.model_dump_json)
 
     def _context_of(self, tls: PushTls) -> ssl.SSLContext:
         try:
@@ -234,8 +242,6 @@ class PushAuthenticator:
 def _basic(username: str, password: str) -> str:
     """An RFC 7617 Basic authorization header's value."""
     return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
-
-
 
 
 def _form_encoded(value: str) -> str:
